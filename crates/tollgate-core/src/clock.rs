@@ -1,0 +1,112 @@
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Time in nanoseconds since a clock's origin.
+pub type Nanos = u64;
+
+/// A source of time for limiters and stores. Algorithms never call it
+/// themselves: whoever steps them reads the clock and passes `now` in.
+pub trait Clock: Send + Sync {
+    /// The current time in nanoseconds since this clock's origin.
+    fn now(&self) -> Nanos;
+}
+
+/// The real clock: monotonic nanoseconds since the clock was made.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock {
+    origin: Instant,
+}
+
+impl MonotonicClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> Nanos {
+        // 584 years of uptime before this saturates.
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A clock that moves only when told to: the clock of tests and simulations.
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    now: AtomicU64,
+}
+
+impl ManualClock {
+    /// A manual clock reading `now` nanoseconds.
+    pub fn new(now: Nanos) -> Self {
+        Self {
+            now: AtomicU64::new(now),
+        }
+    }
+
+    /// Moves the clock forward by `by`, saturating at `u64::MAX` nanoseconds.
+    pub fn advance(&self, by: Duration) {
+        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        // fetch_update never fails with a closure that always returns Some.
+        let _ = self
+            .now
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some(t.saturating_add(by))
+            });
+    }
+
+    /// Sets the clock to `now`, which may be earlier than its current reading.
+    pub fn set(&self, now: Nanos) {
+        self.now.store(now, Ordering::Relaxed);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Nanos {
+        self.now.load(Ordering::Relaxed)
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
+    fn now(&self) -> Nanos {
+        (**self).now()
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for &C {
+    fn now(&self) -> Nanos {
+        (**self).now()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_clock_advances_and_saturates() {
+        let clock = ManualClock::new(5);
+        clock.advance(Duration::from_nanos(10));
+        assert_eq!(clock.now(), 15);
+        clock.advance(Duration::MAX);
+        assert_eq!(clock.now(), u64::MAX);
+        clock.set(3);
+        assert_eq!(clock.now(), 3);
+    }
+
+    #[test]
+    fn monotonic_clock_never_goes_back() {
+        let clock = MonotonicClock::new();
+        let a = clock.now();
+        assert!(clock.now() >= a);
+    }
+}
