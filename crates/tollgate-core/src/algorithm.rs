@@ -22,8 +22,10 @@ pub trait StateMachine {
 
 /// An algorithm named as data, so that a limit can be stored in config, sent to
 /// Redis or written in a trace without closures.
+///
+/// Deliberately exhaustive: a new algorithm must be taught to every store, and
+/// the compiler should say where.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum Algorithm {
     /// Token bucket: tokens refill at `limit / period` up to `burst`.
     TokenBucket,

@@ -1,0 +1,212 @@
+//! The memory store's behaviour: atomic multi-limit checks, expiry, the key cap,
+//! concurrency permits and thread safety. Time comes from a manual clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::{Algorithm, Limit, ManualClock, Quota, Store};
+use tollgate_store::{MemoryConfig, MemoryStore};
+
+fn store(config: MemoryConfig) -> (MemoryStore<Arc<ManualClock>>, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    (MemoryStore::with_clock(config, Arc::clone(&clock)), clock)
+}
+
+fn limit(key: &str, quota: Quota, algorithm: Algorithm) -> Limit<'_> {
+    Limit {
+        key,
+        quota,
+        algorithm,
+        cost: 1,
+    }
+}
+
+fn per_second(n: u64) -> Quota {
+    Quota::per_second(n).unwrap()
+}
+
+#[test]
+fn a_deny_by_one_layer_consumes_nothing_from_the_others() {
+    for algorithm in Algorithm::RATE {
+        let (store, _) = store(MemoryConfig::default());
+        let global = limit("global", per_second(100), algorithm);
+        let user = limit("user:1", per_second(2), algorithm);
+        assert!(store.check_now(&[global, user]).allowed(), "{algorithm}");
+        assert!(store.check_now(&[global, user]).allowed(), "{algorithm}");
+        let outcome = store.check_now(&[global, user]);
+        assert!(!outcome.allowed(), "{algorithm}");
+        assert!(
+            outcome.decisions[0].allowed,
+            "the global layer alone would allow"
+        );
+        assert!(!outcome.decisions[1].allowed);
+        // The global layer still has 98 left: the denied request took nothing.
+        let read = store.check_now(&[Limit { cost: 0, ..global }]);
+        assert_eq!(read.decisions[0].remaining, 98, "{algorithm}");
+    }
+}
+
+#[test]
+fn a_deny_undoes_an_earlier_layer_of_the_same_request_even_on_a_shared_key() {
+    let (store, _) = store(MemoryConfig::default());
+    let shared = limit("bucket", per_second(3), Algorithm::Gcra);
+    let strict = limit("strict", per_second(1), Algorithm::SlidingLog);
+    assert!(store.check_now(&[shared, shared, strict]).allowed());
+    // shared has 1 left, strict has 0: the whole request is refused...
+    assert!(!store.check_now(&[shared, strict]).allowed());
+    // ...and shared still has exactly 1.
+    assert_eq!(
+        store.check_now(&[Limit { cost: 0, ..shared }]).decisions[0].remaining,
+        1
+    );
+    // Two uses of one shared bucket in one request see each other.
+    let outcome = store.check_now(&[shared, shared]);
+    assert!(!outcome.allowed());
+    assert_eq!(
+        store.check_now(&[Limit { cost: 0, ..shared }]).decisions[0].remaining,
+        1
+    );
+}
+
+#[test]
+fn most_restrictive_layer_is_reported() {
+    let (store, _) = store(MemoryConfig::default());
+    let wide = limit("wide", per_second(10), Algorithm::TokenBucket);
+    let narrow = limit("narrow", per_second(3), Algorithm::TokenBucket);
+    let outcome = store.check_now(&[wide, narrow]);
+    assert_eq!(outcome.most_restrictive().unwrap().remaining, 2);
+}
+
+#[test]
+fn entries_expire_once_their_state_is_back_to_full() {
+    let (store, clock) = store(MemoryConfig::default());
+    for algorithm in Algorithm::RATE {
+        for key in ["a", "b", "c"] {
+            assert!(
+                store
+                    .check_now(&[limit(key, per_second(10), algorithm)])
+                    .allowed()
+            );
+        }
+    }
+    assert_eq!(store.len(), 3 * Algorithm::RATE.len());
+    clock.advance(Duration::from_millis(500));
+    store.sweep();
+    // Sliding windows and the fixed window still remember the admissions.
+    assert!(!store.is_empty());
+    clock.advance(Duration::from_secs(2));
+    store.sweep();
+    assert_eq!(store.len(), 0);
+}
+
+#[test]
+fn denied_and_read_only_requests_store_nothing() {
+    let (store, _) = store(MemoryConfig::default());
+    let q = per_second(1);
+    for i in 0..100 {
+        let key = format!("k{i}");
+        store.check_now(&[Limit {
+            cost: 0,
+            ..limit(&key, q, Algorithm::Gcra)
+        }]);
+        store.check_now(&[Limit {
+            cost: 2,
+            ..limit(&key, q, Algorithm::Gcra)
+        }]);
+    }
+    assert!(store.is_empty());
+}
+
+#[test]
+fn the_key_cap_holds_under_a_flood_of_unique_keys() {
+    let (store, _) = store(MemoryConfig {
+        max_keys: 1000,
+        shards: 8,
+        ..MemoryConfig::default()
+    });
+    let q = per_second(5);
+    for i in 0..50_000 {
+        let key = format!("attacker:{i}");
+        assert!(
+            store
+                .check_now(&[limit(&key, q, Algorithm::Gcra)])
+                .allowed()
+        );
+    }
+    assert!(store.len() <= 1000, "held {}", store.len());
+}
+
+#[test]
+fn concurrency_permits_are_held_until_released_and_never_evicted() {
+    let (store, clock) = store(MemoryConfig {
+        max_keys: 8,
+        shards: 1,
+        ..MemoryConfig::default()
+    });
+    let slots = limit(
+        "uploads",
+        Quota::per_minute(2).unwrap(),
+        Algorithm::Concurrency,
+    );
+    assert!(store.check_now(&[slots]).allowed());
+    assert!(store.check_now(&[slots]).allowed());
+    let denied = store.check_now(&[slots]);
+    assert!(!denied.allowed());
+    assert_eq!(denied.decisions[0].retry_after, None);
+    // Neither time nor a flood of other keys frees a permit.
+    clock.advance(Duration::from_secs(3600));
+    store.sweep();
+    for i in 0..100 {
+        let key = format!("k{i}");
+        store.check_now(&[limit(&key, per_second(1), Algorithm::Gcra)]);
+    }
+    assert!(!store.check_now(&[slots]).allowed());
+    store.release_now(&[slots]);
+    assert!(store.check_now(&[slots]).allowed());
+    store.release_now(&[slots, slots]);
+    store.release_now(&[slots]);
+    assert!(
+        store.check_now(&[slots, slots]).allowed(),
+        "release never goes below zero"
+    );
+}
+
+#[test]
+fn threads_sharing_a_key_admit_exactly_the_burst() {
+    let (store, _) = store(MemoryConfig::default());
+    let store = Arc::new(store);
+    let q = per_second(1000);
+    let admitted: usize = (0..4)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                (0..1000)
+                    .filter(|_| {
+                        let hot = limit("hot", q, Algorithm::TokenBucket);
+                        let layer = limit("layer", q, Algorithm::SlidingLog);
+                        store.check_now(&[hot, layer]).allowed()
+                    })
+                    .count()
+            })
+        })
+        .map(|t| t.join().unwrap())
+        .sum();
+    assert_eq!(admitted, 1000);
+}
+
+#[test]
+fn the_store_trait_answers_without_an_executor_wait() {
+    let (store, _) = store(MemoryConfig::default());
+    let limits = [limit("k", per_second(1), Algorithm::FixedWindow)];
+    let mut check = std::pin::pin!(store.check(&limits));
+    let waker = std::task::Waker::noop();
+    let polled = check
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(waker));
+    match polled {
+        std::task::Poll::Ready(Ok(outcome)) => assert!(outcome.allowed()),
+        other => panic!("memory store should be ready at once, got {other:?}"),
+    }
+}
+
+use std::future::Future;
