@@ -9,9 +9,8 @@ use crate::{
 /// One rate limiting algorithm as a pure state machine.
 ///
 /// `step` decides whether `cost` units may pass at `now` and, only when they may
-/// (and the cost is not zero), records them in `state`. A deny leaves the state
-/// as it was, apart from forgetting what has already expired, which changes no
-/// later decision.
+/// (and the cost is not zero), records them in `state`. A deny, or a read (cost
+/// zero), leaves the state exactly as it was, so it writes nothing.
 pub trait StateMachine {
     /// What one key remembers. `Default` is a key that has never been seen.
     type State: Default + Clone + Send + 'static;

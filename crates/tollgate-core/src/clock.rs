@@ -1,5 +1,5 @@
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Time in nanoseconds since a clock's origin.
 pub type Nanos = u64;
@@ -36,6 +36,23 @@ impl Clock for MonotonicClock {
     fn now(&self) -> Nanos {
         // 584 years of uptime before this saturates.
         u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Wall-clock time: nanoseconds since the Unix epoch.
+///
+/// Services use it so that fixed windows align to calendar seconds, minutes and
+/// days (as envoyproxy/ratelimit's do) and reset times can be sent as epoch
+/// seconds. It can step backwards (NTP); every algorithm treats that as no
+/// time passing, or, with a single timestamp, as stricter, never looser.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Nanos {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
     }
 }
 

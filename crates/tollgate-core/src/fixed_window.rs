@@ -16,11 +16,15 @@ pub struct WindowCount {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FixedWindow;
 
-/// The end of the window that holds `t`, saturating at the end of time.
-pub(crate) fn window_end(t: Nanos, period: Nanos, windows_ahead: u64) -> Nanos {
-    let start = u128::from(t - t % period);
-    let end = start + u128::from(period) * u128::from(windows_ahead + 1);
-    u64::try_from(end).unwrap_or(u64::MAX)
+/// Nanoseconds from `t` to the end of the window that holds it and of
+/// `windows_ahead` more after it: exact, saturating only past u64::MAX ns.
+///
+/// A duration, not an instant: the end of the last window may lie past
+/// u64::MAX. Saturating the instant there made a used window at the end of time
+/// report a reset (and a retry) of zero.
+pub(crate) fn until_window_end(t: Nanos, period: Nanos, windows_ahead: u64) -> Nanos {
+    let left = u128::from(period - t % period) + u128::from(period) * u128::from(windows_ahead);
+    u64::try_from(left).unwrap_or(u64::MAX)
 }
 
 impl StateMachine for FixedWindow {
@@ -35,7 +39,7 @@ impl StateMachine for FixedWindow {
         } else {
             0
         };
-        let until_end = window_end(now, period, 0) - now;
+        let until_end = until_window_end(now, period, 0);
         let reset_after = |count: u64| if count == 0 { 0 } else { until_end };
         match count.checked_add(cost).filter(|&c| c <= limit) {
             Some(after) => {
@@ -48,8 +52,11 @@ impl StateMachine for FixedWindow {
                 Decision::allow(limit, limit - after, reset_after(after))
             }
             None => {
-                // The next window starts empty; a cost above the limit never fits.
-                let retry = (cost <= limit).then_some(until_end);
+                // The next window starts empty; a cost above the limit never fits,
+                // and neither does any once the next window would start past the
+                // end of time.
+                let retry =
+                    (cost <= limit && now.checked_add(until_end).is_some()).then_some(until_end);
                 Decision::deny(
                     limit,
                     limit.saturating_sub(count),

@@ -17,6 +17,10 @@ pub struct Tat(pub Nanos);
 /// A clock that goes backwards cannot be told from time not passing with one
 /// timestamp, so GCRA treats it as time going backwards: it becomes stricter by
 /// the size of the jump, and never admits more than it would have.
+///
+/// The TAT is a `u64`, so an admission whose TAT would pass `u64::MAX` ns (584
+/// years after the clock's origin) is refused rather than saturated; the other
+/// buckets follow the same rule, so they keep deciding alike.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Gcra;
 
@@ -24,9 +28,10 @@ impl StateMachine for Gcra {
     type State = Tat;
 
     fn step(&self, quota: &Quota, state: &mut Tat, now: Nanos, cost: u64) -> Decision {
-        let metered = meter(quota, state.0.saturating_sub(now), cost);
+        let metered = meter(quota, now, state.0.saturating_sub(now), cost);
         if let Some(used) = metered.used {
-            state.0 = now.saturating_add(used);
+            // `meter` admits only what drains by u64::MAX: this cannot saturate.
+            state.0 = now + used;
         }
         metered.decision
     }

@@ -23,7 +23,12 @@ impl StateMachine for LeakyBucket {
 
     fn step(&self, quota: &Quota, state: &mut Level, now: Nanos, cost: u64) -> Decision {
         let now = now.max(state.last);
-        let metered = meter(quota, state.level.saturating_sub(now - state.last), cost);
+        let metered = meter(
+            quota,
+            now,
+            state.level.saturating_sub(now - state.last),
+            cost,
+        );
         if let Some(level) = metered.used {
             *state = Level { level, last: now };
         }
@@ -52,10 +57,11 @@ impl StateMachine for LeakyBucketShaping {
 
     fn step(&self, quota: &Quota, state: &mut Tat, now: Nanos, cost: u64) -> Decision {
         let wait = state.0.saturating_sub(now);
-        let metered = meter(quota, wait, cost);
+        let metered = meter(quota, now, wait, cost);
         let mut decision = metered.decision;
         if let Some(used) = metered.used {
-            state.0 = now.saturating_add(used);
+            // `meter` admits only what drains by u64::MAX: this cannot saturate.
+            state.0 = now + used;
         }
         if decision.allowed {
             let free = self.delay_after.saturating_mul(quota.emission_ns());

@@ -41,7 +41,7 @@ mod store;
 mod token_bucket;
 
 pub use algorithm::{Algorithm, ParseAlgorithmError, StateMachine, Visitor};
-pub use clock::{Clock, ManualClock, MonotonicClock, Nanos};
+pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, SystemClock};
 pub use concurrency::{Concurrency, ConcurrencyLimiter, Permit};
 pub use decision::Decision;
 pub use fixed_window::{FixedWindow, WindowCount};

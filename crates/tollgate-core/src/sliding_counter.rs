@@ -1,4 +1,4 @@
-use crate::fixed_window::window_end;
+use crate::fixed_window::until_window_end;
 use crate::{Decision, Nanos, Quota, StateMachine};
 
 /// A sliding window counter's state: the last time seen and the admitted cost
@@ -79,11 +79,15 @@ impl StateMachine for SlidingCounter {
         // Back to full when `current` has aged through the next window too.
         let reset_after = |current: u64| match (previous, current) {
             (0, 0) => 0,
-            (_, 0) => window_end(now, period, 0) - now,
-            _ => window_end(now, period, 1) - now,
+            (_, 0) => until_window_end(now, period, 0),
+            _ => until_window_end(now, period, 1),
         };
-        let after = current.saturating_add(cost);
-        if weighted(previous, after, e, period) <= ceiling {
+        // Checked, not saturating: a saturated `current + cost` could pass as
+        // u64::MAX ≤ limit and admit more than the limit in one window.
+        let fits = current
+            .checked_add(cost)
+            .filter(|&after| weighted(previous, after, e, period) <= ceiling);
+        if let Some(after) = fits {
             if cost > 0 {
                 *state = WindowPair {
                     last: now,
@@ -93,16 +97,21 @@ impl StateMachine for SlidingCounter {
             }
             return Decision::allow(limit, remaining(after), reset_after(after));
         }
-        let until_next = window_end(now, period, 0) - now;
-        let retry = if cost > limit {
+        // The instant at which the cost first fits, if the clock reaches it: in
+        // this window, in the next one (where `current` becomes the previous
+        // count), or at the start of the one after, which is empty.
+        let start = now - e;
+        let retry_at = if cost > limit {
             None
         } else if let Some(at) = first_fit(previous, current, cost, limit, period, e) {
-            Some(at - e)
-        } else if let Some(at) = first_fit(current, 0, cost, limit, period, 0) {
-            until_next.checked_add(at)
+            start.checked_add(at)
         } else {
-            until_next.checked_add(period)
+            let at = first_fit(current, 0, cost, limit, period, 0).unwrap_or(period);
+            start
+                .checked_add(period)
+                .and_then(|next| next.checked_add(at))
         };
+        let retry = retry_at.map(|at| at - now);
         Decision::deny(limit, remaining(current), reset_after(current), retry)
     }
 }

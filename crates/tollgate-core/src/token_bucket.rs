@@ -37,7 +37,7 @@ impl StateMachine for TokenBucket {
         let capacity = quota.capacity_ns();
         let now = now.max(state.last);
         let tokens = state.tokens.saturating_add(now - state.last).min(capacity);
-        let metered = meter(quota, capacity - tokens, cost);
+        let metered = meter(quota, now, capacity - tokens, cost);
         if let Some(used) = metered.used {
             *state = Tokens {
                 tokens: capacity - used,
