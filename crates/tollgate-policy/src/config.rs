@@ -1,0 +1,106 @@
+//! Reading config files: telling the two formats apart and turning parse and
+//! validation failures into [`ConfigError`]s that point at a line.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_saphyr::{Location, Spanned};
+
+use crate::ConfigError;
+use crate::policy::Domain;
+
+/// Where in a file something is, for errors.
+#[derive(Clone, Copy)]
+pub(crate) struct File<'a> {
+    pub(crate) path: &'a Path,
+}
+
+impl File<'_> {
+    pub(crate) fn error(
+        &self,
+        at: Location,
+        field: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError {
+            path: self.path.to_owned(),
+            line: at.line(),
+            column: at.column(),
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn at<T>(
+        &self,
+        spanned: &Spanned<T>,
+        field: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> ConfigError {
+        self.error(spanned.referenced, field, reason)
+    }
+
+    pub(crate) fn source(&self, at: Location) -> String {
+        format!("{}:{}", self.path.display(), at.line())
+    }
+
+    pub(crate) fn parse<'de, T: Deserialize<'de>>(&self, text: &'de str) -> Result<T, ConfigError> {
+        serde_saphyr::from_str(text).map_err(|e| {
+            let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+            ConfigError {
+                path: self.path.to_owned(),
+                line,
+                column,
+                field: "yaml".into(),
+                reason: message(&e.to_string()).to_owned(),
+            }
+        })
+    }
+}
+
+/// The parser's message without its rendered snippet and its own position
+/// prefix (`error: line 6 column 5: `), which the error carries as fields.
+fn message(rendered: &str) -> &str {
+    let first = rendered.lines().next().unwrap_or_default();
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    match first
+        .strip_prefix("line ")
+        .and_then(|rest| rest.split_once(": "))
+    {
+        Some((_position, message)) => message,
+        None => first,
+    }
+}
+
+#[derive(Deserialize)]
+struct Probe {
+    rules: Option<IgnoredAny>,
+    descriptors: Option<IgnoredAny>,
+}
+
+/// Reads one file of either format into its domain.
+pub(crate) fn read_any(path: &Path, text: &str) -> Result<(String, Domain), ConfigError> {
+    let file = File { path };
+    if text.trim().is_empty() {
+        return Err(ConfigError {
+            path: path.to_owned(),
+            line: 0,
+            column: 0,
+            field: "file".into(),
+            reason: "empty config file: expected `domain` and `rules` (native) or `descriptors` (envoyproxy/ratelimit)".into(),
+        });
+    }
+    let probe: Probe = file.parse(text)?;
+    match (probe.rules.is_some(), probe.descriptors.is_some()) {
+        (true, true) => Err(ConfigError {
+            path: path.to_owned(),
+            line: 1,
+            column: 1,
+            field: "rules".into(),
+            reason: "a file has either `rules` (native format) or `descriptors` (envoyproxy/ratelimit format), not both".into(),
+        }),
+        (true, false) => crate::native::compile(file, file.parse(text)?),
+        (false, _) => crate::envoy::compile(file, file.parse(text)?),
+    }
+}

@@ -1,0 +1,49 @@
+use std::path::PathBuf;
+
+/// A config that cannot be used: where, which field, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}:{line}:{column}: {field}: {reason}", path.display())]
+pub struct ConfigError {
+    /// The file.
+    pub path: PathBuf,
+    /// 1-based line; 0 when the problem is the file as a whole.
+    pub line: u64,
+    /// 1-based column; 0 when unknown.
+    pub column: u64,
+    /// The field at fault, as a path such as `rules[2].limit.per`.
+    pub field: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// A request that cannot be checked as it stands.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// The domain is empty.
+    #[error("rate limit domain must not be empty")]
+    EmptyDomain,
+    /// There are no descriptors.
+    #[error("rate limit descriptor list must not be empty")]
+    NoDescriptors,
+    /// A descriptor has no entries.
+    #[error("descriptor {index} has no entries")]
+    EmptyDescriptor {
+        /// Which descriptor.
+        index: usize,
+    },
+    /// An entry has an empty key.
+    #[error("descriptor {index} has an entry with an empty key")]
+    EmptyKey {
+        /// Which descriptor.
+        index: usize,
+    },
+    /// A limit override is not a usable quota.
+    #[error("descriptor {index} has an invalid limit override: {reason}")]
+    InvalidOverride {
+        /// Which descriptor.
+        index: usize,
+        /// Why.
+        reason: String,
+    },
+}

@@ -1,0 +1,34 @@
+//! Tollgate's policies: which limits apply to a request.
+//!
+//! A request names a *domain* and carries *descriptors*, each a list of
+//! `(key, value)` entries, exactly as Envoy sends them. A [`Policy`] maps each
+//! descriptor to at most one rule and gives back, per descriptor, what to check:
+//! a [`Applied`] limit (storage key, quota, algorithm, cost, flags), an unlimited
+//! rule, or nothing. Several descriptors make layers; the caller checks them
+//! together, all-or-nothing.
+//!
+//! Policies are read from YAML in two formats, told apart by their top-level
+//! keys: envoyproxy/ratelimit's (`domain` + `descriptors`), read unchanged, and
+//! Tollgate's native one (`domain` + `rules`), which adds algorithms, bursts,
+//! tiers, priority reserves, shared buckets and failure policies. Both compile to
+//! the same matching tree, so matching has one set of rules: at each level an
+//! exact value beats a `prefix*` wildcard (longest first), which beats a key with
+//! no value (one budget per distinct value). A config is parsed, validated and
+//! only then used; every error names the file, line, field and reason.
+
+mod config;
+mod descriptor;
+mod envoy;
+mod error;
+mod kill_switch;
+mod native;
+mod policy;
+mod rule;
+mod tree;
+
+pub use descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
+pub use error::{ConfigError, RequestError};
+pub use kill_switch::KillSwitch;
+pub use policy::{Applied, Policy, Resolved};
+pub use rule::{FailurePolicy, Rule};
+pub use tollgate_core::{ParseDurationError, parse_duration};

@@ -1,0 +1,348 @@
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use tollgate_core::{Algorithm, Limit, Quota};
+
+use crate::rule::{Action, Limited, envoy_limit};
+use crate::tree::Node;
+use crate::{ConfigError, Descriptor, Entry, FailurePolicy, Request, RequestError, Rule};
+
+/// A limit to check for one descriptor: everything a store needs, plus the
+/// rule it came from.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    /// The rule that matched.
+    pub rule: Arc<Rule>,
+    /// The storage key: domain, rule (or shared bucket) and the values that
+    /// tell budgets apart.
+    pub key: String,
+    /// The quota, after tiers and priority reserves.
+    pub quota: Quota,
+    /// How it is counted.
+    pub algorithm: Algorithm,
+    /// What this request costs.
+    pub cost: u64,
+    /// Report, never deny.
+    pub shadow: bool,
+    /// What to do when the store cannot answer.
+    pub failure: FailurePolicy,
+    /// The limit as Envoy names it: `(requests_per_unit, unit)`.
+    pub envoy_limit: (u64, crate::Unit),
+}
+
+impl Applied {
+    /// The limit to hand to a store.
+    pub fn limit(&self) -> Limit<'_> {
+        Limit {
+            key: &self.key,
+            quota: self.quota,
+            algorithm: self.algorithm,
+            cost: self.cost,
+        }
+    }
+}
+
+/// What a policy says of one descriptor.
+#[derive(Debug, Clone)]
+pub enum Resolved {
+    /// No rule matches: the descriptor is not limited (as in envoyproxy/ratelimit).
+    NoRule,
+    /// The matched rule is unlimited.
+    Unlimited(Arc<Rule>),
+    /// The matched rule refuses every request (a limit of zero per `Unit`).
+    Blocked(Arc<Rule>, crate::Unit),
+    /// The matched rule is replaced by another rule matched in the same request.
+    Replaced(Arc<Rule>),
+    /// A limit to check.
+    Limit(Applied),
+}
+
+/// A validated, immutable set of domains and their rules.
+#[derive(Debug, Default)]
+pub struct Policy {
+    pub(crate) domains: BTreeMap<String, Domain>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Domain {
+    pub(crate) tree: Node,
+    pub(crate) rules: Vec<Arc<Rule>>,
+    /// The file that defined the domain, to report a duplicate.
+    pub(crate) source: String,
+}
+
+/// The policy `tollgate serve` runs without `--config`.
+const BUILTIN: &str = include_str!("../default.yaml");
+
+impl Policy {
+    /// The built-in default policy (see `default.yaml` in this crate).
+    pub fn builtin() -> Self {
+        Self::parse("<built-in default.yaml>", BUILTIN).expect("the built-in policy is valid")
+    }
+
+    /// Reads a config file, or every `.yaml`/`.yml` file of a directory (in
+    /// name order). A domain defined twice is an error.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let io_error = |path: &Path, e: std::io::Error| ConfigError {
+            path: path.to_owned(),
+            line: 0,
+            column: 0,
+            field: "file".into(),
+            reason: e.to_string(),
+        };
+        let files = if path.is_dir() {
+            let mut files: Vec<_> = std::fs::read_dir(path)
+                .map_err(|e| io_error(path, e))?
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+                .collect();
+            files.sort();
+            files
+        } else {
+            vec![path.to_owned()]
+        };
+        let mut policy = Policy::default();
+        for file in files {
+            let text = std::fs::read_to_string(&file).map_err(|e| io_error(&file, e))?;
+            policy.add_file(&file, &text)?;
+        }
+        Ok(policy)
+    }
+
+    /// Reads one config file's text; `name` is how errors name the file.
+    pub fn parse(name: impl AsRef<Path>, text: &str) -> Result<Self, ConfigError> {
+        let mut policy = Policy::default();
+        policy.add_file(name.as_ref(), text)?;
+        Ok(policy)
+    }
+
+    fn add_file(&mut self, path: &Path, text: &str) -> Result<(), ConfigError> {
+        let (name, domain) = crate::config::read_any(path, text)?;
+        if let Some(existing) = self.domains.get(&name) {
+            return Err(ConfigError {
+                path: path.to_owned(),
+                line: 1,
+                column: 1,
+                field: "domain".into(),
+                reason: format!(
+                    "duplicate domain {name:?}, already defined in {}",
+                    existing.source
+                ),
+            });
+        }
+        self.domains.insert(name, domain);
+        Ok(())
+    }
+
+    /// The domains, in name order.
+    pub fn domains(&self) -> impl Iterator<Item = &str> {
+        self.domains.keys().map(String::as_str)
+    }
+
+    /// The rules of `domain`, in the order they were defined.
+    pub fn rules(&self, domain: &str) -> &[Arc<Rule>] {
+        self.domains.get(domain).map_or(&[], |d| &d.rules)
+    }
+
+    /// What applies to each descriptor of `request`, in order.
+    pub fn resolve(&self, request: &Request<'_>) -> Result<Vec<Resolved>, RequestError> {
+        if request.domain.is_empty() {
+            return Err(RequestError::EmptyDomain);
+        }
+        if request.descriptors.is_empty() {
+            return Err(RequestError::NoDescriptors);
+        }
+        let domain = self.domains.get(request.domain);
+        let mut resolved = request
+            .descriptors
+            .iter()
+            .enumerate()
+            .map(|(index, descriptor)| {
+                if descriptor.entries.is_empty() {
+                    return Err(RequestError::EmptyDescriptor { index });
+                }
+                if descriptor.entries.iter().any(|e| e.key.is_empty()) {
+                    return Err(RequestError::EmptyKey { index });
+                }
+                let cost = descriptor.hits_addend.unwrap_or(request.hits_addend.max(1));
+                let Some(domain) = domain else {
+                    return Ok(Resolved::NoRule);
+                };
+                match descriptor.limit {
+                    Some(o) => override_limit(request.domain, index, descriptor, o, cost),
+                    None => Ok(match_rule(request.domain, domain, descriptor, cost)),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        apply_replaces(&mut resolved);
+        Ok(resolved)
+    }
+}
+
+fn match_rule(domain_name: &str, domain: &Domain, descriptor: &Descriptor, cost: u64) -> Resolved {
+    let Some((rule, exact)) = domain.tree.find(&descriptor.entries) else {
+        return Resolved::NoRule;
+    };
+    let limited = match &rule.action {
+        Action::Unlimited => return Resolved::Unlimited(Arc::clone(rule)),
+        Action::Block(unit) => return Resolved::Blocked(Arc::clone(rule), *unit),
+        Action::Limit(limited) => limited,
+    };
+    let value_of = |key: &str| {
+        descriptor
+            .entries
+            .iter()
+            .find(|e| e.key == key)
+            .map(|e| e.value.as_str())
+    };
+    let mut quota = limited.quota;
+    let mut skip: Vec<&str> = Vec::new();
+    if let Some(tiers) = &limited.tiers {
+        let tier = value_of(&tiers.by).filter(|t| tiers.quotas.contains_key(*t));
+        quota = tiers.quotas[tier.unwrap_or(&tiers.default)];
+        skip.push(&tiers.by);
+    }
+    if let Some(priority) = &limited.priority {
+        let class = value_of(&priority.by).filter(|c| priority.shares.contains_key(*c));
+        let share = priority.shares[class.unwrap_or(&priority.default)];
+        quota = reserve(quota, limited.algorithm, share);
+        skip.push(&priority.by);
+    }
+    let id = limited.bucket.as_deref().unwrap_or(&rule.id);
+    let distinguishing = descriptor
+        .entries
+        .iter()
+        .zip(&exact)
+        .filter(|(e, exact)| !**exact && !skip.contains(&e.key.as_str()))
+        .map(|(e, _)| e);
+    Resolved::Limit(Applied {
+        rule: Arc::clone(rule),
+        key: storage_key(domain_name, id, distinguishing),
+        quota,
+        algorithm: limited.algorithm,
+        cost,
+        shadow: rule.shadow,
+        failure: limited.failure,
+        envoy_limit: limited.envoy,
+    })
+}
+
+/// The quota a priority class sees: the same budget, of which it may fill only
+/// `share` percent. Admissions of every class spend the one shared state.
+pub(crate) fn reserve(quota: Quota, algorithm: Algorithm, share: u64) -> Quota {
+    if share >= 100 {
+        return quota;
+    }
+    let part = |n: u64| (u128::from(n) * u128::from(share) / 100).max(1) as u64;
+    match algorithm {
+        Algorithm::FixedWindow
+        | Algorithm::SlidingLog
+        | Algorithm::SlidingCounter
+        | Algorithm::Concurrency => {
+            // Same period, smaller count: the state (counts) is shared as is.
+            Quota::new(part(quota.limit()), quota.period())
+                .and_then(|q| q.with_burst(part(quota.burst())))
+                .unwrap_or(quota)
+        }
+        // Same rate, smaller tolerance: the state (a level or a TAT) is shared as is.
+        _ => quota.with_burst(part(quota.burst())).unwrap_or(quota),
+    }
+}
+
+fn override_limit(
+    domain: &str,
+    index: usize,
+    descriptor: &Descriptor,
+    o: crate::LimitOverride,
+    cost: u64,
+) -> Result<Resolved, RequestError> {
+    let quota = Quota::new(o.requests_per_unit, o.unit.duration()).map_err(|e| {
+        RequestError::InvalidOverride {
+            index,
+            reason: e.to_string(),
+        }
+    })?;
+    let id: String = descriptor
+        .entries
+        .iter()
+        .map(|e| format!("{}_{}", e.key, e.value))
+        .collect::<Vec<_>>()
+        .join(".");
+    let rule = Arc::new(Rule {
+        id: Arc::from(format!("override:{id}")),
+        name: None,
+        replaces: Vec::new(),
+        shadow: false,
+        detailed_metric: false,
+        action: Action::Limit(Limited {
+            algorithm: Algorithm::FixedWindow,
+            quota,
+            tiers: None,
+            priority: None,
+            bucket: None,
+            failure: FailurePolicy::default(),
+            envoy: envoy_limit(&quota),
+        }),
+        source: "request".into(),
+    });
+    let key = storage_key(
+        domain,
+        &format!("override:{}:{}", o.requests_per_unit, o.unit),
+        descriptor.entries.iter(),
+    );
+    Ok(Resolved::Limit(Applied {
+        rule,
+        key,
+        quota,
+        algorithm: Algorithm::FixedWindow,
+        cost,
+        shadow: false,
+        failure: FailurePolicy::default(),
+        envoy_limit: (o.requests_per_unit, o.unit),
+    }))
+}
+
+/// Length-prefixed parts, so no value can forge another key by containing a
+/// separator.
+fn storage_key<'a>(domain: &str, id: &str, entries: impl Iterator<Item = &'a Entry>) -> String {
+    let mut key = String::with_capacity(64);
+    for part in [domain, id] {
+        key.push_str(&format!("{}:{part}|", part.len()));
+    }
+    for e in entries {
+        key.push_str(&format!(
+            "{}:{}={}:{}|",
+            e.key.len(),
+            e.key,
+            e.value.len(),
+            e.value
+        ));
+    }
+    key
+}
+
+/// envoyproxy/ratelimit's `replaces`: a matched rule named in another matched
+/// rule's `replaces` list does not apply to this request.
+fn apply_replaces(resolved: &mut [Resolved]) {
+    let replaced: HashSet<String> = resolved
+        .iter()
+        .filter_map(|r| match r {
+            Resolved::Limit(a) => Some(&a.rule.replaces),
+            _ => None,
+        })
+        .flatten()
+        .cloned()
+        .collect();
+    if replaced.is_empty() {
+        return;
+    }
+    for r in resolved.iter_mut() {
+        if let Resolved::Limit(a) = r
+            && a.rule.name.as_ref().is_some_and(|n| replaced.contains(n))
+        {
+            *r = Resolved::Replaced(Arc::clone(&a.rule));
+        }
+    }
+}

@@ -1,0 +1,178 @@
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use tollgate_core::{Algorithm, Quota};
+
+use crate::Unit;
+
+/// What to do when the store cannot answer (e.g. Redis is down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FailurePolicy {
+    /// Let the request through.
+    FailOpen,
+    /// Refuse the request.
+    FailClosed,
+    /// Decide from a local in-memory limiter with the same quota.
+    #[default]
+    Local,
+}
+
+impl FailurePolicy {
+    /// The name configs use.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailurePolicy::FailOpen => "fail_open",
+            FailurePolicy::FailClosed => "fail_closed",
+            FailurePolicy::Local => "local",
+        }
+    }
+}
+
+impl fmt::Display for FailurePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for FailurePolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fail_open" => Ok(FailurePolicy::FailOpen),
+            "fail_closed" => Ok(FailurePolicy::FailClosed),
+            "local" => Ok(FailurePolicy::Local),
+            _ => Err(format!(
+                "unknown failure policy {s:?}; expected fail_open, fail_closed or local"
+            )),
+        }
+    }
+}
+
+/// A quota per tier: the value of the descriptor entry `by` picks it.
+#[derive(Debug, Clone)]
+pub(crate) struct Tiers {
+    pub(crate) by: String,
+    pub(crate) default: String,
+    pub(crate) quotas: HashMap<String, Quota>,
+}
+
+/// A priority reserve: a class may fill only its share of the budget, so
+/// higher classes keep the rest (Stripe's load shedder).
+#[derive(Debug, Clone)]
+pub(crate) struct Priority {
+    pub(crate) by: String,
+    pub(crate) default: String,
+    /// Percent of the budget each class may fill, 1 to 100.
+    pub(crate) shares: HashMap<String, u64>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Limited {
+    pub(crate) algorithm: Algorithm,
+    pub(crate) quota: Quota,
+    pub(crate) tiers: Option<Tiers>,
+    pub(crate) priority: Option<Priority>,
+    pub(crate) bucket: Option<Arc<str>>,
+    pub(crate) failure: FailurePolicy,
+    /// How Envoy's response names the limit.
+    pub(crate) envoy: (u64, Unit),
+}
+
+/// What a matched rule does.
+#[derive(Debug, Clone)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per rule, built once at load"
+)]
+pub(crate) enum Action {
+    /// Admit without counting.
+    Unlimited,
+    /// Refuse everything: envoyproxy/ratelimit's `requests_per_unit: 0`.
+    Block(Unit),
+    /// Count against a quota.
+    Limit(Limited),
+}
+
+/// One rule: what it matches is its place in the policy's tree; this is what it
+/// says once matched.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub(crate) id: Arc<str>,
+    pub(crate) name: Option<String>,
+    pub(crate) replaces: Vec<String>,
+    pub(crate) shadow: bool,
+    pub(crate) detailed_metric: bool,
+    pub(crate) action: Action,
+    pub(crate) source: String,
+}
+
+impl Rule {
+    /// The rule's identity within its domain: the native rule's name, or the
+    /// envoyproxy/ratelimit descriptor path (`key_value.key`). Metrics label by it.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Whether this rule only reports (dark launch) and never denies.
+    pub fn shadow(&self) -> bool {
+        self.shadow
+    }
+
+    /// Whether this rule admits everything without counting.
+    pub fn unlimited(&self) -> bool {
+        matches!(self.action, Action::Unlimited)
+    }
+
+    /// Whether this rule refuses everything (a limit of zero).
+    pub fn blocks(&self) -> bool {
+        matches!(self.action, Action::Block(_))
+    }
+
+    pub(crate) fn limited(&self) -> Option<&Limited> {
+        match &self.action {
+            Action::Limit(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// Whether metrics should carry the descriptor's value (envoyproxy/ratelimit's `detailed_metric`).
+    pub fn detailed_metric(&self) -> bool {
+        self.detailed_metric
+    }
+
+    /// Where the rule was defined, as `file:line`.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The rule's algorithm, unless it is unlimited.
+    pub fn algorithm(&self) -> Option<Algorithm> {
+        self.limited().map(|l| l.algorithm)
+    }
+
+    /// The rule's base quota, unless it is unlimited.
+    pub fn quota(&self) -> Option<Quota> {
+        self.limited().map(|l| l.quota)
+    }
+
+    /// The name of the shared bucket this rule spends, if any.
+    pub fn bucket(&self) -> Option<&str> {
+        self.limited().and_then(|l| l.bucket.as_deref())
+    }
+}
+
+/// The closest Envoy unit for a quota's period: the unit itself when the
+/// period is one, otherwise the limit scaled to the smallest unit at least as
+/// long as the period (Envoy can only name whole units).
+pub(crate) fn envoy_limit(quota: &Quota) -> (u64, Unit) {
+    let period = quota.period();
+    let unit = Unit::ALL
+        .into_iter()
+        .find(|u| u.duration() >= period)
+        .unwrap_or(Unit::Year);
+    let scaled = u128::from(quota.limit()) * unit.duration().as_nanos() / period.as_nanos().max(1);
+    (u64::try_from(scaled).unwrap_or(u64::MAX), unit)
+}

@@ -1,0 +1,702 @@
+//! Policies read from both config formats: the decisions envoyproxy/ratelimit
+//! documents for its examples, the native format's features, and errors that
+//! name file, line and field.
+
+use std::time::Duration;
+
+use tollgate_core::Algorithm;
+use tollgate_policy::{
+    Descriptor, Entry, LimitOverride, Policy, Request, RequestError, Resolved, Unit,
+};
+
+fn descriptor(entries: &[(&str, &str)]) -> Descriptor {
+    Descriptor {
+        entries: entries.iter().map(|(k, v)| Entry::new(*k, *v)).collect(),
+        ..Descriptor::default()
+    }
+}
+
+fn resolve(policy: &Policy, domain: &str, descriptors: &[&[(&str, &str)]]) -> Vec<Resolved> {
+    let descriptors: Vec<_> = descriptors.iter().map(|d| descriptor(d)).collect();
+    policy
+        .resolve(&Request {
+            domain,
+            descriptors: &descriptors,
+            hits_addend: 1,
+        })
+        .expect("a valid request")
+}
+
+fn one(policy: &Policy, domain: &str, entries: &[(&str, &str)]) -> Resolved {
+    resolve(policy, domain, &[entries]).remove(0)
+}
+
+/// `(requests per unit, unit, storage key)` of a limit.
+fn limit(resolved: &Resolved) -> (u64, Unit, String) {
+    match resolved {
+        Resolved::Limit(a) => (a.envoy_limit.0, a.envoy_limit.1, a.key.clone()),
+        other => panic!("expected a limit, got {other:?}"),
+    }
+}
+
+const MESSAGING: &str = r#"
+domain: messaging
+descriptors:
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit:
+          unit: day
+          requests_per_unit: 5
+  - key: to_number
+    rate_limit:
+      unit: day
+      requests_per_unit: 100
+"#;
+
+#[test]
+fn envoy_example_2_nested_and_per_value_limits() {
+    let p = Policy::parse("messaging.yaml", MESSAGING).unwrap();
+    let a = limit(&one(
+        &p,
+        "messaging",
+        &[("message_type", "marketing"), ("to_number", "2061111111")],
+    ));
+    let b = limit(&one(
+        &p,
+        "messaging",
+        &[("message_type", "marketing"), ("to_number", "2062222222")],
+    ));
+    assert_eq!((a.0, a.1), (5, Unit::Day));
+    assert_ne!(a.2, b.2, "each number has its own budget");
+    let c = limit(&one(&p, "messaging", &[("to_number", "2061111111")]));
+    assert_eq!((c.0, c.1), (100, Unit::Day));
+    assert!(matches!(
+        one(
+            &p,
+            "messaging",
+            &[("message_type", "transactional"), ("to_number", "1")]
+        ),
+        Resolved::NoRule
+    ));
+    // Several descriptors in one call: one layer each.
+    let layers = resolve(
+        &p,
+        "messaging",
+        &[
+            &[("message_type", "marketing"), ("to_number", "1")],
+            &[("to_number", "1")],
+        ],
+    );
+    assert_eq!(layers.len(), 2);
+    assert!(
+        layers
+            .iter()
+            .all(|l| matches!(l, Resolved::Limit(a) if a.algorithm == Algorithm::FixedWindow))
+    );
+}
+
+#[test]
+fn envoy_example_3_most_specific_match_and_zero_blocks() {
+    let p = Policy::parse(
+        "edge.yaml",
+        r#"
+domain: edge_proxy_per_ip
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+"#,
+    )
+    .unwrap();
+    assert_eq!(
+        limit(&one(
+            &p,
+            "edge_proxy_per_ip",
+            &[("remote_address", "50.0.0.1")]
+        ))
+        .0,
+        10
+    );
+    assert!(matches!(
+        one(&p, "edge_proxy_per_ip", &[("remote_address", "50.0.0.5")]),
+        Resolved::Blocked(_, Unit::Second)
+    ));
+}
+
+#[test]
+fn envoy_example_4_depth_must_match() {
+    let flat = Policy::parse(
+        "flat.yaml",
+        "domain: example4\ndescriptors:\n  - key: key\n    value: value\n    rate_limit:\n      requests_per_unit: 300\n      unit: second\n",
+    )
+    .unwrap();
+    assert!(matches!(
+        one(
+            &flat,
+            "example4",
+            &[("key", "value"), ("subkey", "subvalue")]
+        ),
+        Resolved::NoRule
+    ));
+    let nested = Policy::parse(
+        "nested.yaml",
+        "domain: example4\ndescriptors:\n  - key: key\n    value: value\n    descriptors:\n      - key: subkey\n        rate_limit:\n          requests_per_unit: 300\n          unit: second\n",
+    )
+    .unwrap();
+    assert_eq!(
+        limit(&one(
+            &nested,
+            "example4",
+            &[("key", "value"), ("subkey", "subvalue")]
+        ))
+        .0,
+        300
+    );
+    assert!(matches!(
+        one(&nested, "example4", &[("key", "value")]),
+        Resolved::NoRule
+    ));
+}
+
+#[test]
+fn envoy_example_5_unlimited() {
+    let p = Policy::parse(
+        "internal.yaml",
+        "domain: internal\ndescriptors:\n  - key: ldap\n    rate_limit:\n      unlimited: true\n  - key: azure\n    rate_limit:\n      unit: minute\n      requests_per_unit: 100\n",
+    )
+    .unwrap();
+    assert!(matches!(
+        one(&p, "internal", &[("ldap", "x")]),
+        Resolved::Unlimited(_)
+    ));
+    assert_eq!(
+        limit(&one(&p, "internal", &[("azure", "x")])).1,
+        Unit::Minute
+    );
+}
+
+#[test]
+fn envoy_example_6_shadow_mode() {
+    let p = Policy::parse(
+        "example6.yaml",
+        r#"
+domain: example6
+descriptors:
+  - key: service
+    descriptors:
+      - key: user
+        value: user-a
+        rate_limit:
+          requests_per_unit: 10
+          unit: second
+        shadow_mode: true
+      - key: user
+        value: user-b
+        rate_limit:
+          requests_per_unit: 20
+          unit: second
+"#,
+    )
+    .unwrap();
+    let a = one(
+        &p,
+        "example6",
+        &[("service", "auth-service"), ("user", "user-a")],
+    );
+    let b = one(
+        &p,
+        "example6",
+        &[("service", "auth-service"), ("user", "user-b")],
+    );
+    assert!(matches!(a, Resolved::Limit(ref x) if x.shadow && x.quota.limit() == 10));
+    assert!(matches!(b, Resolved::Limit(ref x) if !x.shadow && x.quota.limit() == 20));
+}
+
+#[test]
+fn envoy_example_7_replaces() {
+    let p = Policy::parse(
+        "example7.yaml",
+        r#"
+domain: example7
+descriptors:
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          name: specific_limit
+          requests_per_unit: 5
+          unit: second
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          replaces:
+            - name: specific_limit
+          requests_per_unit: 10
+          unit: second
+"#,
+    )
+    .unwrap();
+    let d1: &[(&str, &str)] = &[("key_1", "value_1"), ("user", "bkthomps")];
+    let d2: &[(&str, &str)] = &[("key_2", "value_2"), ("user", "bkthomps")];
+    assert_eq!(limit(&one(&p, "example7", d1)).0, 5);
+    let both = resolve(&p, "example7", &[d1, d2]);
+    assert!(matches!(both[0], Resolved::Replaced(_)));
+    assert_eq!(limit(&both[1]).0, 10);
+}
+
+#[test]
+fn envoy_example_8_detailed_metric() {
+    let p = Policy::parse(
+        "example8.yaml",
+        "domain: example8\ndescriptors:\n  - key: key1\n    detailed_metric: true\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n  - key: key1\n    value: value1\n    rate_limit:\n      unit: minute\n      requests_per_unit: 20\n",
+    )
+    .unwrap();
+    assert!(
+        matches!(one(&p, "example8", &[("key1", "other")]), Resolved::Limit(ref a) if a.rule.detailed_metric() && a.quota.limit() == 10)
+    );
+    assert_eq!(limit(&one(&p, "example8", &[("key1", "value1")])).0, 20);
+}
+
+#[test]
+fn envoy_example_9_wildcard_values() {
+    let p = Policy::parse(
+        "example9.yaml",
+        "domain: example9\ndescriptors:\n  - key: key1\n    value: value*\n    rate_limit:\n      unit: minute\n      requests_per_unit: 20\n",
+    )
+    .unwrap();
+    let a = limit(&one(&p, "example9", &[("key1", "value1")]));
+    let b = limit(&one(&p, "example9", &[("key1", "value2")]));
+    assert_eq!(a.0, 20);
+    assert_ne!(a.2, b.2, "a wildcard keeps one budget per matched value");
+    assert!(matches!(
+        one(&p, "example9", &[("key1", "other")]),
+        Resolved::NoRule
+    ));
+}
+
+#[test]
+fn the_longest_wildcard_wins_over_a_shorter_one_and_exact_over_both() {
+    let p = Policy::parse(
+        "w.yaml",
+        r#"
+domain: w
+descriptors:
+  - key: path
+    value: /api*
+    rate_limit: { unit: second, requests_per_unit: 1 }
+  - key: path
+    value: /api/search*
+    rate_limit: { unit: second, requests_per_unit: 2 }
+  - key: path
+    value: /api/search/exact
+    rate_limit: { unit: second, requests_per_unit: 3 }
+  - key: path
+    rate_limit: { unit: second, requests_per_unit: 4 }
+"#,
+    )
+    .unwrap();
+    for (path, expected) in [
+        ("/api/x", 1),
+        ("/api/search?q", 2),
+        ("/api/search/exact", 3),
+        ("/other", 4),
+    ] {
+        assert_eq!(
+            limit(&one(&p, "w", &[("path", path)])).0,
+            expected,
+            "{path}"
+        );
+    }
+}
+
+#[test]
+fn unknown_domains_and_unmatched_descriptors_have_no_limit() {
+    let p = Policy::parse("messaging.yaml", MESSAGING).unwrap();
+    assert!(matches!(
+        one(&p, "nope", &[("to_number", "1")]),
+        Resolved::NoRule
+    ));
+    assert!(matches!(
+        one(&p, "messaging", &[("nope", "1")]),
+        Resolved::NoRule
+    ));
+}
+
+#[test]
+fn malformed_requests_are_refused_with_a_reason() {
+    let p = Policy::parse("messaging.yaml", MESSAGING).unwrap();
+    let empty = [Descriptor::default()];
+    let no_key = [descriptor(&[("", "v")])];
+    let zero = [Descriptor {
+        limit: Some(LimitOverride {
+            requests_per_unit: 0,
+            unit: Unit::Second,
+        }),
+        ..descriptor(&[("k", "v")])
+    }];
+    let cases: [(&str, &[Descriptor], RequestError); 4] = [
+        ("", &no_key, RequestError::EmptyDomain),
+        ("messaging", &[], RequestError::NoDescriptors),
+        (
+            "messaging",
+            &empty,
+            RequestError::EmptyDescriptor { index: 0 },
+        ),
+        ("messaging", &no_key, RequestError::EmptyKey { index: 0 }),
+    ];
+    for (domain, descriptors, expected) in cases {
+        let got = p
+            .resolve(&Request {
+                domain,
+                descriptors,
+                hits_addend: 1,
+            })
+            .unwrap_err();
+        assert_eq!(got, expected);
+    }
+    let got = p
+        .resolve(&Request {
+            domain: "messaging",
+            descriptors: &zero,
+            hits_addend: 1,
+        })
+        .unwrap_err();
+    assert!(
+        got.to_string().contains("limit must be at least 1"),
+        "{got}"
+    );
+}
+
+#[test]
+fn hits_addend_defaults_to_one_and_a_descriptor_overrides_it() {
+    let p = Policy::parse("messaging.yaml", MESSAGING).unwrap();
+    let plain = descriptor(&[("to_number", "1")]);
+    let costly = Descriptor {
+        hits_addend: Some(7),
+        ..plain.clone()
+    };
+    let got = p
+        .resolve(&Request {
+            domain: "messaging",
+            descriptors: &[plain, costly],
+            hits_addend: 0,
+        })
+        .unwrap();
+    let costs: Vec<u64> = got
+        .iter()
+        .map(|r| match r {
+            Resolved::Limit(a) => a.cost,
+            _ => 0,
+        })
+        .collect();
+    assert_eq!(costs, [1, 7]);
+}
+
+#[test]
+fn a_limit_override_replaces_the_config_for_its_descriptor() {
+    let p = Policy::parse("messaging.yaml", MESSAGING).unwrap();
+    let d = Descriptor {
+        limit: Some(LimitOverride {
+            requests_per_unit: 42,
+            unit: Unit::Hour,
+        }),
+        ..descriptor(&[("anything", "x")])
+    };
+    let got = p
+        .resolve(&Request {
+            domain: "messaging",
+            descriptors: &[d],
+            hits_addend: 1,
+        })
+        .unwrap();
+    let (rpu, unit, _) = limit(&got[0]);
+    assert_eq!((rpu, unit), (42, Unit::Hour));
+}
+
+const NATIVE: &str = r#"
+domain: api
+defaults:
+  algorithm: sliding-counter
+rules:
+  - name: per-user
+    match: [{ key: user }, { key: tier }]
+    algorithm: gcra
+    tiers:
+      by: tier
+      default: free
+      limits:
+        free: { requests: 60, per: 1m }
+        paid: { requests: 600, per: 1m, burst: 100 }
+  - name: search
+    match: [{ key: user }, { key: path, value: /search }]
+    bucket: heavy
+    limit: { requests: 10, per: 1s }
+  - name: export
+    match: [{ key: user }, { key: path, value: /export }]
+    bucket: heavy
+    limit: { requests: 10, per: 1s }
+  - name: shed
+    match: [{ key: priority }]
+    algorithm: leaky-bucket
+    limit: { requests: 100, per: 1s }
+    priority:
+      by: priority
+      default: low
+      shares: { critical: 100, low: 50 }
+  - name: uploads
+    match: [{ key: uploads }]
+    algorithm: concurrency
+    limit: { requests: 5 }
+  - name: shaped
+    match: [{ key: shaped }]
+    algorithm: leaky-bucket-shaping
+    delay_after: 2
+    limit: { requests: 10, per: 1s, burst: 5 }
+    failure: fail_closed
+  - name: dark
+    match: [{ key: beta }]
+    shadow: true
+    limit: { requests: 1, per: 1h }
+"#;
+
+fn applied(r: Resolved) -> tollgate_policy::Applied {
+    match r {
+        Resolved::Limit(a) => a,
+        other => panic!("expected a limit, got {other:?}"),
+    }
+}
+
+#[test]
+fn native_tiers_pick_the_quota_and_fall_back_to_the_default() {
+    let p = Policy::parse("api.yaml", NATIVE).unwrap();
+    let free = applied(one(&p, "api", &[("user", "u1"), ("tier", "free")]));
+    let paid = applied(one(&p, "api", &[("user", "u1"), ("tier", "paid")]));
+    let unknown = applied(one(&p, "api", &[("user", "u1"), ("tier", "platinum")]));
+    assert_eq!(
+        (free.quota.limit(), paid.quota.limit(), paid.quota.burst()),
+        (60, 600, 100)
+    );
+    assert_eq!(unknown.quota, free.quota);
+    assert_eq!(
+        free.key, paid.key,
+        "a user's budget does not depend on the tier entry"
+    );
+    assert_eq!(free.algorithm, Algorithm::Gcra);
+}
+
+#[test]
+fn native_shared_buckets_share_one_key_per_subject() {
+    let p = Policy::parse("api.yaml", NATIVE).unwrap();
+    let search = applied(one(&p, "api", &[("user", "u1"), ("path", "/search")]));
+    let export = applied(one(&p, "api", &[("user", "u1"), ("path", "/export")]));
+    let other_user = applied(one(&p, "api", &[("user", "u2"), ("path", "/search")]));
+    assert_eq!(search.key, export.key);
+    assert_ne!(search.key, other_user.key);
+    assert_eq!(search.rule.bucket(), Some("heavy"));
+    assert_eq!(
+        search.algorithm,
+        Algorithm::SlidingCounter,
+        "the domain default"
+    );
+}
+
+#[test]
+fn native_priority_reserve_shrinks_the_tolerance_of_low_classes_on_one_budget() {
+    let p = Policy::parse("api.yaml", NATIVE).unwrap();
+    let critical = applied(one(&p, "api", &[("priority", "critical")]));
+    let low = applied(one(&p, "api", &[("priority", "low")]));
+    let unnamed = applied(one(&p, "api", &[("priority", "whatever")]));
+    assert_eq!(critical.key, low.key, "one shared budget");
+    assert_eq!((critical.quota.burst(), low.quota.burst()), (100, 50));
+    assert_eq!(
+        critical.quota.emission_ns(),
+        low.quota.emission_ns(),
+        "same drain rate"
+    );
+    assert_eq!(unnamed.quota, low.quota, "unknown classes get the default");
+}
+
+#[test]
+fn native_algorithms_flags_and_failure_policies() {
+    let p = Policy::parse("api.yaml", NATIVE).unwrap();
+    let uploads = applied(one(&p, "api", &[("uploads", "u1")]));
+    assert_eq!(uploads.algorithm, Algorithm::Concurrency);
+    assert_eq!(
+        uploads.quota.period(),
+        Duration::from_secs(60),
+        "the default lease"
+    );
+    let shaped = applied(one(&p, "api", &[("shaped", "x")]));
+    assert_eq!(
+        shaped.algorithm,
+        Algorithm::LeakyBucketShaping { delay_after: 2 }
+    );
+    assert_eq!(shaped.failure, tollgate_policy::FailurePolicy::FailClosed);
+    assert!(applied(one(&p, "api", &[("beta", "x")])).shadow);
+}
+
+#[test]
+fn storage_keys_cannot_be_forged_with_separators_in_values() {
+    let p = Policy::parse("messaging.yaml", MESSAGING).unwrap();
+    let a = limit(&one(
+        &p,
+        "messaging",
+        &[("message_type", "marketing"), ("to_number", "1|2")],
+    ))
+    .2;
+    let b = limit(&one(&p, "messaging", &[("to_number", "1|2")])).2;
+    let c = limit(&one(&p, "messaging", &[("to_number", "1")])).2;
+    assert_ne!(a, b);
+    assert_ne!(b, c);
+}
+
+/// `(line, field)` of the error a config gives, with its reason.
+fn error(name: &str, text: &str) -> (u64, String, String) {
+    let e = Policy::parse(name, text).expect_err("the config is invalid");
+    assert!(e.to_string().starts_with(name), "{e}");
+    (e.line, e.field, e.reason)
+}
+
+#[test]
+fn errors_name_the_file_line_and_field() {
+    let cases: &[(&str, u64, &str, &str)] = &[
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
+            5,
+            "descriptors[0].rate_limit.unit",
+            "invalid rate limit unit",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      unit: second\n",
+            6,
+            "descriptors[0].rate_limit.unit",
+            "should not specify rate limit unit when unlimited",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n  - key: k\n",
+            4,
+            "descriptors[1].key",
+            "duplicate descriptor composite key",
+        ),
+        (
+            "domain: d\nrules:\n  - name: r\n    match: [{ key: k }]\n    limit: { requests: 5 }\n",
+            5,
+            "rules[0].limit.per",
+            "missing `per`",
+        ),
+        (
+            "domain: d\nrules:\n  - name: r\n    match: [{ key: k }]\n    limit: { requests: 5, per: 1 fortnight }\n",
+            5,
+            "rules[0].limit.per",
+            "invalid duration",
+        ),
+        (
+            "domain: d\nrules:\n  - name: r\n    match: [{ key: k }]\n    limit: { requests: 0, per: 1s }\n",
+            5,
+            "rules[0].limit.requests",
+            "limit must be at least 1",
+        ),
+        (
+            "domain: d\nrules:\n  - name: r\n    match: [{ key: a }]\n    limit: { requests: 1, per: 1s }\n  - name: r\n    match: [{ key: b }]\n    limit: { requests: 1, per: 1s }\n",
+            6,
+            "rules[1].name",
+            "duplicate rule name",
+        ),
+        (
+            "domain: d\nrules:\n  - name: r\n    match: [{ key: a }]\n    tiers: { by: tier, default: free, limits: { free: { requests: 1, per: 1s } } }\n",
+            5,
+            "rules[0].tiers.by",
+            "not one of the rule's match keys",
+        ),
+        (
+            "domain: d\nrules:\n  - name: r\n    match: [{ key: p }]\n    algorithm: token-bucket\n    limit: { requests: 1, per: 1s }\n    priority: { by: p, default: low, shares: { low: 50 } }\n",
+            7,
+            "rules[0].priority",
+            "token bucket",
+        ),
+        (
+            "domain: d\nrules:\n  - name: a\n    match: [{ key: a }]\n    bucket: b\n    limit: { requests: 1, per: 1s }\n  - name: c\n    match: [{ key: c }]\n    bucket: b\n    limit: { requests: 2, per: 1s }\n",
+            9,
+            "rules[1].bucket",
+            "must have the same algorithm and limit",
+        ),
+        (
+            "domain: d\nrules:\n  - name: a\n    match: [{ key: a }]\n    algorithm: leaky\n    limit: { requests: 1, per: 1s }\n",
+            5,
+            "rules[0].algorithm",
+            "unknown algorithm",
+        ),
+        (
+            "domain: d\nrules:\n  - name: a\n    match: [{ key: a }]\n    limit: { requests: 1, per: 1s }\n    limits: 3\n",
+            6,
+            "yaml",
+            "limits",
+        ),
+        ("domain: d\nrules:\n  - name: [unclosed\n", 3, "yaml", ""),
+    ];
+    for &(text, line, field, reason) in cases {
+        let (got_line, got_field, got_reason) = error("bad.yaml", text);
+        assert_eq!(
+            (got_line, got_field.as_str()),
+            (line, field),
+            "{text}\n{got_reason}"
+        );
+        assert!(
+            got_reason.contains(reason),
+            "{got_reason:?} should say {reason:?}"
+        );
+    }
+}
+
+#[test]
+fn a_directory_loads_both_formats_and_refuses_a_domain_twice() {
+    let dir = std::env::temp_dir().join(format!("tollgate-policy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a.yaml"), MESSAGING).unwrap();
+    std::fs::write(dir.join("b.yml"), NATIVE).unwrap();
+    std::fs::write(dir.join("notes.txt"), "not yaml").unwrap();
+    let p = Policy::load(&dir).unwrap();
+    assert_eq!(p.domains().collect::<Vec<_>>(), ["api", "messaging"]);
+    std::fs::write(dir.join("c.yaml"), MESSAGING).unwrap();
+    let e = Policy::load(&dir).unwrap_err();
+    assert!(
+        e.to_string().contains("c.yaml") && e.reason.contains("duplicate domain"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_builtin_policy_and_every_example_are_valid() {
+    let builtin = Policy::builtin();
+    assert!(matches!(
+        one(&builtin, "default", &[("remote_address", "10.0.0.1")]),
+        Resolved::Limit(_)
+    ));
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(examples).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|x| x == "yaml") {
+            Policy::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            seen += 1;
+        }
+    }
+    assert!(
+        seen >= 5,
+        "examples/ should hold one config per seed pattern, found {seen}"
+    );
+}
