@@ -1,0 +1,543 @@
+//! The rate limit response headers, made in one place.
+//!
+//! Every response the layer (and, later, the gateway) sends carries them,
+//! allowed or denied. [`HeaderStyle`] says which families to emit:
+//!
+//! | family | headers | value |
+//! | --- | --- | --- |
+//! | `x_ratelimit` | `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` | the most restrictive limit's capacity, what it has left, and when it is full again as epoch seconds |
+//! | `reset_after` | `X-RateLimit-Reset-After` | seconds until it is full again, with three decimals (Discord) |
+//! | `bucket` | `X-RateLimit-Bucket` | the shared bucket that limit spends, when it has one (Discord) |
+//! | `ietf` | `RateLimit-Policy`, `RateLimit` | [`DRAFT`]'s structured fields: every limit's policy, and the most restrictive one's service limit |
+//! | always | `Retry-After` | on a deny: delta-seconds, rounded up, at least 1 |
+//!
+//! **The reset is stable.** `X-RateLimit-Reset` is
+//! `ceil((now + reset_after) / 1 s)`, where `now` is the wall-clock time in
+//! nanoseconds since the Unix epoch that the caller read (before asking the
+//! store) and `reset_after` is the store's exact integer answer. While nothing
+//! is admitted the state's reset instant does not move, so two reads at
+//! different times give the same second (GitHub's "wobble" bug cannot happen).
+//! Rounding up means a client that waits for the announced second never comes
+//! back early.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use http::header::RETRY_AFTER;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use sfv::{Integer, KeyRef, ListSerializer, StringRef};
+use tollgate_core::{Algorithm, Decision, Nanos, Outcome, Quota};
+
+/// The version of the IETF draft whose `RateLimit-Policy` and `RateLimit`
+/// syntax these headers follow. Draft -11 (May 2026) keeps the same syntax and
+/// renames `r` and `t` "available quota" and "effective window".
+pub const DRAFT: &str = "draft-ietf-httpapi-ratelimit-headers-10";
+
+/// `X-RateLimit-Limit`: the capacity of the most restrictive limit.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`: what it has left after this request.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`: when it is full again, in seconds since the Unix epoch.
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// `X-RateLimit-Reset-After`: seconds until it is full again, e.g. `1.250`.
+pub const X_RATELIMIT_RESET_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-reset-after");
+/// `X-RateLimit-Bucket`: the shared bucket it spends.
+pub const X_RATELIMIT_BUCKET: HeaderName = HeaderName::from_static("x-ratelimit-bucket");
+/// `RateLimit-Policy`: every limit that applied, as [`DRAFT`] quota policy items.
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`: the most restrictive limit, as a [`DRAFT`] service limit item.
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+const NANOS_PER_SEC: u128 = 1_000_000_000;
+
+/// Which header families to emit. `Retry-After` is always sent on a deny.
+///
+/// The default is the widely read pair: `X-RateLimit-*` and the IETF fields.
+/// [`HeaderStyle::ALL`] adds Discord's `X-RateLimit-Reset-After` and
+/// `X-RateLimit-Bucket`, which `tollgate-client` uses when present.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderStyle {
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`
+    /// (GitHub, Stripe).
+    pub x_ratelimit: bool,
+    /// `X-RateLimit-Reset-After` (Discord).
+    pub reset_after: bool,
+    /// `X-RateLimit-Bucket` (Discord), when the reported limit is a shared bucket.
+    pub bucket: bool,
+    /// `RateLimit-Policy` and `RateLimit` ([`DRAFT`]).
+    pub ietf: bool,
+}
+
+impl Default for HeaderStyle {
+    fn default() -> Self {
+        Self {
+            x_ratelimit: true,
+            reset_after: false,
+            bucket: false,
+            ietf: true,
+        }
+    }
+}
+
+/// One limit that applied to a request, as the headers describe it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitReport<'a> {
+    /// The policy's name in `RateLimit-Policy` and `RateLimit`: the rule's
+    /// name, or its shared bucket's.
+    pub name: &'a str,
+    /// The quota the policy allocates per `window` (the draft's `q`).
+    pub quota: u64,
+    /// The window the quota is counted over; `None` for a concurrency limit.
+    pub window: Option<Duration>,
+    /// Whether the quota counts requests in flight rather than requests.
+    pub concurrency: bool,
+    /// The shared bucket the limit spends, if any.
+    pub bucket: Option<&'a str>,
+    /// What the store decided.
+    pub decision: Decision,
+}
+
+impl<'a> LimitReport<'a> {
+    /// The report of a limit of `quota` counted by `algorithm`.
+    pub fn new(name: &'a str, quota: &Quota, algorithm: Algorithm, decision: Decision) -> Self {
+        let concurrency = algorithm == Algorithm::Concurrency;
+        Self {
+            name,
+            quota: quota.limit(),
+            window: (!concurrency).then(|| quota.period()),
+            concurrency,
+            bucket: None,
+            decision,
+        }
+    }
+
+    /// The same report, naming the shared bucket the limit spends.
+    pub fn with_bucket(self, bucket: Option<&'a str>) -> Self {
+        Self { bucket, ..self }
+    }
+}
+
+impl HeaderStyle {
+    /// Every family.
+    pub const ALL: Self = Self {
+        x_ratelimit: true,
+        reset_after: true,
+        bucket: true,
+        ietf: true,
+    };
+
+    /// No family: only `Retry-After` on a deny.
+    pub const NONE: Self = Self {
+        x_ratelimit: false,
+        reset_after: false,
+        bucket: false,
+        ietf: false,
+    };
+
+    /// Writes the headers for the limits that applied to one request into
+    /// `headers`, replacing any of the same name. `now` is the wall-clock time
+    /// in nanoseconds since the Unix epoch, read before the store was asked.
+    ///
+    /// The `X-RateLimit-*` headers and `RateLimit` describe the most
+    /// restrictive limit ([`most_restrictive`]); `RateLimit-Policy` lists every
+    /// limit once. Nothing is written when no limit applied.
+    pub fn write(&self, limits: &[LimitReport<'_>], now: Nanos, headers: &mut HeaderMap) {
+        let Some(reported) = most_restrictive(limits) else {
+            return;
+        };
+        let d = &reported.decision;
+        if self.x_ratelimit {
+            headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(d.limit));
+            headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
+            headers.insert(
+                X_RATELIMIT_RESET,
+                HeaderValue::from(reset_epoch_secs(now, d.reset_after)),
+            );
+        }
+        if self.reset_after {
+            headers.insert(X_RATELIMIT_RESET_AFTER, seconds_millis(d.reset_after));
+        }
+        if self.bucket
+            && let Some(bucket) = reported.bucket.and_then(|b| HeaderValue::from_str(b).ok())
+        {
+            headers.insert(X_RATELIMIT_BUCKET, bucket);
+        }
+        if self.ietf {
+            if let Some(policy) = policy_field(limits) {
+                headers.insert(RATELIMIT_POLICY, policy);
+            }
+            headers.insert(RATELIMIT, service_limit_field(reported));
+        }
+        if !d.allowed {
+            headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(d)));
+        }
+    }
+}
+
+/// The limit the headers report: on a deny, the denying limit that asks the
+/// client to wait longest; on an allow, the one with the fewest units left
+/// (then the latest reset). The same choice as [`Outcome::most_restrictive`].
+pub fn most_restrictive<'r, 'a>(limits: &'r [LimitReport<'a>]) -> Option<&'r LimitReport<'a>> {
+    let outcome = Outcome {
+        decisions: limits.iter().map(|l| l.decision).collect(),
+    };
+    let chosen = outcome.most_restrictive()?;
+    let index = outcome
+        .decisions
+        .iter()
+        .position(|d| std::ptr::eq(d, chosen))?;
+    limits.get(index)
+}
+
+/// `Retry-After` for a denied decision, in whole seconds: its `retry_after`
+/// rounded up, or, when no wait is known (a concurrency limit, a cost that can
+/// never pass, a rule that blocks everything), its `reset_after` rounded up;
+/// never less than 1, so a client always backs off.
+pub fn retry_after_secs(decision: &Decision) -> u64 {
+    ceil_secs(decision.retry_after.unwrap_or(decision.reset_after)).max(1)
+}
+
+/// `X-RateLimit-Reset`: `ceil((now + reset_after) / 1 s)`, with `now` in
+/// nanoseconds since the Unix epoch.
+pub fn reset_epoch_secs(now: Nanos, reset_after: Duration) -> u64 {
+    let at = u128::from(now).saturating_add(reset_after.as_nanos());
+    u64::try_from(at.div_ceil(NANOS_PER_SEC)).unwrap_or(u64::MAX)
+}
+
+/// Whole seconds, rounded up.
+fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
+/// Seconds with three decimals, rounded up to the millisecond: `1.250`.
+fn seconds_millis(d: Duration) -> HeaderValue {
+    let millis = d.as_nanos().div_ceil(1_000_000);
+    let text = format!("{}.{:03}", millis / 1000, millis % 1000);
+    HeaderValue::from_str(&text).expect("digits and a dot are a valid header value")
+}
+
+/// The draft's `q` and `w` for a quota: whole-second windows as they are;
+/// other windows stretched to the next whole second (at least one) with the
+/// quota scaled down to match, so the advertised rate is never above the
+/// enforced one: 10 per 500 ms is `q=20;w=1`, 3 per 1.5 s is `q=4;w=2`.
+fn draft_window(quota: u64, window: Duration) -> (u64, u64) {
+    let period = window.as_nanos().max(1);
+    if period.is_multiple_of(NANOS_PER_SEC) {
+        let w = u64::try_from(period / NANOS_PER_SEC).unwrap_or(u64::MAX);
+        return (quota, w);
+    }
+    let w = period.div_ceil(NANOS_PER_SEC);
+    let q = u128::from(quota) * w * NANOS_PER_SEC / period;
+    (
+        u64::try_from(q).unwrap_or(u64::MAX),
+        u64::try_from(w).unwrap_or(u64::MAX),
+    )
+}
+
+/// A structured-field Integer; they stop at 15 digits.
+fn integer(n: u64) -> Integer {
+    Integer::try_from(n).unwrap_or(Integer::MAX)
+}
+
+/// A name as a structured-field String: printable ASCII only (the serializer
+/// escapes `"` and `\`); anything else becomes `?`.
+fn sf_string(name: &str) -> Cow<'_, str> {
+    if name.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        Cow::Borrowed(name)
+    } else {
+        Cow::Owned(
+            name.chars()
+                .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
+                .collect(),
+        )
+    }
+}
+
+const Q: &KeyRef = KeyRef::constant("q");
+const QU: &KeyRef = KeyRef::constant("qu");
+const W: &KeyRef = KeyRef::constant("w");
+const R: &KeyRef = KeyRef::constant("r");
+const T: &KeyRef = KeyRef::constant("t");
+
+/// `RateLimit-Policy`: one quota policy item per distinct name, in order.
+fn policy_field(limits: &[LimitReport<'_>]) -> Option<HeaderValue> {
+    let mut list = ListSerializer::new();
+    for (i, limit) in limits.iter().enumerate() {
+        if limits[..i].iter().any(|l| l.name == limit.name) {
+            continue;
+        }
+        let name = sf_string(limit.name);
+        let name = StringRef::from_str(&name).expect("sanitized to printable ASCII");
+        let item = list.bare_item(name);
+        let _ = match (limit.concurrency, limit.window) {
+            (true, _) | (false, None) => item
+                .parameter(Q, integer(limit.quota))
+                .parameter(QU, StringRef::constant("concurrent-requests")),
+            (false, Some(window)) => {
+                let (q, w) = draft_window(limit.quota, window);
+                item.parameter(Q, integer(q)).parameter(W, integer(w))
+            }
+        };
+    }
+    let text = list.finish()?;
+    HeaderValue::from_str(&text).ok()
+}
+
+/// `RateLimit`: the reported limit's remaining units and, as `t`, seconds
+/// until it is full again (on an allow) or the `Retry-After` value (on a deny,
+/// so that `Retry-After` is never earlier than `t`, as the draft asks). A
+/// concurrency limit has no `t` on an allow: time does not refill it.
+fn service_limit_field(reported: &LimitReport<'_>) -> HeaderValue {
+    let d = &reported.decision;
+    let name = sf_string(reported.name);
+    let name = StringRef::from_str(&name).expect("sanitized to printable ASCII");
+    let mut list = ListSerializer::new();
+    let item = list.bare_item(name).parameter(R, integer(d.remaining));
+    let t = if !d.allowed {
+        Some(retry_after_secs(d))
+    } else if reported.concurrency {
+        None
+    } else {
+        Some(ceil_secs(d.reset_after))
+    };
+    if let Some(t) = t {
+        let _ = item.parameter(T, integer(t));
+    }
+    let text = list.finish().expect("one member was written");
+    HeaderValue::from_str(&text).expect("a serialized structured field is a valid header value")
+}
+
+#[cfg(test)]
+mod tests {
+    use tollgate_core::{FixedWindow, Gcra, StateMachine};
+
+    use super::*;
+
+    /// 2023-11-14T22:13:20.25Z, in nanoseconds since the epoch.
+    const EPOCH: Nanos = 1_700_000_000_250_000_000;
+    const SEC: Nanos = 1_000_000_000;
+
+    fn header<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
+        headers.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    fn written(style: HeaderStyle, limits: &[LimitReport<'_>], now: Nanos) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        style.write(limits, now, &mut headers);
+        headers
+    }
+
+    #[test]
+    fn reset_is_stable_across_reads_with_no_admission_between() {
+        // GCRA, 10 a minute: each admission moves the reset by 6 s, and reads
+        // (cost 0) at different times must all announce the same second.
+        let quota = Quota::per_minute(10).unwrap();
+        let mut tat = Default::default();
+        for _ in 0..3 {
+            assert!(Gcra.step(&quota, &mut tat, EPOCH, 1).allowed);
+        }
+        let mut resets = Vec::new();
+        for later in [0, 1, SEC - 1, 1_700 * SEC / 1000, 17 * SEC + 3] {
+            let now = EPOCH + later;
+            let read = Gcra.step(&quota, &mut tat, now, 0);
+            let limits = [LimitReport::new("per-user", &quota, Algorithm::Gcra, read)];
+            let headers = written(HeaderStyle::default(), &limits, now);
+            resets.push(header(&headers, &X_RATELIMIT_RESET).unwrap().to_owned());
+        }
+        // Full again 18 s after EPOCH (…00.25 + 18 = …18.25), rounded up.
+        assert!(resets.iter().all(|r| r == "1700000019"), "{resets:?}");
+
+        // And a deny does not move it either.
+        let mut state = Default::default();
+        let window = Quota::new(2, Duration::from_secs(10)).unwrap();
+        let first = (0..3)
+            .map(|i| FixedWindow.step(&window, &mut state, EPOCH + i * SEC, 1))
+            .last()
+            .unwrap();
+        let second = FixedWindow.step(&window, &mut state, EPOCH + 5 * SEC, 1);
+        assert!(!first.allowed && !second.allowed);
+        let reset = |d: Decision, now| {
+            let limits = [LimitReport::new("w", &window, Algorithm::FixedWindow, d)];
+            header(
+                &written(HeaderStyle::default(), &limits, now),
+                &X_RATELIMIT_RESET,
+            )
+            .unwrap()
+            .to_owned()
+        };
+        assert_eq!(
+            reset(first, EPOCH + 2 * SEC),
+            reset(second, EPOCH + 5 * SEC)
+        );
+    }
+
+    #[test]
+    fn reports_the_most_restrictive_and_lists_every_policy() {
+        let per_ip = Quota::per_minute(60).unwrap();
+        let global = Quota::per_second(1000).unwrap();
+        let ip = Decision {
+            allowed: true,
+            limit: 60,
+            remaining: 3,
+            reset_after: Duration::from_millis(57_000),
+            retry_after: None,
+            delay: Duration::ZERO,
+        };
+        let all = Decision {
+            remaining: 990,
+            limit: 1000,
+            reset_after: Duration::from_millis(10),
+            ..ip
+        };
+        let limits = [
+            LimitReport::new("global", &global, Algorithm::SlidingCounter, all),
+            LimitReport::new("per-ip", &per_ip, Algorithm::Gcra, ip),
+        ];
+        let headers = written(HeaderStyle::ALL, &limits, EPOCH);
+        assert_eq!(header(&headers, &X_RATELIMIT_LIMIT), Some("60"));
+        assert_eq!(header(&headers, &X_RATELIMIT_REMAINING), Some("3"));
+        assert_eq!(header(&headers, &X_RATELIMIT_RESET), Some("1700000058"));
+        assert_eq!(header(&headers, &X_RATELIMIT_RESET_AFTER), Some("57.000"));
+        assert_eq!(
+            header(&headers, &RATELIMIT_POLICY),
+            Some(r#""global";q=1000;w=1, "per-ip";q=60;w=60"#)
+        );
+        assert_eq!(header(&headers, &RATELIMIT), Some(r#""per-ip";r=3;t=57"#));
+        assert!(headers.get(RETRY_AFTER).is_none(), "only on a deny");
+        assert!(
+            headers.get(X_RATELIMIT_BUCKET).is_none(),
+            "no bucket applied"
+        );
+    }
+
+    #[test]
+    fn a_deny_carries_retry_after_rounded_up_and_matching_t() {
+        let quota = Quota::per_second(5).unwrap();
+        let denied = Decision {
+            allowed: false,
+            limit: 5,
+            remaining: 0,
+            reset_after: Duration::from_millis(900),
+            retry_after: Some(Duration::from_millis(200)),
+            delay: Duration::ZERO,
+        };
+        let limits = [LimitReport::new("search", &quota, Algorithm::Gcra, denied)
+            .with_bucket(Some("expensive"))];
+        let headers = written(HeaderStyle::ALL, &limits, EPOCH);
+        assert_eq!(header(&headers, &RETRY_AFTER), Some("1"));
+        assert_eq!(header(&headers, &RATELIMIT), Some(r#""search";r=0;t=1"#));
+        assert_eq!(header(&headers, &X_RATELIMIT_BUCKET), Some("expensive"));
+        assert_eq!(header(&headers, &X_RATELIMIT_RESET_AFTER), Some("0.900"));
+
+        // No retry time known: the reset decides, and never less than one second.
+        let never = Decision {
+            retry_after: None,
+            reset_after: Duration::from_millis(2_500),
+            ..denied
+        };
+        assert_eq!(retry_after_secs(&never), 3);
+        let concurrency = Decision {
+            retry_after: None,
+            reset_after: Duration::ZERO,
+            ..denied
+        };
+        assert_eq!(retry_after_secs(&concurrency), 1);
+        assert_eq!(
+            retry_after_secs(&Decision {
+                retry_after: Some(Duration::from_secs(7)),
+                ..denied
+            }),
+            7
+        );
+
+        // With every family off, a deny still says when to come back.
+        let bare = written(HeaderStyle::NONE, &limits, EPOCH);
+        assert_eq!(bare.len(), 1);
+        assert_eq!(header(&bare, &RETRY_AFTER), Some("1"));
+    }
+
+    #[test]
+    fn a_denying_layer_outranks_a_tighter_allowing_one() {
+        let q = Quota::per_second(10).unwrap();
+        let allow = Decision {
+            allowed: true,
+            limit: 10,
+            remaining: 0,
+            reset_after: Duration::from_secs(1),
+            retry_after: None,
+            delay: Duration::ZERO,
+        };
+        let deny = Decision {
+            allowed: false,
+            remaining: 4,
+            retry_after: Some(Duration::from_secs(3)),
+            ..allow
+        };
+        let limits = [
+            LimitReport::new("a", &q, Algorithm::Gcra, allow),
+            LimitReport::new("b", &q, Algorithm::Gcra, deny),
+        ];
+        assert_eq!(most_restrictive(&limits).map(|l| l.name), Some("b"));
+        assert_eq!(most_restrictive(&[]), None);
+        assert!(written(HeaderStyle::ALL, &[], EPOCH).is_empty());
+    }
+
+    #[test]
+    fn policy_names_are_quoted_and_escaped_and_windows_whole_seconds() {
+        let decision = Decision {
+            allowed: true,
+            limit: 1,
+            remaining: 1,
+            reset_after: Duration::ZERO,
+            retry_after: None,
+            delay: Duration::ZERO,
+        };
+        let half = Quota::new(10, Duration::from_millis(500)).unwrap();
+        let odd = Quota::new(3, Duration::from_millis(1_500)).unwrap();
+        let limits = [
+            LimitReport::new(r#"say "hi" \o/"#, &half, Algorithm::Gcra, decision),
+            LimitReport::new("caf\u{e9}", &odd, Algorithm::FixedWindow, decision),
+            LimitReport::new("in-flight", &odd, Algorithm::Concurrency, decision),
+            LimitReport::new("in-flight", &odd, Algorithm::Concurrency, decision),
+        ];
+        let headers = written(HeaderStyle::default(), &limits, EPOCH);
+        assert_eq!(
+            header(&headers, &RATELIMIT_POLICY),
+            Some(
+                r#""say \"hi\" \\o/";q=20;w=1, "caf?";q=4;w=2, "in-flight";q=3;qu="concurrent-requests""#
+            )
+        );
+        // Reads back as the draft's syntax.
+        let parsed: sfv::List = sfv::Parser::new(header(&headers, &RATELIMIT_POLICY).unwrap())
+            .parse()
+            .unwrap();
+        assert_eq!(parsed.len(), 3);
+        assert_eq!(draft_window(7, Duration::from_secs(3600)), (7, 3600));
+        assert_eq!(draft_window(1, Duration::from_nanos(1)), (1_000_000_000, 1));
+    }
+
+    #[test]
+    fn concurrency_has_no_t_while_allowed_and_times_round_up() {
+        let q = Quota::per_second(3).unwrap();
+        let d = Decision {
+            allowed: true,
+            limit: 3,
+            remaining: 2,
+            reset_after: Duration::ZERO,
+            retry_after: None,
+            delay: Duration::ZERO,
+        };
+        let limits = [LimitReport::new("jobs", &q, Algorithm::Concurrency, d)];
+        let headers = written(HeaderStyle::ALL, &limits, EPOCH);
+        assert_eq!(header(&headers, &RATELIMIT), Some(r#""jobs";r=2"#));
+        assert_eq!(header(&headers, &X_RATELIMIT_RESET_AFTER), Some("0.000"));
+        assert_eq!(
+            seconds_millis(Duration::from_nanos(1)).to_str().unwrap(),
+            "0.001"
+        );
+        assert_eq!(reset_epoch_secs(3 * SEC, Duration::ZERO), 3);
+        assert_eq!(reset_epoch_secs(3 * SEC, Duration::from_nanos(1)), 4);
+        assert_eq!(reset_epoch_secs(u64::MAX, Duration::MAX), u64::MAX);
+        assert_eq!(integer(u64::MAX), Integer::MAX);
+    }
+}

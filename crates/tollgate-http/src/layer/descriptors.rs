@@ -1,0 +1,384 @@
+//! Where a request's descriptors come from: the layer's key extractors.
+
+use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr};
+
+use http::HeaderName;
+use http::request::Parts;
+use tollgate_policy::{Descriptor, Entry};
+
+use crate::ClientIpConfig;
+
+/// Makes one descriptor (one rate limit layer) from a request's head.
+///
+/// Each source added to a [`RateLimitLayer`](crate::RateLimitLayer) gives at
+/// most one descriptor; the policy matches each against its rules, and the
+/// request must pass every limit that applies. Returning `None` leaves the
+/// layer out for this request (as Envoy does when an action cannot produce its
+/// entry, e.g. a missing header).
+///
+/// Closures `Fn(&Parts) -> Option<Descriptor>` are sources too.
+pub trait DescriptorSource: Send + Sync + 'static {
+    /// The descriptor for `request`, or `None` when this source does not apply.
+    fn descriptor(&self, request: &Parts) -> Option<Descriptor>;
+}
+
+impl<F> DescriptorSource for F
+where
+    F: Fn(&Parts) -> Option<Descriptor> + Send + Sync + 'static,
+{
+    fn descriptor(&self, request: &Parts) -> Option<Descriptor> {
+        self(request)
+    }
+}
+
+fn single(key: &str, value: impl Into<String>) -> Descriptor {
+    Descriptor {
+        entries: vec![Entry::new(key, value)],
+        ..Descriptor::default()
+    }
+}
+
+/// The socket peer's address, from the request extensions: axum's
+/// `ConnectInfo<SocketAddr>` (with the `axum` feature), or a plain
+/// `SocketAddr` or `IpAddr` that the server put there.
+pub(crate) fn peer_addr(request: &Parts) -> Option<IpAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(info) = request
+        .extensions
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(info.0.ip());
+    }
+    request
+        .extensions
+        .get::<SocketAddr>()
+        .map(SocketAddr::ip)
+        .or_else(|| request.extensions.get::<IpAddr>().copied())
+}
+
+/// The client address (IPv6 folded to its network) as `remote_address`,
+/// Envoy's name for it; see [`ClientIpConfig`] for the trusted-proxy rules.
+///
+/// The peer comes from the request extensions: axum's
+/// `ConnectInfo<SocketAddr>` (serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`), or a `SocketAddr`
+/// or `IpAddr` the server inserted (tonic keeps the peer in its own
+/// `TcpConnectInfo`: copy its `remote_addr()` in a `map_request`). A request with no peer
+/// address is keyed `unknown`, so all of them share one budget: a wiring
+/// mistake shows as 429s, not as a silently unlimited service.
+#[derive(Debug, Clone)]
+pub struct ClientIpKey {
+    config: ClientIpConfig,
+    key: String,
+}
+
+impl Default for ClientIpKey {
+    fn default() -> Self {
+        Self::new(ClientIpConfig::default())
+    }
+}
+
+impl ClientIpKey {
+    /// The client address under `config`, as `remote_address`.
+    pub fn new(config: ClientIpConfig) -> Self {
+        Self {
+            config,
+            key: "remote_address".into(),
+        }
+    }
+
+    /// Names the descriptor entry `key` instead of `remote_address`.
+    pub fn descriptor_key(mut self, key: impl Into<String>) -> Self {
+        self.key = key.into();
+        self
+    }
+}
+
+impl DescriptorSource for ClientIpKey {
+    fn descriptor(&self, request: &Parts) -> Option<Descriptor> {
+        let value = match peer_addr(request) {
+            Some(peer) => self.config.client_key(peer, &request.headers),
+            None => "unknown".into(),
+        };
+        Some(single(&self.key, value))
+    }
+}
+
+/// A request header's value (an API key, an authenticated user id set by an
+/// auth layer in front) as the descriptor entry `descriptor_key`; no
+/// descriptor when the header is missing or not visible ASCII.
+#[derive(Debug, Clone)]
+pub struct HeaderKey {
+    header: HeaderName,
+    key: String,
+}
+
+impl HeaderKey {
+    /// The value of `header` as the entry `descriptor_key`.
+    pub fn new(header: HeaderName, descriptor_key: impl Into<String>) -> Self {
+        Self {
+            header,
+            key: descriptor_key.into(),
+        }
+    }
+}
+
+impl DescriptorSource for HeaderKey {
+    fn descriptor(&self, request: &Parts) -> Option<Descriptor> {
+        let value = request.headers.get(&self.header)?.to_str().ok()?;
+        Some(single(&self.key, value))
+    }
+}
+
+/// A route template a router (or a layer in front) put in the request
+/// extensions, for [`RouteKey`] when axum's `MatchedPath` is not there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteTemplate(pub Cow<'static, str>);
+
+/// The method and the route as `route`, e.g. `GET /users/{id}`: the shape the
+/// native config's shared buckets match (`examples/shared-bucket.yaml`).
+///
+/// The template is axum's `MatchedPath` (there when the layer is added to a
+/// `Router` after its routes), else a [`RouteTemplate`] extension, else the
+/// raw path, which gives every distinct path its own budget. Use
+/// [`RouteKey::templates_only`] to skip requests with no template instead.
+#[derive(Debug, Clone)]
+pub struct RouteKey {
+    key: String,
+    raw_paths: bool,
+}
+
+impl Default for RouteKey {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RouteKey {
+    /// Method and template as `route`, falling back to the raw path.
+    pub fn new() -> Self {
+        Self {
+            key: "route".into(),
+            raw_paths: true,
+        }
+    }
+
+    /// No descriptor for requests whose route template is unknown.
+    pub fn templates_only(mut self) -> Self {
+        self.raw_paths = false;
+        self
+    }
+
+    /// Names the descriptor entry `key` instead of `route`.
+    pub fn descriptor_key(mut self, key: impl Into<String>) -> Self {
+        self.key = key.into();
+        self
+    }
+}
+
+fn template(request: &Parts) -> Option<&str> {
+    #[cfg(feature = "axum")]
+    if let Some(matched) = request.extensions.get::<axum::extract::MatchedPath>() {
+        return Some(matched.as_str());
+    }
+    request
+        .extensions
+        .get::<RouteTemplate>()
+        .map(|t| t.0.as_ref())
+}
+
+impl DescriptorSource for RouteKey {
+    fn descriptor(&self, request: &Parts) -> Option<Descriptor> {
+        let path = match template(request) {
+            Some(template) => template,
+            None if self.raw_paths => request.uri.path(),
+            None => return None,
+        };
+        Some(single(&self.key, format!("{} {path}", request.method)))
+    }
+}
+
+/// A fixed entry, `generic_key=<value>` by default: one budget for every
+/// request that reaches the layer (a global limit), or a tag that combines
+/// with others in a [`Composite`].
+#[derive(Debug, Clone)]
+pub struct FixedKey {
+    key: String,
+    value: String,
+}
+
+impl FixedKey {
+    /// `generic_key=<value>`, Envoy's name.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self {
+            key: "generic_key".into(),
+            value: value.into(),
+        }
+    }
+
+    /// Names the descriptor entry `key` instead of `generic_key`.
+    pub fn descriptor_key(mut self, key: impl Into<String>) -> Self {
+        self.key = key.into();
+        self
+    }
+}
+
+impl DescriptorSource for FixedKey {
+    fn descriptor(&self, _: &Parts) -> Option<Descriptor> {
+        Some(single(&self.key, self.value.clone()))
+    }
+}
+
+/// One descriptor made of the entries of several sources, in order (e.g. user
+/// and route for a per-user, per-route limit); none when any part gives none.
+#[derive(Default)]
+pub struct Composite {
+    parts: Vec<Box<dyn DescriptorSource>>,
+}
+
+impl Composite {
+    /// An empty composite; add parts with [`Composite::with`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends the entries of `part`'s descriptor.
+    pub fn with(mut self, part: impl DescriptorSource) -> Self {
+        self.parts.push(Box::new(part));
+        self
+    }
+}
+
+impl std::fmt::Debug for Composite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Composite")
+            .field("parts", &self.parts.len())
+            .finish()
+    }
+}
+
+impl DescriptorSource for Composite {
+    fn descriptor(&self, request: &Parts) -> Option<Descriptor> {
+        if self.parts.is_empty() {
+            return None;
+        }
+        let mut entries = Vec::new();
+        for part in &self.parts {
+            entries.extend(part.descriptor(request)?.entries);
+        }
+        Some(Descriptor {
+            entries,
+            ..Descriptor::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderValue, Request};
+
+    use super::*;
+
+    fn parts(request: Request<()>) -> Parts {
+        request.into_parts().0
+    }
+
+    fn entries(d: Option<Descriptor>) -> Option<Vec<(String, String)>> {
+        d.map(|d| d.entries.into_iter().map(|e| (e.key, e.value)).collect())
+    }
+
+    fn pair(k: &str, v: &str) -> (String, String) {
+        (k.into(), v.into())
+    }
+
+    #[test]
+    fn client_ip_reads_the_peer_from_the_extensions() {
+        let mut request = Request::get("/").body(()).unwrap();
+        request
+            .headers_mut()
+            .insert("x-forwarded-for", HeaderValue::from_static("1.2.3.4"));
+        request
+            .extensions_mut()
+            .insert("203.0.113.7:4000".parse::<SocketAddr>().unwrap());
+        let key = ClientIpKey::default();
+        assert_eq!(
+            entries(key.descriptor(&parts(request))),
+            Some(vec![pair("remote_address", "203.0.113.7")])
+        );
+
+        #[cfg(feature = "axum")]
+        {
+            let mut request = Request::get("/").body(()).unwrap();
+            request.extensions_mut().insert(axum::extract::ConnectInfo(
+                "[2001:db8::5]:80".parse::<SocketAddr>().unwrap(),
+            ));
+            assert_eq!(
+                entries(key.descriptor(&parts(request))),
+                Some(vec![pair("remote_address", "2001:db8::/64")])
+            );
+        }
+
+        let nowhere = Request::get("/").body(()).unwrap();
+        assert_eq!(
+            entries(key.descriptor(&parts(nowhere))),
+            Some(vec![pair("remote_address", "unknown")])
+        );
+    }
+
+    #[test]
+    fn header_route_fixed_and_composite() {
+        let mut request = Request::post("/v1/search?q=x").body(()).unwrap();
+        request
+            .headers_mut()
+            .insert("x-api-key", HeaderValue::from_static("k-123"));
+        let head = parts(request);
+        let api_key = HeaderKey::new(HeaderName::from_static("x-api-key"), "api_key");
+        assert_eq!(
+            entries(api_key.descriptor(&head)),
+            Some(vec![pair("api_key", "k-123")])
+        );
+        let missing = HeaderKey::new(HeaderName::from_static("x-user"), "user");
+        assert_eq!(entries(missing.descriptor(&head)), None);
+
+        assert_eq!(
+            entries(RouteKey::new().descriptor(&head)),
+            Some(vec![pair("route", "POST /v1/search")])
+        );
+        assert_eq!(
+            entries(RouteKey::new().templates_only().descriptor(&head)),
+            None
+        );
+        let mut templated = Request::get("/users/42").body(()).unwrap();
+        templated
+            .extensions_mut()
+            .insert(RouteTemplate("/users/{id}".into()));
+        assert_eq!(
+            entries(RouteKey::new().descriptor(&parts(templated))),
+            Some(vec![pair("route", "GET /users/{id}")])
+        );
+
+        assert_eq!(
+            entries(FixedKey::new("global").descriptor(&head)),
+            Some(vec![pair("generic_key", "global")])
+        );
+
+        let both = Composite::new().with(api_key.clone()).with(RouteKey::new());
+        assert_eq!(
+            entries(both.descriptor(&head)),
+            Some(vec![
+                pair("api_key", "k-123"),
+                pair("route", "POST /v1/search")
+            ])
+        );
+        let broken = Composite::new().with(api_key).with(missing);
+        assert_eq!(entries(broken.descriptor(&head)), None);
+        assert_eq!(entries(Composite::new().descriptor(&head)), None);
+
+        let closure = |p: &Parts| Some(single("method", p.method.as_str()));
+        assert_eq!(
+            entries(closure.descriptor(&head)),
+            Some(vec![pair("method", "POST")])
+        );
+    }
+}

@@ -1,0 +1,192 @@
+//! [`RateLimitLayer`] and its builder.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tollgate_core::{Clock, Store, SystemClock};
+use tollgate_policy::KillSwitch;
+use tollgate_store::MemoryStore;
+use tower_layer::Layer;
+
+use super::check::{Check, Limiter, LocalCheck};
+use super::{ClientIpKey, DescriptorSource, PolicyHandle, RateLimit};
+use crate::HeaderStyle;
+
+/// Applies a Tollgate policy to every request of the services it wraps: see
+/// [`RateLimit`].
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use tollgate_http::{ClientIpKey, RateLimitLayer};
+/// use tollgate_policy::Policy;
+/// use tollgate_store::MemoryStore;
+///
+/// let policy = Policy::parse("inline", "
+/// domain: api
+/// rules:
+///   - name: per-ip
+///     match: [{ key: remote_address }]
+///     limit: { requests: 5, per: 1m }
+/// ")?;
+/// let layer = RateLimitLayer::builder("api", policy, MemoryStore::default())
+///     .descriptor(ClientIpKey::default())
+///     .build();
+/// # let _ = layer;
+/// # Ok::<(), tollgate_policy::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    limiter: Arc<dyn Check>,
+}
+
+impl fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer").finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayer {
+    /// Starts a layer that enforces `policy`'s rules for `domain`, keeping
+    /// state in `store` (the store of record: the memory store for one
+    /// process, a shared store such as Redis across instances).
+    pub fn builder<St: Store + 'static>(
+        domain: impl Into<String>,
+        policy: impl Into<PolicyHandle>,
+        store: St,
+    ) -> Builder<St> {
+        Builder {
+            domain: domain.into(),
+            policy: policy.into(),
+            store,
+            local: None,
+            sources: Vec::new(),
+            kill_switch: None,
+            style: HeaderStyle::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> RateLimit<S> {
+        RateLimit::new(inner, Arc::clone(&self.limiter))
+    }
+}
+
+/// Configures a [`RateLimitLayer`]; made by [`RateLimitLayer::builder`].
+pub struct Builder<St, L = MemoryStore> {
+    domain: String,
+    policy: PolicyHandle,
+    store: St,
+    local: Option<LocalCheck<L>>,
+    sources: Vec<Box<dyn DescriptorSource>>,
+    kill_switch: Option<Arc<KillSwitch>>,
+    style: HeaderStyle,
+    clock: Arc<dyn Clock>,
+}
+
+impl<St, L> fmt::Debug for Builder<St, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("domain", &self.domain)
+            .field("sources", &self.sources.len())
+            .field("local", &self.local.is_some())
+            .field("style", &self.style)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: Store + 'static, L: Store + 'static> Builder<St, L> {
+    /// Adds a descriptor source: one more layer of limits per request. With
+    /// none, the layer uses [`ClientIpKey::default()`] (`remote_address` = the
+    /// socket peer), as the gateway does with no actions configured.
+    pub fn descriptor(mut self, source: impl DescriptorSource) -> Self {
+        self.sources.push(Box::new(source));
+        self
+    }
+
+    /// Which rate limit headers to send (default: `X-RateLimit-*` and the IETF fields).
+    pub fn headers(mut self, style: HeaderStyle) -> Self {
+        self.style = style;
+        self
+    }
+
+    /// Honours `kill_switch`: switched-off rules (or the whole domain) are
+    /// neither counted nor enforced.
+    pub fn kill_switch(mut self, kill_switch: Arc<KillSwitch>) -> Self {
+        self.kill_switch = Some(kill_switch);
+        self
+    }
+
+    /// The wall clock `X-RateLimit-Reset` is computed from (nanoseconds since
+    /// the Unix epoch; default [`SystemClock`]). Tests pass a manual one.
+    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Checks every request against `store` first, with the same policy,
+    /// before the store of record (Envoy's local + global pattern). A request
+    /// the local store denies is answered at once and never reaches the
+    /// store of record; one it admits is then checked there, which decides.
+    /// With the same quota in both, one instance alone can never pass more
+    /// than the global limit, so a flood from one client is cut off locally.
+    /// What the local store admits stays counted there even when the store of
+    /// record then denies (as Envoy's local limit does): under a sustained
+    /// global deny the local budget drains too, and denies sooner.
+    pub fn local<L2: Store + 'static>(self, store: L2) -> Builder<St, L2> {
+        self.with_local(LocalCheck {
+            store,
+            policy: None,
+        })
+    }
+
+    /// Like [`Builder::local`], with a policy of its own for the pre-check:
+    /// the same domain and descriptors, usually looser quotas (a pre-check
+    /// stricter than the store of record would deny what the global limit
+    /// allows).
+    pub fn local_with_policy<L2: Store + 'static>(
+        self,
+        store: L2,
+        policy: impl Into<PolicyHandle>,
+    ) -> Builder<St, L2> {
+        self.with_local(LocalCheck {
+            store,
+            policy: Some(policy.into()),
+        })
+    }
+
+    fn with_local<L2>(self, local: LocalCheck<L2>) -> Builder<St, L2> {
+        Builder {
+            domain: self.domain,
+            policy: self.policy,
+            store: self.store,
+            local: Some(local),
+            sources: self.sources,
+            kill_switch: self.kill_switch,
+            style: self.style,
+            clock: self.clock,
+        }
+    }
+
+    /// The layer.
+    pub fn build(mut self) -> RateLimitLayer {
+        if self.sources.is_empty() {
+            self.sources.push(Box::new(ClientIpKey::default()));
+        }
+        RateLimitLayer {
+            limiter: Arc::new(Limiter {
+                domain: self.domain,
+                policy: self.policy,
+                store: self.store,
+                local: self.local,
+                sources: self.sources,
+                kill_switch: self.kill_switch,
+                style: self.style,
+                clock: self.clock,
+            }),
+        }
+    }
+}

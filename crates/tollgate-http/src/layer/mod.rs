@@ -1,0 +1,22 @@
+//! The tower layer, in tower's shape: [`RateLimitLayer`] makes [`RateLimit`]
+//! services whose calls return a [`future::ResponseFuture`].
+
+mod body;
+mod check;
+mod descriptors;
+pub mod future;
+#[expect(
+    clippy::module_inception,
+    reason = "tower's file names: layer.rs, service.rs, future.rs"
+)]
+mod layer;
+mod policy_handle;
+mod service;
+
+pub use body::ResponseBody;
+pub use descriptors::{
+    ClientIpKey, Composite, DescriptorSource, FixedKey, HeaderKey, RouteKey, RouteTemplate,
+};
+pub use layer::{Builder, RateLimitLayer};
+pub use policy_handle::PolicyHandle;
+pub use service::RateLimit;

@@ -1,0 +1,108 @@
+//! [`RateLimit`], the service.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::ResponseBody;
+use super::check::Check;
+use super::future::ResponseFuture;
+
+/// Rate limits the requests to an inner service.
+///
+/// For each request it makes the descriptors, resolves them with the policy,
+/// runs the optional local pre-check, then checks every enforcing limit in one
+/// call to the store (all-or-nothing) and shadow limits in a second call that
+/// never denies. A denied request is answered here: `429 Too Many Requests`
+/// with a JSON body (`{"error": "rate_limit_exceeded", "message": …,
+/// "retry_after": seconds}`), or `RESOURCE_EXHAUSTED` to a gRPC client. Every
+/// response, allowed or denied, carries the rate limit headers. Concurrency
+/// permits are given back when the inner service's response is ready, or when
+/// the request is abandoned.
+///
+/// When the store fails, the rules' failure policies decide: `fail_closed`
+/// answers `503 Service Unavailable` (`UNAVAILABLE` to gRPC); `fail_open`
+/// lets the request through, and so does `local` until the Redis store (which
+/// keeps the local fallback limiter) lands.
+pub struct RateLimit<S> {
+    inner: S,
+    limiter: Arc<dyn Check>,
+}
+
+impl<S> RateLimit<S> {
+    pub(crate) fn new(inner: S, limiter: Arc<dyn Check>) -> Self {
+        Self { inner, limiter }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone> Clone for RateLimit<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            limiter: Arc::clone(&self.limiter),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for RateLimit<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether the request is gRPC (`application/grpc`, `application/grpc+proto`, …).
+fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The service that was made ready goes with this request; a clone
+        // takes its place for the next `poll_ready`.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let (parts, body) = request.into_parts();
+        let descriptors = self.limiter.descriptors(&parts);
+        let request = Request::from_parts(parts, body);
+        if descriptors.is_empty() {
+            return ResponseFuture::unlimited(inner.call(request));
+        }
+        let grpc = is_grpc(request.headers());
+        let check = Arc::clone(&self.limiter).check(descriptors, grpc);
+        ResponseFuture::checking(check, inner, request)
+    }
+}

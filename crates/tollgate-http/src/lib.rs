@@ -1,0 +1,52 @@
+//! Tollgate over HTTP: rate limit headers, the client address behind trusted
+//! proxies, and a tower layer that puts a Tollgate policy in front of any
+//! axum, hyper or tonic service.
+//!
+//! - [`headers`]: the one place that turns decisions into response headers:
+//!   `X-RateLimit-Limit`/`-Remaining`/`-Reset` (the reset a stable epoch
+//!   second), Discord's `X-RateLimit-Reset-After` and `X-RateLimit-Bucket`, the
+//!   IETF draft's `RateLimit-Policy` and `RateLimit` ([`headers::DRAFT`]), and
+//!   `Retry-After` on every deny; [`HeaderStyle`] picks the families.
+//! - [`ClientIpConfig`]: `X-Forwarded-For` or `Forwarded` are believed only
+//!   from trusted proxies, right-most untrusted hop first; IPv6 clients are
+//!   keyed by their /64.
+//! - [`RateLimitLayer`]: descriptors from the request ([`DescriptorSource`]:
+//!   client IP, a header, method and route, fixed values, composites),
+//!   resolved by a [`tollgate_policy::Policy`], checked in one store call,
+//!   with an optional local pre-check in front; 429 with a JSON body when
+//!   denied, headers on every response.
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use axum::{Router, routing::get};
+//! use tollgate_http::RateLimitLayer;
+//! use tollgate_policy::Policy;
+//! use tollgate_store::MemoryStore;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let policy = Policy::parse("inline", "
+//! domain: api
+//! rules:
+//!   - name: per-ip
+//!     match: [{ key: remote_address }]
+//!     limit: { requests: 100, per: 1m }
+//! ")?;
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::builder("api", policy, MemoryStore::default()).build());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod client_ip;
+pub mod headers;
+mod layer;
+
+pub use client_ip::{ClientIpConfig, ForwardedHeader};
+pub use headers::{HeaderStyle, LimitReport};
+pub use layer::{
+    Builder, ClientIpKey, Composite, DescriptorSource, FixedKey, HeaderKey, PolicyHandle,
+    RateLimit, RateLimitLayer, ResponseBody, RouteKey, RouteTemplate, future,
+};
