@@ -1,1 +1,54 @@
-fn main() {}
+//! `tollgate`: the rate limiter's command-line entry point.
+//!
+//! Each subcommand lives in its own module with a clap `Args` struct and a
+//! `run` function; this file only dispatches and reports errors.
+
+use std::io;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod serve;
+mod simulate;
+
+/// Tollgate, a rate limiter.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay a request trace through the rate limiting algorithms and compare
+    /// them with the exact sliding log, or generate a trace.
+    Simulate(simulate::Args),
+    /// Serve rate limit checks: Envoy's Rate Limit Service over gRPC and an
+    /// HTTP API, with metrics, health checks, an admin API and hot reload.
+    Serve(serve::Args),
+}
+
+/// Whether the error is only that whoever read our output stopped reading
+/// (`tollgate simulate --generate poisson | head`).
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain()
+        .filter_map(|e| e.downcast_ref::<io::Error>())
+        .any(|e| e.kind() == io::ErrorKind::BrokenPipe)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Simulate(args) => simulate::run(args),
+        Command::Serve(args) => serve::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

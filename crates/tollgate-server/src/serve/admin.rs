@@ -1,0 +1,267 @@
+//! The admin API, behind `Authorization: Bearer <--admin-token>`.
+//!
+//! | endpoint | does |
+//! | --- | --- |
+//! | `POST /admin/reload` | reloads `--config` now: 200 `{"domains": [...]}`; 422 with the config error (the old config stays); 409 without `--config` |
+//! | `GET /admin/kill-switch` | `{"disabled": [{"domain": "api", "rule": "per-ip" or null}]}` |
+//! | `POST /admin/kill-switch` | `{"domain": "api", "rule": "per-ip" (optional), "enforce": false}` turns enforcement of a rule or a whole domain off (or back on); answers the listing; 404 when disabling a domain or rule the current policy does not have |
+//! | `GET /admin/keys/{key}?limit=10&period=1s[&burst=20][&algorithm=gcra]` | the state of store key `key` under that limit, read at cost 0 (nothing consumed) |
+//!
+//! Without a token the request is 401 (with `WWW-Authenticate: Bearer`); when
+//! the service was started without `--admin-token` the admin API is off and
+//! every admin endpoint answers 403. Tokens are compared in constant time.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use subtle::ConstantTimeEq;
+use tollgate_core::Store;
+
+use super::http::{ApiError, AppState};
+use super::metrics::Trigger;
+use super::native::quota_of;
+use super::reload;
+
+/// The admin API's bearer token. Its `Debug` does not show it.
+#[derive(Clone)]
+pub(crate) struct AdminToken(String);
+
+impl AdminToken {
+    /// Whether `given` is the token, compared in constant time (the length may
+    /// show, the content does not).
+    fn matches(&self, given: &str) -> bool {
+        self.0.as_bytes().ct_eq(given.as_bytes()).into()
+    }
+}
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
+}
+
+impl FromStr for AdminToken {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim().is_empty() {
+            return Err("the admin token must not be empty".into());
+        }
+        Ok(Self(s.to_owned()))
+    }
+}
+
+/// The admin routes, each behind the bearer token check.
+pub(crate) fn routes<S: Store + 'static>(state: Arc<AppState<S>>) -> Router<Arc<AppState<S>>> {
+    Router::new()
+        .route("/admin/reload", post(reload_now::<S>))
+        .route(
+            "/admin/kill-switch",
+            get(list_kill_switch::<S>).post(set_kill_switch::<S>),
+        )
+        .route("/admin/keys/{*key}", get(read_key::<S>))
+        .route_layer(middleware::from_fn_with_state(state, authorize::<S>))
+}
+
+async fn authorize<S: Store + 'static>(
+    State(state): State<Arc<AppState<S>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(token) = &state.admin_token else {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "the admin API is off: start `tollgate serve` with --admin-token to turn it on",
+        )
+        .into_response();
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given.is_some_and(|given| token.matches(given)) {
+        return next.run(request).await;
+    }
+    let mut response = ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "missing or wrong `Authorization: Bearer <admin token>`",
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+async fn reload_now<S: Store + 'static>(State(state): State<Arc<AppState<S>>>) -> Response {
+    let Some(path) = &state.config else {
+        return ApiError::new(
+            StatusCode::CONFLICT,
+            "no --config was given: the built-in policy has nothing to reload",
+        )
+        .into_response();
+    };
+    match reload::reload(&state.limiter, path, Trigger::Admin).await {
+        Ok(domains) => Json(serde_json::json!({ "domains": domains })).into_response(),
+        Err(e) => {
+            let body = serde_json::json!({
+                "error": e.to_string(),
+                "path": e.path.display().to_string(),
+                "line": e.line,
+                "column": e.column,
+                "field": e.field,
+                "reason": e.reason,
+            });
+            (StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response()
+        }
+    }
+}
+
+/// A switched-off domain or rule.
+#[derive(Debug, Serialize)]
+struct Disabled {
+    domain: String,
+    rule: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct KillSwitchList {
+    disabled: Vec<Disabled>,
+}
+
+/// `POST /admin/kill-switch`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KillSwitchChange {
+    domain: String,
+    #[serde(default)]
+    rule: Option<String>,
+    enforce: bool,
+}
+
+fn kill_switch_list<S: Store>(state: &AppState<S>) -> Json<KillSwitchList> {
+    let disabled = state
+        .limiter
+        .kill_switch()
+        .disabled()
+        .into_iter()
+        .map(|(domain, rule)| Disabled { domain, rule })
+        .collect();
+    Json(KillSwitchList { disabled })
+}
+
+async fn list_kill_switch<S: Store + 'static>(
+    State(state): State<Arc<AppState<S>>>,
+) -> Json<KillSwitchList> {
+    kill_switch_list(&state)
+}
+
+async fn set_kill_switch<S: Store + 'static>(
+    State(state): State<Arc<AppState<S>>>,
+    body: Bytes,
+) -> Result<Json<KillSwitchList>, ApiError> {
+    let Json(change) = Json::<KillSwitchChange>::from_bytes(&body)
+        .map_err(|r| ApiError::bad_request(r.body_text()))?;
+    if change.domain.is_empty() {
+        return Err(ApiError::bad_request("domain: must not be empty"));
+    }
+    if !change.enforce {
+        // Switching off something that does not exist is most likely a typo
+        // that would leave the intended rule enforced.
+        let policy = state.limiter.policy();
+        if !policy.domains().any(|d| d == change.domain) {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("unknown domain {:?}", change.domain),
+            ));
+        }
+        if let Some(rule) = &change.rule {
+            let rules = policy.rules(&change.domain);
+            if !rules.iter().any(|r| r.id() == rule) {
+                let known: Vec<&str> = rules.iter().map(|r| r.id()).collect();
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "domain {:?} has no rule {rule:?}; its rules are {known:?}",
+                        change.domain
+                    ),
+                ));
+            }
+        }
+    }
+    state
+        .limiter
+        .kill_switch()
+        .set(&change.domain, change.rule.as_deref(), change.enforce);
+    tracing::info!(
+        domain = %change.domain,
+        rule = change.rule.as_deref().unwrap_or("*"),
+        enforce = change.enforce,
+        "kill switch changed"
+    );
+    Ok(kill_switch_list(&state))
+}
+
+/// The limit a key is read under.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyQuery {
+    limit: u64,
+    period: String,
+    #[serde(default)]
+    burst: Option<u64>,
+    #[serde(default)]
+    algorithm: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct KeyState {
+    key: String,
+    algorithm: &'static str,
+    limit: u64,
+    remaining: u64,
+    reset_after_ms: u64,
+}
+
+async fn read_key<S: Store + 'static>(
+    State(state): State<Arc<AppState<S>>>,
+    Path(key): Path<String>,
+    query: Result<Query<KeyQuery>, QueryRejection>,
+) -> Result<Json<KeyState>, ApiError> {
+    let Query(query) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
+    let (quota, algorithm) = quota_of(
+        query.limit,
+        &query.period,
+        query.burst,
+        query.algorithm.as_deref(),
+    )?;
+    let decision = state
+        .limiter
+        .read(&key, quota, algorithm)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")))?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the store gave no decision",
+            )
+        })?;
+    Ok(Json(KeyState {
+        key,
+        algorithm: algorithm.name(),
+        limit: decision.limit,
+        remaining: decision.remaining,
+        reset_after_ms: super::headers::ceil_millis(decision.reset_after),
+    }))
+}

@@ -1,0 +1,227 @@
+//! The HTTP API: its router, shared state, errors, and the operational
+//! endpoints (`/metrics`, `/healthz`, `/readyz`).
+//!
+//! | endpoint | answer |
+//! | --- | --- |
+//! | `POST /json` | envoyproxy/ratelimit's JSON shape (see `envoy_json`) |
+//! | `POST /v1/check` | Tollgate's JSON shape (see `native`) |
+//! | `GET /metrics` | Prometheus text |
+//! | `GET /healthz` | 200 while the process runs |
+//! | `GET /readyz` | 200 when the store answers a probe check, 503 otherwise |
+//! | `/admin/...` | see `admin` |
+//!
+//! Errors are `{"error": "..."}` with a 4xx or 5xx status.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tollgate_core::Store;
+
+use super::admin::{self, AdminToken};
+use super::service::RateLimiter;
+use super::{envoy_json, native};
+
+/// What every handler shares.
+pub(crate) struct AppState<S> {
+    /// The shared check path.
+    pub(crate) limiter: Arc<RateLimiter<S>>,
+    /// Renders `/metrics`.
+    pub(crate) metrics: PrometheusHandle,
+    /// The bearer token of the admin API; `None` disables it.
+    pub(crate) admin_token: Option<AdminToken>,
+    /// The `--config` path that `POST /admin/reload` reads; `None` when the
+    /// built-in policy is in force.
+    pub(crate) config: Option<PathBuf>,
+}
+
+/// An error answer: a status and `{"error": message}`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    /// An error with `status`.
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// 400: the request cannot be read or checked.
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "error": self.message });
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+/// Every HTTP endpoint over `state`.
+pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>) -> Router {
+    Router::new()
+        .route("/json", post(envoy_json::json::<S>))
+        .route("/v1/check", post(native::check::<S>))
+        .route("/metrics", get(render_metrics::<S>))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz::<S>))
+        .merge(admin::routes(Arc::clone(&state)))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn render_metrics<S: Store + 'static>(State(state): State<Arc<AppState<S>>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz<S: Store + 'static>(State(state): State<Arc<AppState<S>>>) -> Response {
+    if state.limiter.ready().await {
+        "ready\n".into_response()
+    } else {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the store does not answer").into_response()
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no such endpoint")
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::Request;
+    use tollgate_core::SystemClock;
+    use tollgate_policy::Policy;
+    use tollgate_store::{MemoryConfig, MemoryStore};
+    use tower::ServiceExt;
+
+    use super::super::metrics;
+    use super::*;
+
+    fn app(admin_token: Option<&str>) -> Router {
+        let store = MemoryStore::with_clock(MemoryConfig::default(), SystemClock);
+        let state = AppState {
+            limiter: Arc::new(RateLimiter::new(Policy::builtin(), store)),
+            metrics: metrics::recorder().expect("valid buckets").handle(),
+            admin_token: admin_token.map(|t| t.parse().expect("a token")),
+            config: None,
+        };
+        router(Arc::new(state))
+    }
+
+    async fn call(app: Router, request: Request<Body>) -> (StatusCode, serde_json::Value) {
+        let response = app
+            .oneshot(request)
+            .await
+            .expect("the router is infallible");
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .expect("a small body");
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    fn post(uri: &str, body: &str) -> Request<Body> {
+        Request::post(uri)
+            .body(Body::from(body.to_owned()))
+            .expect("a valid request")
+    }
+
+    #[tokio::test]
+    async fn json_checks_the_builtin_policy_without_a_content_type() {
+        let body = r#"{"domain": "default", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.0.0.1"}]}]}"#;
+        let (status, json) = call(app(None), post("/json", body)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(json["overallCode"], "OK");
+        assert_eq!(json["statuses"][0]["currentLimit"]["requestsPerUnit"], 10);
+        assert_eq!(json["statuses"][0]["limitRemaining"], 19);
+    }
+
+    #[tokio::test]
+    async fn bad_bodies_are_400_with_a_reason() {
+        for (uri, body, needle) in [
+            ("/json", "{", "EOF"),
+            (
+                "/json",
+                r#"{"domain": "", "descriptors": []}"#,
+                "domain must not be empty",
+            ),
+            ("/v1/check", "[]", "expected a JSON object"),
+            (
+                "/v1/check",
+                r#"{"key": "k", "limit": "ten", "period": "1s"}"#,
+                "limit",
+            ),
+            ("/v1/check", r#"{"key": "k", "limit": 10}"#, "period"),
+            (
+                "/v1/check",
+                r#"{"key": "k", "limit": 10, "period": "soon"}"#,
+                "period: invalid duration",
+            ),
+            ("/v1/check", r#"{"domain": "default"}"#, "descriptors"),
+        ] {
+            let (status, json) = call(app(None), post(uri, body)).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{uri} {body}");
+            let error = json["error"].as_str().unwrap_or_default();
+            assert!(error.contains(needle), "{uri} {body}: {error}");
+        }
+    }
+
+    #[tokio::test]
+    async fn admin_needs_the_token() {
+        let list = || {
+            Request::get("/admin/kill-switch")
+                .body(Body::empty())
+                .expect("valid")
+        };
+        assert_eq!(call(app(None), list()).await.0, StatusCode::FORBIDDEN);
+        assert_eq!(
+            call(app(Some("s3cret")), list()).await.0,
+            StatusCode::UNAUTHORIZED
+        );
+        let authorized = Request::get("/admin/kill-switch")
+            .header("authorization", "Bearer s3cret")
+            .body(Body::empty())
+            .expect("valid");
+        assert_eq!(
+            call(app(Some("s3cret")), authorized).await.0,
+            StatusCode::OK
+        );
+    }
+
+    #[tokio::test]
+    async fn health_and_readiness() {
+        let get = |uri: &str| Request::get(uri).body(Body::empty()).expect("valid");
+        let response = app(None)
+            .oneshot(get("/healthz"))
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK);
+        let response = app(None).oneshot(get("/readyz")).await.expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(call(app(None), get("/nope")).await.0, StatusCode::NOT_FOUND);
+    }
+}

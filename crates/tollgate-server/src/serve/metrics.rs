@@ -1,0 +1,182 @@
+//! The service's Prometheus metrics: their names, help texts and the few
+//! functions that record them.
+//!
+//! Labels are kept to bounded sets: domains and rules come from the config
+//! (a descriptor that matches no rule is not labelled by its domain, so a
+//! client cannot grow the label set by inventing domains), and limits given in
+//! the request itself are labelled `override`.
+
+use std::time::Duration;
+
+use metrics::{counter, describe_counter, describe_histogram, histogram};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+use tollgate_policy::{FailurePolicy, Rule};
+
+/// Requests answered, by API (`grpc`, `json`, `v1`) and result (`ok`,
+/// `over_limit`, `invalid`).
+const CHECKS: &str = "tollgate_checks_total";
+/// Time to answer a request, by API.
+const CHECK_DURATION: &str = "tollgate_check_duration_seconds";
+/// Per-descriptor decisions by domain, rule and result.
+const DECISIONS: &str = "tollgate_decisions_total";
+/// Shadow-mode limits that would have denied, by domain and rule.
+const SHADOW_DENIALS: &str = "tollgate_shadow_denials_total";
+/// Store calls that failed.
+const STORE_ERRORS: &str = "tollgate_store_errors_total";
+/// Limits decided by a failure policy instead of the store, by policy.
+const STORE_FALLBACKS: &str = "tollgate_store_fallbacks_total";
+/// Time a store call takes.
+const STORE_DURATION: &str = "tollgate_store_duration_seconds";
+/// Config reloads by result (`ok`, `error`) and trigger (`watch`, `admin`).
+const CONFIG_RELOADS: &str = "tollgate_config_reloads_total";
+
+/// Histogram buckets for every `*_duration_seconds` metric: 10 µs to 1 s.
+const BUCKETS: [f64; 12] = [
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.1,
+    1.0,
+];
+
+/// The rule label of limits given in the request (Envoy's per-descriptor
+/// `limit`): their rule ids carry descriptor values, an unbounded set.
+const OVERRIDE_LABEL: &str = "override";
+
+/// Which API answered a request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Api {
+    /// gRPC `ShouldRateLimit`.
+    Grpc,
+    /// `POST /json`.
+    Json,
+    /// `POST /v1/check`.
+    V1,
+}
+
+impl Api {
+    fn label(self) -> &'static str {
+        match self {
+            Api::Grpc => "grpc",
+            Api::Json => "json",
+            Api::V1 => "v1",
+        }
+    }
+}
+
+/// How a request was answered.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum CheckResult {
+    /// Allowed.
+    Ok,
+    /// Denied.
+    OverLimit,
+    /// Refused as malformed.
+    Invalid,
+}
+
+/// What triggered a config reload.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Trigger {
+    /// The file watcher saw a change.
+    Watch,
+    /// `POST /admin/reload`.
+    Admin,
+}
+
+/// A Prometheus recorder (not installed) with this service's buckets and help
+/// texts; the caller installs it or keeps it local (tests).
+pub(crate) fn recorder() -> Result<metrics_exporter_prometheus::PrometheusRecorder, BuildError> {
+    Ok(PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_duration_seconds".into()), &BUCKETS)?
+        .build_recorder())
+}
+
+/// Installs `recorder` as the process's recorder and describes every metric.
+pub(crate) fn install(
+    recorder: metrics_exporter_prometheus::PrometheusRecorder,
+) -> Result<
+    PrometheusHandle,
+    metrics::SetRecorderError<metrics_exporter_prometheus::PrometheusRecorder>,
+> {
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder)?;
+    describe_counter!(CHECKS, "Requests answered, by API and result.");
+    describe_histogram!(
+        CHECK_DURATION,
+        metrics::Unit::Seconds,
+        "Time to answer a request, by API."
+    );
+    describe_counter!(
+        DECISIONS,
+        "Per-descriptor decisions by domain, rule and result."
+    );
+    describe_counter!(
+        SHADOW_DENIALS,
+        "Shadow-mode limits that would have denied, by domain and rule."
+    );
+    describe_counter!(STORE_ERRORS, "Store calls that failed.");
+    describe_counter!(
+        STORE_FALLBACKS,
+        "Limits decided by their failure policy because the store failed."
+    );
+    describe_histogram!(
+        STORE_DURATION,
+        metrics::Unit::Seconds,
+        "Time a store call takes."
+    );
+    describe_counter!(CONFIG_RELOADS, "Config reloads by result and trigger.");
+    Ok(handle)
+}
+
+/// The label a rule's metrics carry.
+pub(crate) fn rule_label(rule: &Rule) -> &str {
+    // Rules made from a request's limit override are named `override:<values>`.
+    if rule.id().starts_with("override:") {
+        OVERRIDE_LABEL
+    } else {
+        rule.id()
+    }
+}
+
+/// Records one answered request.
+pub(crate) fn check(api: Api, result: CheckResult, elapsed: Duration) {
+    let result = match result {
+        CheckResult::Ok => "ok",
+        CheckResult::OverLimit => "over_limit",
+        CheckResult::Invalid => "invalid",
+    };
+    counter!(CHECKS, "api" => api.label(), "result" => result).increment(1);
+    histogram!(CHECK_DURATION, "api" => api.label()).record(elapsed.as_secs_f64());
+}
+
+/// Records one descriptor's decision.
+pub(crate) fn decision(domain: &str, rule: &str, result: &'static str) {
+    counter!(DECISIONS, "domain" => domain.to_owned(), "rule" => rule.to_owned(), "result" => result)
+        .increment(1);
+}
+
+/// Records a shadow limit that would have denied.
+pub(crate) fn shadow_denial(domain: &str, rule: &str) {
+    counter!(SHADOW_DENIALS, "domain" => domain.to_owned(), "rule" => rule.to_owned()).increment(1);
+}
+
+/// Records one store call.
+pub(crate) fn store_call(elapsed: Duration, ok: bool) {
+    histogram!(STORE_DURATION).record(elapsed.as_secs_f64());
+    if !ok {
+        counter!(STORE_ERRORS).increment(1);
+    }
+}
+
+/// Records a limit decided by its failure policy.
+pub(crate) fn store_fallback(failure: FailurePolicy) {
+    counter!(STORE_FALLBACKS, "failure" => failure.name()).increment(1);
+}
+
+/// Records a config reload.
+pub(crate) fn config_reload(trigger: Trigger, ok: bool) {
+    let trigger = match trigger {
+        Trigger::Watch => "watch",
+        Trigger::Admin => "admin",
+    };
+    let result = if ok { "ok" } else { "error" };
+    counter!(CONFIG_RELOADS, "result" => result, "trigger" => trigger).increment(1);
+}

@@ -1,0 +1,338 @@
+//! `tollgate simulate`: replays a trace through the algorithms, or generates one.
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use tollgate_core::{Algorithm, Quota, parse_duration};
+use tollgate_sim::{Generator, Replay, Simulation, Trace, Workload, draw_chart, format_table};
+
+const AFTER_HELP: &str = "\
+Replaying a trace:
+  A trace has one request per line, `<timestamp_ns> <key> [cost]`, separated by
+  whitespace and sorted by time; the cost defaults to 1. Blank lines and lines
+  starting with # are skipped. Every key has its own limiter, starting full.
+
+  Each algorithm is compared, request by request, with the exact sliding window
+  log (sliding-log) run on its own on the same trace with the same limit and
+  period: a false admit is a request the algorithm admitted and the log denied,
+  a false deny the reverse. max_in_period is the largest cost admitted for one
+  key within any sliding window of one period, (t - period, t]. The shaping
+  leaky bucket's delayed admissions count as admitted.
+
+  --format json prints one line per algorithm:
+  {\"algorithm\": NAME, \"requests\": N, \"admitted\": N, \"denied\": N, \"false_admits\": N, \"false_denies\": N, \"max_in_period\": N}
+
+Durations:
+  An integer and a unit: ns, us, ms, s, m, h or d (250ms, 1s, 1m, 1h).
+
+Generating a trace (written to stdout):
+  poisson          Poisson arrivals at --rate (exponential gaps), each to one
+                   of --keys keys picked uniformly.
+  bursty           On/off: on phases (1 s on average) at 4 x --rate, then
+                   silence (3 s on average); the long-run rate is --rate.
+  boundary-attack  At every other edge of windows of --period (1, 3, 5, ...
+                   periods), each key sends --limit requests in the last 1/100
+                   of a period before the edge and --limit more in the first
+                   1/100 after it: each aligned window holds --limit, so the
+                   fixed window admits 2 x --limit within a few milliseconds,
+                   while the exact log admits --limit. --rate is not used.
+  many-keys        Poisson arrivals at --rate over --keys keys; the key of rank r
+                   (k0 is rank 1) gets a share proportional to 1/r (Zipf).
+  Defaults: --rate 100, --duration 60s, --keys 1, --seed 1, --limit 100,
+  --period 1s; many-keys: --rate 10000 --keys 10000. The same options and seed
+  give the same trace.
+
+Examples:
+  tollgate simulate --generate bursty --seed 1 > bursty.trace
+  tollgate simulate --trace bursty.trace --algorithm all --limit 100 --period 1s
+  tollgate simulate --generate boundary-attack | tollgate simulate --trace - \\
+      --algorithm all --limit 100 --period 1s --format json --chart attack.svg";
+
+/// Algorithms to replay, as chosen on the command line.
+#[derive(Debug, Clone)]
+pub(crate) struct Selection(Vec<Algorithm>);
+
+impl Selection {
+    fn from_name(name: String) -> Self {
+        Selection(if name == "all" {
+            Algorithm::RATE.to_vec()
+        } else {
+            Algorithm::RATE
+                .into_iter()
+                .filter(|a| a.name() == name)
+                .collect()
+        })
+    }
+}
+
+/// How results are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Format {
+    /// An aligned table with percentages.
+    Table,
+    /// One JSON object per algorithm, one per line.
+    Json,
+}
+
+/// Replay a request trace through the rate limiting algorithms and compare them
+/// with the exact sliding window log, or generate a trace.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = AFTER_HELP)]
+pub(crate) struct Args {
+    /// Trace to replay, one `<timestamp_ns> <key> [cost]` per line; `-` reads stdin.
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "generate",
+        conflicts_with = "generate"
+    )]
+    trace: Option<PathBuf>,
+
+    /// Algorithm to replay, or `all` for the seven in turn.
+    #[arg(
+        long,
+        value_name = "NAME",
+        required_unless_present = "generate",
+        conflicts_with = "generate",
+        value_parser = PossibleValuesParser::new(
+            Algorithm::RATE.iter().map(|a| a.name()).chain(["all"])
+        ).map(Selection::from_name),
+    )]
+    algorithm: Option<Selection>,
+
+    /// Units each key may have admitted per period. With --generate, the limit
+    /// a boundary attack aims at [default: 100].
+    #[arg(long, value_name = "N", required_unless_present = "generate")]
+    limit: Option<u64>,
+
+    /// The period of the limit, e.g. 250ms, 1s, 1m. With --generate, the window
+    /// a boundary attack aims at [default: 1s].
+    #[arg(
+        long,
+        value_name = "DURATION",
+        required_unless_present = "generate",
+        value_parser = parse_duration
+    )]
+    period: Option<Duration>,
+
+    /// Capacity of the bucket algorithms [default: the limit].
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "trace",
+        conflicts_with = "generate"
+    )]
+    burst: Option<u64>,
+
+    /// How to print the results [default: table].
+    #[arg(long, value_enum, requires = "trace", conflicts_with = "generate")]
+    format: Option<Format>,
+
+    /// Also draw the admitted rate over time per algorithm as an SVG chart.
+    #[arg(
+        long,
+        value_name = "FILE.svg",
+        requires = "trace",
+        conflicts_with = "generate"
+    )]
+    chart: Option<PathBuf>,
+
+    /// Write a synthetic trace to stdout instead of replaying one.
+    #[arg(
+        long,
+        value_name = "WORKLOAD",
+        value_parser = PossibleValuesParser::new(Workload::ALL.map(|w| w.name()))
+            .try_map(|name| name.parse::<Workload>()),
+    )]
+    generate: Option<Workload>,
+
+    /// Mean requests per second over all keys [default: 100; many-keys: 10000].
+    #[arg(
+        long,
+        value_name = "R",
+        requires = "generate",
+        conflicts_with = "trace"
+    )]
+    rate: Option<f64>,
+
+    /// How long the generated trace lasts [default: 60s].
+    #[arg(
+        long,
+        value_name = "DURATION",
+        requires = "generate",
+        conflicts_with = "trace",
+        value_parser = parse_duration
+    )]
+    duration: Option<Duration>,
+
+    /// How many keys the generated requests go to [default: 1; many-keys: 10000].
+    #[arg(
+        long,
+        value_name = "K",
+        requires = "generate",
+        conflicts_with = "trace"
+    )]
+    keys: Option<u32>,
+
+    /// Seed of the generator's random numbers [default: 1].
+    #[arg(
+        long,
+        value_name = "S",
+        requires = "generate",
+        conflicts_with = "trace"
+    )]
+    seed: Option<u64>,
+}
+
+/// `n` and `noun`, in the plural unless `n` is 1.
+fn counted(n: usize, noun: &str) -> String {
+    match n {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
+    }
+}
+
+/// Runs `tollgate simulate`.
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+    match args.generate {
+        Some(workload) => generate(workload, &args),
+        None => replay(&args),
+    }
+}
+
+fn generate(workload: Workload, args: &Args) -> anyhow::Result<()> {
+    let mut generator = Generator::new(workload);
+    if let Some(rate) = args.rate {
+        generator.rate = rate;
+    }
+    if let Some(duration) = args.duration {
+        generator.duration = duration;
+    }
+    if let Some(keys) = args.keys {
+        generator.keys = keys;
+    }
+    if let Some(seed) = args.seed {
+        generator.seed = seed;
+    }
+    if args.limit.is_some() || args.period.is_some() {
+        generator.quota = Quota::new(
+            args.limit.unwrap_or(generator.quota.limit()),
+            args.period.unwrap_or(generator.quota.period()),
+        )
+        .context("invalid --limit or --period")?;
+    }
+    let trace = generator.generate()?;
+    let mut out = BufWriter::new(io::stdout().lock());
+    writeln!(out, "# tollgate simulate {generator}")?;
+    writeln!(
+        out,
+        "# {}, {}; <timestamp_ns> <key> [cost]",
+        counted(trace.len(), "request"),
+        counted(trace.key_count(), "key")
+    )?;
+    trace.write(&mut out)?;
+    Ok(())
+}
+
+fn replay(args: &Args) -> anyhow::Result<()> {
+    let missing = |option| anyhow!("{option} is required with --trace");
+    let path = args.trace.as_ref().ok_or_else(|| missing("--trace"))?;
+    let Selection(algorithms) = args
+        .algorithm
+        .clone()
+        .ok_or_else(|| missing("--algorithm"))?;
+    let limit = args.limit.ok_or_else(|| missing("--limit"))?;
+    let period = args.period.ok_or_else(|| missing("--period"))?;
+    let burst = args.burst.unwrap_or(limit);
+    let quota = Quota::new(limit, period)
+        .and_then(|q| q.with_burst(burst))
+        .context("invalid --limit, --period or --burst")?;
+
+    let trace = if path.as_os_str() == "-" {
+        Trace::parse(io::stdin().lock()).context("trace on stdin")?
+    } else {
+        let file =
+            File::open(path).with_context(|| format!("cannot open trace {}", path.display()))?;
+        Trace::parse(BufReader::with_capacity(1 << 16, file))
+            .with_context(|| format!("trace {}", path.display()))?
+    };
+
+    let simulation = Simulation::new(&trace, quota);
+    let replays: Vec<Replay> = algorithms.iter().map(|&a| simulation.run(a)).collect();
+    let mut out = BufWriter::new(io::stdout().lock());
+    match args.format.unwrap_or(Format::Table) {
+        Format::Json => {
+            for replay in &replays {
+                writeln!(out, "{}", replay.report.to_json_line())?;
+            }
+        }
+        Format::Table => {
+            writeln!(
+                out,
+                "{}, {}; limit {limit} per {period:?}, burst {burst}; false admits and denies against sliding-log",
+                counted(trace.len(), "request"),
+                counted(trace.key_count(), "key"),
+            )?;
+            let reports: Vec<_> = replays.iter().map(|r| r.report.clone()).collect();
+            write!(out, "{}", format_table(&reports))?;
+        }
+    }
+    out.flush()?;
+
+    if let Some(chart) = &args.chart {
+        let title = format!(
+            "Admitted rate per algorithm: limit {limit} per {period:?}, burst {burst}, {} requests",
+            trace.len()
+        );
+        let svg = draw_chart(&title, &simulation.offered(), &replays)?;
+        std::fs::write(chart, svg)
+            .with_context(|| format!("cannot write chart {}", chart.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn args(line: &str) -> Result<Args, clap::Error> {
+        Cli::try_parse_from(std::iter::once("simulate").chain(line.split_whitespace()))
+            .map(|cli| cli.args)
+    }
+
+    #[test]
+    fn all_means_the_seven_rate_algorithms_in_order() {
+        let a = args("--trace x --algorithm all --limit 1 --period 1s").unwrap();
+        assert_eq!(a.algorithm.unwrap().0, Algorithm::RATE.to_vec());
+        let a = args("--trace x --algorithm leaky-bucket-shaping --limit 1 --period 1s").unwrap();
+        assert_eq!(
+            a.algorithm.unwrap().0,
+            vec![Algorithm::LeakyBucketShaping { delay_after: 0 }]
+        );
+        assert!(args("--trace x --algorithm concurrency --limit 1 --period 1s").is_err());
+    }
+
+    #[test]
+    fn replay_and_generate_options_do_not_mix() {
+        assert!(args("--generate poisson").is_ok());
+        assert!(args("--generate boundary-attack --limit 5 --period 250ms").is_ok());
+        assert!(args("--trace x --generate poisson").is_err());
+        assert!(args("--generate poisson --algorithm gcra").is_err());
+        assert!(args("--generate poisson --format json").is_err());
+        assert!(args("--trace x --algorithm gcra --limit 1 --period 1s --seed 3").is_err());
+        assert!(args("--trace x --algorithm gcra --limit 1").is_err());
+        assert!(args("--trace x --algorithm gcra --limit 1 --period 1").is_err());
+        assert!(args("--generate poison").is_err());
+    }
+}

@@ -1,0 +1,241 @@
+//! `tollgate serve`'s command line against the real binary: flags and their
+//! environment variables, clear failures (bad flag, unusable address, invalid
+//! config, `--redis`), and graceful shutdown on SIGTERM and SIGINT.
+
+mod common;
+
+use std::io::Read;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{SHUTDOWN, STARTUP, Server, config_dir, rls_request, tollgate};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+const DAILY: &str = "
+domain: daily
+descriptors:
+  - key: user
+    rate_limit: { unit: day, requests_per_unit: 3 }
+";
+
+/// Runs `tollgate args...` to its exit (bounded) and gives its status and stderr.
+fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
+    let mut command = tollgate();
+    command.args(args);
+    exit_of(command)
+}
+
+/// Runs `command` to its exit (bounded) and gives its status and stderr.
+fn exit_of(mut command: Command) -> (ExitStatus, String) {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the tollgate binary starts");
+    let deadline = Instant::now() + STARTUP;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("the child can be polled") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{command:?} did not exit within {STARTUP:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        pipe.read_to_string(&mut stderr).expect("stderr is UTF-8");
+    }
+    (status, stderr)
+}
+
+#[test]
+fn help_shows_every_flag_its_default_and_its_variable() {
+    let output = tollgate()
+        .args(["serve", "--help"])
+        .output()
+        .expect("the tollgate binary runs");
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    for needle in [
+        "--config <PATH>",
+        "--http <ADDR>",
+        "--grpc <ADDR>",
+        "--redis <URL>",
+        "--admin-token <TOKEN>",
+        "[default: 127.0.0.1:8080]",
+        "[default: 127.0.0.1:8081]",
+        "TOLLGATE_CONFIG",
+        "TOLLGATE_HTTP",
+        "TOLLGATE_GRPC",
+        "TOLLGATE_REDIS",
+        "TOLLGATE_ADMIN_TOKEN",
+    ] {
+        assert!(help.contains(needle), "{needle} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn a_bad_flag_fails() {
+    let (status, stderr) = run_to_exit(&["serve", "--nope"]);
+    assert!(!status.success());
+    assert!(stderr.contains("--nope"), "{stderr}");
+}
+
+#[test]
+fn an_unusable_address_fails_clearly() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = taken.local_addr().expect("bound").port().to_string();
+    let busy = format!("127.0.0.1:{port}");
+    let (status, stderr) = run_to_exit(&["serve", "--http", &busy, "--grpc", "127.0.0.1:0"]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains(&format!("cannot listen for HTTP on {busy}")),
+        "{stderr}"
+    );
+    let (status, stderr) = run_to_exit(&["serve", "--http", "127.0.0.1:0", "--grpc", &busy]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains(&format!("cannot listen for gRPC on {busy}")),
+        "{stderr}"
+    );
+    let (status, stderr) = run_to_exit(&[
+        "serve",
+        "--http",
+        "no-such-address",
+        "--grpc",
+        "127.0.0.1:0",
+    ]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("cannot listen for HTTP on no-such-address"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_invalid_config_fails_with_file_line_and_reason() {
+    let dir = config_dir(&[(
+        "bad.yaml",
+        "domain: bad\ndescriptors:\n  - key: user\n    rate_limit:\n      requests_per_unit: 5\n",
+    )]);
+    let path = dir.path().to_str().expect("UTF-8").to_owned();
+    let (status, stderr) = run_to_exit(&[
+        "serve",
+        "--config",
+        &path,
+        "--http",
+        "127.0.0.1:0",
+        "--grpc",
+        "127.0.0.1:0",
+    ]);
+    assert!(!status.success());
+    let file = dir.path().join("bad.yaml");
+    assert!(stderr.contains("config does not validate"), "{stderr}");
+    assert!(stderr.contains(&format!("{}:", file.display())), "{stderr}");
+    assert!(stderr.contains("missing rate limit unit"), "{stderr}");
+
+    let (status, stderr) = run_to_exit(&["serve", "--config", "/no/such/config.yaml"]);
+    assert!(!status.success());
+    assert!(stderr.contains("/no/such/config.yaml"), "{stderr}");
+}
+
+#[test]
+fn redis_is_validated_and_refused_until_the_redis_store_lands() {
+    let (status, stderr) = run_to_exit(&["serve", "--redis", "redis://localhost:6379"]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("the Redis store is not available in this build yet"),
+        "{stderr}"
+    );
+    let (status, stderr) = run_to_exit(&["serve", "--redis", "http://localhost:6379"]);
+    assert!(!status.success());
+    assert!(stderr.contains("redis://"), "{stderr}");
+}
+
+#[tokio::test]
+async fn every_flag_can_come_from_the_environment() {
+    let dir = config_dir(&[("daily.yaml", DAILY)]);
+    let mut command = tollgate();
+    command
+        .env("TOLLGATE_CONFIG", dir.path())
+        .env("TOLLGATE_HTTP", "127.0.0.1:0")
+        .env("TOLLGATE_GRPC", "127.0.0.1:0")
+        .env("TOLLGATE_ADMIN_TOKEN", "from-env");
+    let server = Server::spawn(command, &["serve"], Some(dir));
+    let response = server
+        .grpc_client()
+        .await
+        .should_rate_limit(rls_request("daily", &[&[("user", "u")]]))
+        .await
+        .expect("answers")
+        .into_inner();
+    assert_eq!(
+        response.statuses[0].limit_remaining, 2,
+        "the config came from TOLLGATE_CONFIG"
+    );
+    let admin = reqwest::Client::new()
+        .get(server.url("/admin/kill-switch"))
+        .bearer_auth("from-env")
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(admin.status(), reqwest::StatusCode::OK);
+    assert!(
+        !server.log().contains("from-env"),
+        "the token is never logged"
+    );
+
+    let mut with_redis = tollgate();
+    with_redis
+        .env("TOLLGATE_REDIS", "redis://localhost:6379")
+        .arg("serve");
+    let (status, stderr) = exit_of(with_redis);
+    assert!(!status.success());
+    assert!(stderr.contains("Redis store"), "{stderr}");
+}
+
+// Multi-threaded, so that the clients' connections keep answering (h2
+// pings) while this thread waits for the process to exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_gracefully_with_connections_open() {
+    let mut server = Server::start(&[]);
+    // Open connections on both listeners; they must not hold the shutdown up.
+    let mut client = server.grpc_client().await;
+    let response = client
+        .should_rate_limit(rls_request("default", &[&[("remote_address", "10.1.1.1")]]))
+        .await
+        .expect("answers")
+        .into_inner();
+    assert_eq!(response.overall_code, Code::Ok as i32);
+    let http = reqwest::Client::new();
+    let healthz = http
+        .get(server.url("/healthz"))
+        .send()
+        .await
+        .expect("answers");
+    assert!(healthz.status().is_success());
+
+    let started = Instant::now();
+    let status = server.stop_with("TERM");
+    assert!(status.success(), "exit status {status:?}\n{}", server.log());
+    assert!(started.elapsed() < SHUTDOWN);
+    let log = server.log();
+    assert!(log.contains("SIGTERM: shutting down"), "{log}");
+    assert!(log.contains("stopped"), "{log}");
+    assert!(
+        !log.contains("still open"),
+        "the open connections closed in time: {log}"
+    );
+    drop(client);
+}
+
+#[test]
+fn sigint_stops_gracefully() {
+    let mut server = Server::start(&[]);
+    let status = server.stop_with("INT");
+    assert!(status.success(), "exit status {status:?}\n{}", server.log());
+    assert!(server.log().contains("SIGINT: shutting down"));
+}

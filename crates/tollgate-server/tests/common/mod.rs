@@ -1,0 +1,251 @@
+//! Starts the real `tollgate serve` binary on free ports and talks to it.
+//!
+//! Shared by the integration test binaries; each uses a different subset.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tonic::transport::Channel;
+
+/// Generous: a loaded 2-core machine may take a while to start a process.
+pub(crate) const STARTUP: Duration = Duration::from_secs(60);
+/// How long a shutdown may take before a test fails.
+pub(crate) const SHUTDOWN: Duration = Duration::from_secs(30);
+
+/// A running `tollgate serve`, killed when dropped.
+pub(crate) struct Server {
+    child: Child,
+    /// Where the HTTP API listens.
+    pub(crate) http: SocketAddr,
+    /// Where the gRPC service listens.
+    pub(crate) grpc: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+    /// The config directory, if the test gave files; removed when dropped.
+    pub(crate) config: Option<tempfile::TempDir>,
+}
+
+/// The binary, with no `TOLLGATE_*` or `RUST_LOG` from the environment.
+pub(crate) fn tollgate() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    for var in [
+        "TOLLGATE_CONFIG",
+        "TOLLGATE_HTTP",
+        "TOLLGATE_GRPC",
+        "TOLLGATE_REDIS",
+        "TOLLGATE_ADMIN_TOKEN",
+    ] {
+        command.env_remove(var);
+    }
+    command.env("RUST_LOG", "info");
+    command
+}
+
+/// A temp directory holding `files` (name, contents).
+pub(crate) fn config_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    for (name, contents) in files {
+        std::fs::write(dir.path().join(name), contents).expect("a writable temp dir");
+    }
+    dir
+}
+
+impl Server {
+    /// Starts `tollgate serve` on port 0 for both APIs with `args` added.
+    pub(crate) fn start(args: &[&str]) -> Server {
+        Self::spawn(tollgate(), &serve_args(args), None)
+    }
+
+    /// Starts it with a config directory holding `files`.
+    pub(crate) fn with_config(files: &[(&str, &str)], args: &[&str]) -> Server {
+        let dir = config_dir(files);
+        let path = dir.path().to_str().expect("a UTF-8 temp path").to_owned();
+        let mut all = vec!["--config", path.as_str()];
+        all.extend_from_slice(args);
+        Self::spawn(tollgate(), &serve_args(&all), Some(dir))
+    }
+
+    /// Runs `command args...` and waits for both listeners' log lines.
+    pub(crate) fn spawn(
+        mut command: Command,
+        args: &[&str],
+        config: Option<tempfile::TempDir>,
+    ) -> Server {
+        let mut child = command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the tollgate binary starts");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (lines, received) = mpsc::channel();
+        let shared = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                shared.lock().expect("log lock").push(line.clone());
+                let _ = lines.send(line);
+            }
+        });
+        let (http, grpc) = match wait_for_listeners(&received) {
+            Ok(addresses) => addresses,
+            Err(why) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let log = log.lock().expect("log lock").join("\n");
+                panic!("tollgate serve did not start: {why}\n{log}");
+            }
+        };
+        Server {
+            child,
+            http,
+            grpc,
+            log,
+            config,
+        }
+    }
+
+    /// Everything the server logged so far.
+    pub(crate) fn log(&self) -> String {
+        self.log.lock().expect("log lock").join("\n")
+    }
+
+    /// Waits (bounded) until the log has a line containing every `needle`.
+    pub(crate) async fn wait_for_log(&self, needles: &[&str], within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            let found = self
+                .log
+                .lock()
+                .expect("log lock")
+                .iter()
+                .any(|line| needles.iter().all(|n| line.contains(n)));
+            if found {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
+    /// The config directory.
+    pub(crate) fn config_path(&self) -> &Path {
+        self.config.as_ref().expect("started with a config").path()
+    }
+
+    /// `http://<http address><path>`.
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http)
+    }
+
+    /// A gRPC client of the rate limit service.
+    pub(crate) async fn grpc_client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("the gRPC listener accepts")
+    }
+
+    /// Sends `signal` (e.g. `TERM`) and waits (bounded) for the process to exit.
+    pub(crate) fn stop_with(&mut self, signal: &str) -> ExitStatus {
+        let sent = Command::new("kill")
+            .args([format!("-{signal}"), self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "kill -{signal} failed");
+        self.wait(SHUTDOWN)
+            .unwrap_or_else(|| panic!("no exit within {SHUTDOWN:?} of SIG{signal}\n{}", self.log()))
+    }
+
+    /// Waits up to `within` for the process to exit.
+    pub(crate) fn wait(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().expect("the child can be polled") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `serve` on port 0 for both APIs, then `args`.
+fn serve_args<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec!["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    all
+}
+
+fn wait_for_listeners(lines: &Receiver<String>) -> Result<(SocketAddr, SocketAddr), String> {
+    let deadline = Instant::now() + STARTUP;
+    let (mut http, mut grpc) = (None, None);
+    while http.is_none() || grpc.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = match lines.recv_timeout(left) {
+            Ok(line) => line,
+            Err(RecvTimeoutError::Timeout) => {
+                return Err(format!("no listener lines within {STARTUP:?}"));
+            }
+            Err(RecvTimeoutError::Disconnected) => return Err("the process exited".into()),
+        };
+        if let Some(addr) = address_after(&line, "listening for HTTP on ") {
+            http = Some(addr);
+        }
+        if let Some(addr) = address_after(&line, "listening for gRPC on ") {
+            grpc = Some(addr);
+        }
+    }
+    Ok((
+        http.unwrap_or_else(|| unreachable!()),
+        grpc.unwrap_or_else(|| unreachable!()),
+    ))
+}
+
+/// The socket address that follows `marker` in a log line.
+pub(crate) fn address_after(line: &str, marker: &str) -> Option<SocketAddr> {
+    let rest = &line[line.find(marker)? + marker.len()..];
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// A `RateLimitRequest` for `domain` with one descriptor per entry list.
+pub(crate) fn rls_request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| descriptor(entries))
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+/// One descriptor of `entries`.
+pub(crate) fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| Entry {
+                key: (*key).to_owned(),
+                value: (*value).to_owned(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}

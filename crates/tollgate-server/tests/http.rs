@@ -1,0 +1,472 @@
+//! The HTTP API against a real `tollgate serve`: `/json` in
+//! envoyproxy/ratelimit's shape, `/v1/check` in both its shapes with headers,
+//! `/metrics`, `/healthz`, `/readyz`, errors, and the admin API.
+
+mod common;
+
+use common::Server;
+use reqwest::header::HeaderMap;
+use reqwest::{Client, Response, StatusCode};
+use serde_json::{Value, json};
+
+/// Day-long limits, so that counting does not depend on window boundaries.
+const DAILY: &str = "
+domain: daily
+descriptors:
+  - key: user
+    rate_limit:
+      unit: day
+      requests_per_unit: 3
+  - key: tenant
+    rate_limit:
+      unit: day
+      requests_per_unit: 1
+";
+
+const ADMIN_TOKEN: &str = "test-admin-token";
+
+fn daily_server() -> Server {
+    Server::with_config(&[("daily.yaml", DAILY)], &["--admin-token", ADMIN_TOKEN])
+}
+
+async fn post(server: &Server, path: &str, body: &str) -> Response {
+    Client::new()
+        .post(server.url(path))
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("the HTTP listener answers")
+}
+
+async fn post_json(server: &Server, path: &str, body: Value) -> (StatusCode, Value, HeaderMap) {
+    let response = post(server, path, &body.to_string()).await;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.json().await.expect("a JSON body");
+    (status, body, headers)
+}
+
+fn header(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.parse().ok()
+}
+
+async fn admin(
+    server: &Server,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut request = Client::new()
+        .request(method, server.url(path))
+        .bearer_auth(ADMIN_TOKEN);
+    if let Some(body) = body {
+        request = request.body(body.to_string());
+    }
+    let response = request.send().await.expect("the HTTP listener answers");
+    let status = response.status();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+fn now_epoch() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[tokio::test]
+async fn json_endpoint_speaks_envoyproxy_ratelimit() {
+    let server = Server::start(&[]);
+    // As envoyproxy/ratelimit's README sends it: no content type.
+    let body = r#"{"domain": "default", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.0.0.1"}]}]}"#;
+    let response = post(&server, "/json", body).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let json: Value = response.json().await.expect("JSON");
+    assert_eq!(json["overallCode"], "OK");
+    let status = &json["statuses"][0];
+    assert_eq!(status["code"], "OK");
+    assert_eq!(status["currentLimit"]["requestsPerUnit"], 10);
+    assert_eq!(status["currentLimit"]["unit"], "SECOND");
+    assert_eq!(status["limitRemaining"], 19);
+    let reset = status["durationUntilReset"]
+        .as_str()
+        .expect("a duration string");
+    assert!(reset.ends_with('s'), "{reset}");
+    let headers = json["responseHeadersToAdd"].as_array().expect("headers");
+    assert!(
+        headers
+            .iter()
+            .any(|h| h["key"] == "X-RateLimit-Limit" && h["value"] == "10")
+    );
+}
+
+#[tokio::test]
+async fn json_endpoint_status_codes() {
+    let server = daily_server();
+    let request = json!({"domain": "daily", "descriptors": [{"entries": [{"key": "user", "value": "a"}]}], "hitsAddend": 3});
+    let (status, body, _) = post_json(&server, "/json", request.clone()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        body["statuses"][0].get("limitRemaining").is_none(),
+        "zero is left out: {body}"
+    );
+    let (status, body, _) = post_json(&server, "/json", request).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["overallCode"], "OVER_LIMIT");
+    assert_eq!(body["statuses"][0]["code"], "OVER_LIMIT");
+
+    let unknown =
+        json!({"domain": "nobody", "descriptors": [{"entries": [{"key": "user", "value": "a"}]}]});
+    let (status, body, _) = post_json(&server, "/json", unknown).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body,
+        json!({"overallCode": "OK", "statuses": [{"code": "OK"}]})
+    );
+
+    for (bad, reason) in [
+        ("{", "EOF"),
+        (
+            r#"{"domain": "daily", "descriptors": []}"#,
+            "descriptor list must not be empty",
+        ),
+        (
+            r#"{"domain": "daily", "descriptors": [{"entries": [{"key": 7}]}]}"#,
+            "descriptors[0].entries[0].key",
+        ),
+    ] {
+        let response = post(&server, "/json", bad).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{bad}");
+        let error: Value = response.json().await.expect("a JSON error");
+        let text = error["error"].as_str().unwrap_or_default();
+        assert!(text.contains(reason), "{bad}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn v1_check_policy_shape_with_headers() {
+    let server = daily_server();
+    let request = json!({"domain": "daily", "descriptors": [
+        {"entries": [{"key": "user", "value": "b"}]},
+        {"entries": [{"key": "nothing", "value": "here"}]}
+    ]});
+    let (status, body, response) = post_json(&server, "/v1/check", request.clone()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["allowed"], true);
+    assert_eq!(body["limit"], 3);
+    assert_eq!(body["remaining"], 2);
+    assert_eq!(body["retry_after_ms"], Value::Null);
+    assert_eq!(body["delay_ms"], 0);
+    let reset_ms = body["reset_after_ms"].as_u64().expect("a reset");
+    assert!(reset_ms <= 86_400_000);
+    assert_eq!(body["descriptors"][0]["state"], "limited");
+    assert_eq!(body["descriptors"][0]["rule"], "user");
+    assert_eq!(
+        body["descriptors"][1],
+        json!({
+            "allowed": true, "state": "no_rule", "rule": null, "limit": null,
+            "remaining": null, "reset_after_ms": null, "retry_after_ms": null
+        })
+    );
+    assert_eq!(header(&response, "x-ratelimit-limit"), Some(3));
+    assert_eq!(header(&response, "x-ratelimit-remaining"), Some(2));
+    let reset = header(&response, "x-ratelimit-reset").expect("an epoch reset");
+    assert!(
+        reset >= now_epoch() && reset <= now_epoch() + 86_400,
+        "{reset}"
+    );
+    assert!(response.get("retry-after").is_none());
+    let policy = response
+        .get("ratelimit-policy")
+        .and_then(|v| v.to_str().ok());
+    assert_eq!(
+        policy,
+        Some(r#""user";q=3;w=86400"#),
+        "the IETF draft fields too"
+    );
+
+    let (_, body, _) = post_json(
+        &server,
+        "/v1/check",
+        json!({"domain": "daily", "hits_addend": 2,
+        "descriptors": [{"entries": [{"key": "user", "value": "b"}]}]}),
+    )
+    .await;
+    assert_eq!(body["remaining"], 0);
+    let (status, body, response) = post_json(&server, "/v1/check", request).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["allowed"], false);
+    assert_eq!(body["descriptors"][0]["allowed"], false);
+    let retry_ms = body["retry_after_ms"].as_u64().expect("a retry time");
+    let retry = header(&response, "retry-after").expect("Retry-After on 429");
+    assert_eq!(retry, retry_ms.div_ceil(1000));
+    assert_eq!(
+        header(&response, "x-ratelimit-reset"),
+        Some(reset),
+        "the reset is stable"
+    );
+}
+
+#[tokio::test]
+async fn v1_check_adhoc_shape() {
+    let server = daily_server();
+    let check = json!({"key": "k", "limit": 2, "period": "1h"});
+    for remaining in [1, 0] {
+        let (status, body, _) = post_json(&server, "/v1/check", check.clone()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["remaining"], remaining);
+        assert_eq!(body["descriptors"][0]["state"], "limited");
+        assert_eq!(body["descriptors"][0]["rule"], Value::Null);
+    }
+    let (status, body, first) = post_json(&server, "/v1/check", check.clone()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let retry_ms = body["retry_after_ms"].as_u64().expect("a retry time");
+    assert!(
+        retry_ms > 0 && retry_ms <= 1_800_000,
+        "one emission interval at most: {retry_ms}"
+    );
+    let (_, _, second) = post_json(&server, "/v1/check", check).await;
+    // A deny consumes nothing, so the reset does not move; the clock read
+    // before the store may put it a second early only when the true reset is
+    // within that gap above a whole second.
+    let (first, second) = (
+        header(&first, "x-ratelimit-reset"),
+        header(&second, "x-ratelimit-reset"),
+    );
+    assert!(
+        first.zip(second).is_some_and(|(a, b)| a.abs_diff(b) <= 1),
+        "{first:?} {second:?}"
+    );
+
+    // Other algorithms, burst and cost.
+    let (status, body, _) = post_json(
+        &server,
+        "/v1/check",
+        json!({"key": "w", "limit": 5, "period": "1d", "algorithm": "fixed-window", "cost": 5}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["remaining"].as_u64()),
+        (StatusCode::OK, Some(0))
+    );
+    let (_, body, _) = post_json(
+        &server,
+        "/v1/check",
+        json!({"key": "b", "limit": 1, "period": "1h", "burst": 10, "cost": 4}),
+    )
+    .await;
+    assert_eq!(body["remaining"], 6);
+
+    // The admin API reads the same key (namespaced) without spending it.
+    for _ in 0..2 {
+        let (status, state) = admin(
+            &server,
+            reqwest::Method::GET,
+            "/admin/keys/adhoc:k?limit=2&period=1h",
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{state}");
+        assert_eq!(state["remaining"], 0);
+        assert_eq!(state["algorithm"], "gcra");
+    }
+    let (status, state) = admin(
+        &server,
+        reqwest::Method::GET,
+        "/admin/keys/k?limit=2&period=1h",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, &state["remaining"]),
+        (StatusCode::OK, &json!(2)),
+        "the raw key is another budget"
+    );
+    let (status, _) = admin(&server, reqwest::Method::GET, "/admin/keys/k?limit=2", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn v1_check_errors_name_the_field() {
+    let server = daily_server();
+    for (body, reason) in [
+        ("not json", "invalid JSON"),
+        (r#"{"key": "k", "limit": 2}"#, "period"),
+        (r#"{"key": "k", "limit": "two", "period": "1s"}"#, "limit"),
+        (
+            r#"{"key": "k", "limit": 0, "period": "1s"}"#,
+            "limit: limit must be at least 1",
+        ),
+        (
+            r#"{"key": "k", "limit": 1, "period": "1s", "algorithm": "magic"}"#,
+            "algorithm: unknown algorithm",
+        ),
+        (
+            r#"{"key": "k", "limit": 1, "period": "1s", "algorithm": "concurrency"}"#,
+            "algorithm",
+        ),
+        (
+            r#"{"key": "", "limit": 1, "period": "1s"}"#,
+            "key: must not be empty",
+        ),
+        (r#"{"key": "k", "domain": "d"}"#, "not both"),
+        (r#"{"limit": 1}"#, "expected `domain`"),
+        (
+            r#"{"domain": "daily", "descriptors": [{"entries": [{"key": "user"}], "limit": {"requests_per_unit": 1, "unit": "fortnight"}}]}"#,
+            "descriptors[0].limit.unit",
+        ),
+        (
+            r#"{"domain": "daily", "descriptors": [{"entries": []}]}"#,
+            "descriptor 0 has no entries",
+        ),
+        (
+            r#"{"domain": "daily", "descriptors": [{"entries": [{"key": "user"}]}], "extra": 1}"#,
+            "extra",
+        ),
+    ] {
+        let response = post(&server, "/v1/check", body).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body}");
+        let error: Value = response.json().await.expect("a JSON error");
+        let text = error["error"].as_str().unwrap_or_default();
+        assert!(text.contains(reason), "{body}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn metrics_health_and_readiness() {
+    let server = daily_server();
+    let check =
+        json!({"domain": "daily", "descriptors": [{"entries": [{"key": "tenant", "value": "t"}]}]});
+    post_json(&server, "/v1/check", check.clone()).await;
+    post_json(&server, "/v1/check", check).await;
+    post(&server, "/v1/check", "{").await;
+    let metrics = reqwest::get(server.url("/metrics"))
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("text");
+    for needle in [
+        r#"tollgate_checks_total{api="v1",result="ok"} 1"#,
+        r#"tollgate_checks_total{api="v1",result="over_limit"} 1"#,
+        r#"tollgate_checks_total{api="v1",result="invalid"} 1"#,
+        r#"tollgate_decisions_total{domain="daily",rule="tenant",result="ok"} 1"#,
+        r#"tollgate_decisions_total{domain="daily",rule="tenant",result="over_limit"} 1"#,
+        "tollgate_check_duration_seconds_bucket",
+        "tollgate_store_duration_seconds_count",
+    ] {
+        assert!(metrics.contains(needle), "missing {needle}:\n{metrics}");
+    }
+    let healthz = reqwest::get(server.url("/healthz")).await.expect("answers");
+    assert_eq!(healthz.status(), StatusCode::OK);
+    let readyz = reqwest::get(server.url("/readyz")).await.expect("answers");
+    assert_eq!(readyz.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn admin_api_needs_the_token() {
+    let server = daily_server();
+    let client = Client::new();
+    let list = server.url("/admin/kill-switch");
+    let none = client.get(&list).send().await.expect("answers");
+    assert_eq!(none.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        none.headers().get("www-authenticate").map(|v| v.as_bytes()),
+        Some(&b"Bearer"[..])
+    );
+    let wrong = client
+        .get(&list)
+        .bearer_auth("nope")
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    let reload = client
+        .post(server.url("/admin/reload"))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(reload.status(), StatusCode::UNAUTHORIZED);
+    let right = client
+        .get(&list)
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(right.status(), StatusCode::OK);
+
+    let off = Server::start(&[]);
+    let response = client
+        .get(off.url("/admin/kill-switch"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(
+        response.status(),
+        StatusCode::FORBIDDEN,
+        "no --admin-token: the admin API is off"
+    );
+}
+
+#[tokio::test]
+async fn kill_switch_disables_a_rule_at_run_time() {
+    let server = daily_server();
+    let check =
+        json!({"domain": "daily", "descriptors": [{"entries": [{"key": "tenant", "value": "x"}]}]});
+    assert_eq!(
+        post_json(&server, "/v1/check", check.clone()).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        post_json(&server, "/v1/check", check.clone()).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    let post_switch = |body: Value| {
+        admin(
+            &server,
+            reqwest::Method::POST,
+            "/admin/kill-switch",
+            Some(body),
+        )
+    };
+    let (status, listing) =
+        post_switch(json!({"domain": "daily", "rule": "tenant", "enforce": false})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        listing,
+        json!({"disabled": [{"domain": "daily", "rule": "tenant"}]})
+    );
+    let (status, body, _) = post_json(&server, "/v1/check", check.clone()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["descriptors"][0]["state"], "disabled");
+    let (_, listing) = admin(&server, reqwest::Method::GET, "/admin/kill-switch", None).await;
+    assert_eq!(listing["disabled"][0]["rule"], "tenant");
+
+    let (status, _) =
+        post_switch(json!({"domain": "daily", "rule": "tennant", "enforce": false})).await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "a typo is refused, not silently ignored"
+    );
+    let (status, _) = post_switch(json!({"domain": "nope", "enforce": false})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = post_switch(json!({"domain": "daily"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "enforce is required");
+
+    let (status, _) =
+        post_switch(json!({"domain": "daily", "rule": "tenant", "enforce": true})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        post_json(&server, "/v1/check", check.clone()).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // A whole domain.
+    post_switch(json!({"domain": "daily", "enforce": false})).await;
+    assert_eq!(
+        post_json(&server, "/v1/check", check).await.0,
+        StatusCode::OK
+    );
+}
