@@ -1,0 +1,142 @@
+//! Batching: concurrent checks to a single server share one `EVALSHA`.
+//!
+//! Checks queue on a channel; a dispatcher task sends whatever is queued as one
+//! script call (the script's `b` operation), with at most `IN_FLIGHT` calls on
+//! the wire at once. Nothing waits for a batch to fill: a check that finds the
+//! wire idle goes alone at once, and checks that arrive while calls are in
+//! flight ride together in the next one. Each request in a batch is still
+//! checked all-or-nothing on its own, atomically (the whole script is).
+//!
+//! This amortizes what a call costs beyond its work — the command's parsing and
+//! dispatch in Redis, the socket writes and reads, the client's encoding — over
+//! every check in it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::conn::Conn;
+
+/// Script calls of batches on the wire at once.
+const IN_FLIGHT: usize = 4;
+
+/// One request of a batch: its keys, time, lease base and script arguments.
+pub(crate) struct Job {
+    pub(crate) keys: Vec<String>,
+    pub(crate) now: String,
+    pub(crate) lease: String,
+    /// Its number of limits, and one argument per limit.
+    pub(crate) limits: usize,
+    pub(crate) args: Vec<[u8; 56]>,
+    pub(crate) reply: oneshot::Sender<Result<Vec<i64>, BatchError>>,
+}
+
+/// Why a batch failed (every job in it gets a copy).
+#[derive(Debug, Clone)]
+pub(crate) enum BatchError {
+    Timeout,
+    Backend { message: String, retryable: bool },
+}
+
+#[derive(Clone)]
+pub(crate) struct Batcher {
+    tx: mpsc::UnboundedSender<Job>,
+}
+
+impl Batcher {
+    /// Starts the dispatcher on the current tokio runtime. It ends when the
+    /// batcher (the store) is dropped.
+    pub(crate) fn start(
+        conn: Conn,
+        script: Arc<redis::Script>,
+        max: usize,
+        timeout: Duration,
+        extra_ms: u64,
+    ) -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
+        let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+                    return;
+                };
+                // Whatever queued while waiting for a slot goes in this call.
+                let mut jobs = vec![first];
+                while jobs.len() < max {
+                    match rx.try_recv() {
+                        Ok(job) => jobs.push(job),
+                        Err(_) => break,
+                    }
+                }
+                let (conn, script) = (conn.clone(), Arc::clone(&script));
+                tokio::spawn(async move {
+                    send(&conn, &script, jobs, timeout, extra_ms).await;
+                    drop(permit);
+                });
+            }
+        });
+        Self { tx }
+    }
+
+    /// Queues a job; false if the dispatcher is gone.
+    pub(crate) fn submit(&self, job: Job) -> bool {
+        self.tx.send(job).is_ok()
+    }
+}
+
+async fn send(
+    conn: &Conn,
+    script: &redis::Script,
+    jobs: Vec<Job>,
+    timeout: Duration,
+    extra_ms: u64,
+) {
+    let mut invocation = script.prepare_invoke();
+    for job in &jobs {
+        for key in &job.keys {
+            invocation.key(key);
+        }
+    }
+    invocation
+        .arg("b")
+        .arg("")
+        .arg(extra_ms)
+        .arg("")
+        .arg(jobs.len());
+    for job in &jobs {
+        invocation.arg(&job.now).arg(&job.lease).arg(job.limits);
+        for a in &job.args {
+            invocation.arg(&a[..]);
+        }
+    }
+    let result = tokio::time::timeout(timeout, conn.invoke::<Vec<u8>>(&invocation)).await;
+    let mut replies = match result {
+        Err(_) => return fail(jobs, BatchError::Timeout),
+        Ok(Err(e)) => {
+            let retryable = e.is_io_error()
+                || e.is_timeout()
+                || e.is_connection_dropped()
+                || e.is_connection_refusal();
+            return fail(
+                jobs,
+                BatchError::Backend {
+                    message: e.to_string(),
+                    retryable,
+                },
+            );
+        }
+        Ok(Ok(reply)) => crate::script::decode(&reply).into_iter(),
+    };
+    for job in jobs {
+        let take = 2 + 5 * job.limits;
+        let reply: Vec<i64> = replies.by_ref().take(take).collect();
+        let _ = job.reply.send(Ok(reply));
+    }
+}
+
+fn fail(jobs: Vec<Job>, error: BatchError) {
+    for job in jobs {
+        let _ = job.reply.send(Err(error.clone()));
+    }
+}

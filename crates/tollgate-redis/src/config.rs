@@ -1,0 +1,106 @@
+//! How the Redis store is configured.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::Clock;
+use tollgate_store::MemoryConfig;
+
+/// What a check decides when Redis cannot answer (an error, a timeout, or the
+/// circuit breaker is open). A check never returns an error because Redis is
+/// down: it returns what this policy says.
+///
+/// The same three choices as tollgate-policy's per-rule `FailurePolicy`
+/// (`fail_open`, `fail_closed`, `local`); this crate keeps its own so it does not
+/// depend on the policy crate, and the server maps one onto the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailurePolicy {
+    /// Admit the request. Each decision says `allowed` with the limit's full
+    /// capacity as `remaining`, since nothing was counted.
+    FailOpen,
+    /// Refuse the request, with `retry_after` set to the breaker's cool-down.
+    FailClosed,
+    /// Decide from a local in-memory store with the same limits (keys, quotas,
+    /// algorithms): each instance then enforces the limits on its own traffic.
+    #[default]
+    Local,
+}
+
+/// Where checks read the time.
+#[derive(Clone, Default)]
+pub enum TimeSource {
+    /// Redis's `TIME`, read inside the script: every app server sees the same
+    /// clock, so their skew does not matter. The default.
+    #[default]
+    Redis,
+    /// A clock passed in (nanoseconds, truncated to microseconds for the
+    /// script). For tests and simulations: with a `ManualClock` the Redis store
+    /// decides exactly like the memory store on the same clock. The local
+    /// fallback and the deny cache read the same clock.
+    Clock(Arc<dyn Clock>),
+}
+
+impl fmt::Debug for TimeSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TimeSource::Redis => f.write_str("Redis"),
+            TimeSource::Clock(_) => f.write_str("Clock(..)"),
+        }
+    }
+}
+
+/// The Redis store's settings. `RedisConfig::default()` is what a service wants.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// Prepended to every key: `<prefix>:<algorithm>:{<tag>}...`. No braces.
+    pub prefix: String,
+    /// How long one round trip to Redis may take before the check is decided by
+    /// the failure policy. Default 10 ms: a healthy Redis answers a script in
+    /// well under a millisecond on a LAN, so 10 ms only trips on a real stall
+    /// (a fork, a failover, a lost connection) while bounding the latency it adds.
+    pub timeout: Duration,
+    /// What to decide when Redis cannot answer. Default [`FailurePolicy::Local`].
+    pub failure: FailurePolicy,
+    /// Consecutive failures (errors or timeouts) that open the circuit breaker.
+    /// Default 5.
+    pub breaker_failures: u32,
+    /// How long an open breaker keeps every check away from Redis before one
+    /// probe is let through. Default 1 s.
+    pub breaker_cool_down: Duration,
+    /// Keys held by the local deny cache; 0 turns it off. Default 65,536.
+    pub deny_cache_capacity: usize,
+    /// Where the time comes from. Default [`TimeSource::Redis`].
+    pub time: TimeSource,
+    /// Added to every TTL. Zero by default: a key lives exactly until its state
+    /// is back to full. Tests that inject a clock running apart from Redis's set
+    /// it so keys do not expire in real time under them.
+    pub extra_ttl: Duration,
+    /// The local store that [`FailurePolicy::Local`] decides from.
+    pub local: MemoryConfig,
+    /// The most checks sent in one script call to a single server: concurrent
+    /// checks queue while calls are in flight and go together in the next one
+    /// (each still all-or-nothing on its own). 1 sends every check alone.
+    /// Default 64. A cluster sends every check alone.
+    pub max_batch: usize,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            prefix: "tollgate".to_owned(),
+            timeout: Duration::from_millis(10),
+            failure: FailurePolicy::Local,
+            breaker_failures: 5,
+            breaker_cool_down: Duration::from_secs(1),
+            deny_cache_capacity: 65_536,
+            time: TimeSource::Redis,
+            extra_ttl: Duration::ZERO,
+            local: MemoryConfig {
+                max_keys: 100_000,
+                ..MemoryConfig::default()
+            },
+            max_batch: 64,
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! Tollgate's Redis and Redis Cluster store.
+//!
+//! [`RedisStore`] implements [`tollgate_core::Store`] for every algorithm of
+//! tollgate-core, so the same limits hold across every instance of a service:
+//!
+//! - **One atomic script per check.** All the limits of a request whose keys
+//!   share a slot are stepped by one Lua script, run with `EVALSHA` (reloaded on
+//!   `NOSCRIPT`, e.g. after `SCRIPT FLUSH` or a failover), all-or-nothing exactly
+//!   like the memory store: a deny by one limit consumes nothing from the others,
+//!   and each decision says what that limit alone says.
+//! - **Redis's clock.** The script reads `TIME`, so app servers' clock skew does
+//!   not matter ([`TimeSource::Clock`] injects a clock for tests).
+//! - **Microseconds inside Redis.** Lua numbers are doubles, exact up to 2^53;
+//!   nanoseconds since 1970 do not fit, microseconds do (until 2255). Periods and
+//!   emission intervals are rounded *up* to whole microseconds, and quotas whose
+//!   numbers exceed 2^52 are refused with [`tollgate_core::StoreError::Invalid`].
+//!   With whole-microsecond times, periods and emission intervals, decisions are
+//!   identical to the memory store's, except that a sliding counter's
+//!   `retry_after` is the memory store's rounded up to the microsecond.
+//! - **TTLs.** Every key expires when its state is back to full; set on
+//!   admission only, never extended by a deny.
+//! - **Redis Cluster.** Keys are hash-tagged: the whole caller key is the tag,
+//!   unless it starts with one (`{user:42}api`), braces inside are escaped. The
+//!   limits of a request on several slots are checked slot group by slot group,
+//!   the narrowest first; a later deny refunds what earlier groups took.
+//! - **Throughput.** One multiplexed connection (or the cluster client's few)
+//!   pipelines every concurrent check; on a single server, checks that arrive
+//!   while calls are in flight share the next script call (each still atomic on
+//!   its own); a local deny cache answers keys that Redis denied until their
+//!   `retry_after` passes.
+//! - **Failures.** A timeout (10 ms by default) or an error decides the check by
+//!   [`FailurePolicy`] (default: a local memory store with the same limits); a
+//!   circuit breaker stops calling a failing Redis and probes for its return.
+//!   No check fails because Redis is down. [`RedisStore::stats`] counts it all.
+//! - **Hybrid mode.** [`HybridStore`] leases slices of hot keys' budgets and
+//!   spends them locally: many decisions per Redis operation, with a worst-case
+//!   overshoot of `N × max_lease` units across N instances (see its docs).
+//!
+//! ```no_run
+//! use tollgate_core::{Algorithm, Limit, Quota};
+//! use tollgate_redis::{RedisConfig, RedisStore};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379/0", RedisConfig::default()).await?;
+//! // or: RedisStore::connect("redis+cluster://10.0.0.1:7000,10.0.0.2:7000", ...)
+//! let user = Limit { key: "{user:42}api", quota: Quota::per_minute(60)?, algorithm: Algorithm::Gcra, cost: 1 };
+//! let uploads = Limit { key: "{user:42}uploads", quota: Quota::per_hour(10)?, algorithm: Algorithm::SlidingLog, cost: 1 };
+//! let outcome = store.check_limits(&[user, uploads]).await?;
+//! if !outcome.allowed() {
+//!     let retry = outcome.most_restrictive().and_then(|d| d.retry_after);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! `docs/redis.md` describes the scripts, the key layout and every behaviour
+//! that differs from the memory store.
+
+mod batch;
+mod breaker;
+mod config;
+mod conn;
+mod deny_cache;
+mod hybrid;
+mod keys;
+mod leases;
+mod script;
+mod stats;
+mod store;
+
+pub use config::{FailurePolicy, RedisConfig, TimeSource};
+pub use conn::ConnectError;
+pub use hybrid::{HybridConfig, HybridStats, HybridStore};
+pub use stats::{BreakerState, RedisStats};
+pub use store::RedisStore;

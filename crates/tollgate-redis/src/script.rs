@@ -1,0 +1,214 @@
+//! The Lua script's arguments and replies: quotas in microseconds, validated so
+//! that every number the script handles is exact in a double.
+
+use std::time::Duration;
+
+use tollgate_core::{Algorithm, Decision, Limit, Quota, StoreError};
+
+/// The script's source: every algorithm, check, dry run, refund and release.
+pub(crate) const SOURCE: &str = include_str!("tollgate.lua");
+
+/// The largest count (limit, burst, cost) the script handles: 2^52, so that a
+/// sum of two is still exact in a double.
+pub(crate) const MAX_COUNT: u64 = 1 << 52;
+/// The largest duration, in microseconds, the script handles (2^52 µs, about
+/// 142 years), so that a time (below 2^53 µs until the year 2255) plus a
+/// duration stays within the exact range of a double.
+pub(crate) const MAX_MICROS: u64 = 1 << 52;
+
+/// A limit as the script sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Params {
+    pub(crate) code: u8,
+    pub(crate) limit: u64,
+    pub(crate) period_us: u64,
+    pub(crate) burst: u64,
+    pub(crate) emission_us: u64,
+    pub(crate) cost: u64,
+    pub(crate) delay_after: u64,
+}
+
+fn code(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::TokenBucket => 0,
+        Algorithm::Gcra => 1,
+        Algorithm::LeakyBucket => 2,
+        Algorithm::LeakyBucketShaping { .. } => 3,
+        Algorithm::FixedWindow => 4,
+        Algorithm::SlidingLog => 5,
+        Algorithm::SlidingCounter => 6,
+        Algorithm::Concurrency => 7,
+    }
+}
+
+/// `ns` rounded up to whole microseconds.
+pub(crate) fn micros_up(ns: u64) -> u64 {
+    ns.div_ceil(1000)
+}
+
+impl Params {
+    /// Converts a limit to microseconds: the period and the emission interval are
+    /// rounded up to whole microseconds (never looser than the quota), counts are
+    /// kept. Quotas whose numbers the script could not hold exactly are refused.
+    pub(crate) fn new(limit: &Limit<'_>) -> Result<Self, StoreError> {
+        let q: &Quota = &limit.quota;
+        let period_us = micros_up(q.period_ns());
+        let emission_us = micros_up(q.emission_ns());
+        let invalid = |what: String| {
+            Err(StoreError::Invalid(format!(
+                "key {:?}: {what}, beyond what the Redis store holds exactly (2^52)",
+                limit.key
+            )))
+        };
+        if q.limit() > MAX_COUNT || q.burst() > MAX_COUNT {
+            return invalid(format!("limit {} / burst {}", q.limit(), q.burst()));
+        }
+        if period_us > MAX_MICROS {
+            return invalid(format!("period {:?}", q.period()));
+        }
+        if q.burst()
+            .checked_mul(emission_us)
+            .is_none_or(|c| c > MAX_MICROS)
+        {
+            return invalid(format!(
+                "burst {} × emission interval {emission_us} µs",
+                q.burst()
+            ));
+        }
+        let delay_after = match limit.algorithm {
+            // delay_after ≥ burst shapes nothing, whatever its size.
+            Algorithm::LeakyBucketShaping { delay_after } => delay_after.min(q.burst()),
+            _ => 0,
+        };
+        Ok(Self {
+            code: code(limit.algorithm),
+            limit: q.limit(),
+            period_us,
+            burst: q.burst(),
+            emission_us,
+            // Any cost above every count is refused alike: clamping keeps it exact.
+            cost: limit.cost.min(MAX_COUNT + 1),
+            delay_after,
+        })
+    }
+
+    /// The limit's one script argument: seven little-endian doubles (every
+    /// value is at most 2^52 + 1, so exact).
+    pub(crate) fn blob(&self) -> [u8; 56] {
+        let mut out = [0u8; 56];
+        let values = [
+            u64::from(self.code),
+            self.limit,
+            self.period_us,
+            self.burst,
+            self.emission_us,
+            self.cost,
+            self.delay_after,
+        ];
+        for (chunk, v) in out.chunks_exact_mut(8).zip(values) {
+            chunk.copy_from_slice(&(v as f64).to_le_bytes());
+        }
+        out
+    }
+}
+
+/// Decodes a packed reply: little-endian doubles, each an integer.
+pub(crate) fn decode(bytes: &[u8]) -> Vec<i64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as i64)
+        .collect()
+}
+
+/// Parses a check reply: `(now_us, all_allowed, decisions)`.
+pub(crate) fn parse_check(
+    reply: &[i64],
+    limits: usize,
+) -> Result<(u64, bool, Vec<Decision>), StoreError> {
+    if reply.len() != 2 + 5 * limits {
+        return Err(StoreError::Backend {
+            source: format!(
+                "the script answered {} numbers for {limits} limits",
+                reply.len()
+            )
+            .into(),
+            retryable: false,
+        });
+    }
+    let n = |i: usize| u64::try_from(reply[i]).unwrap_or(0);
+    let us = |i: usize| Duration::from_micros(n(i));
+    let decisions = (0..limits)
+        .map(|l| {
+            let o = 2 + 5 * l;
+            Decision {
+                allowed: reply[o] == 1,
+                limit: 0,
+                remaining: n(o + 1),
+                reset_after: us(o + 2),
+                retry_after: (reply[o + 3] >= 0).then(|| us(o + 3)),
+                delay: us(o + 4),
+            }
+        })
+        .collect();
+    Ok((n(0), reply[1] == 1, decisions))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limit(quota: Quota, algorithm: Algorithm, cost: u64) -> Limit<'static> {
+        Limit {
+            key: "k",
+            quota,
+            algorithm,
+            cost,
+        }
+    }
+
+    #[test]
+    fn quotas_are_converted_to_microseconds_rounding_up() {
+        let q = Quota::per_second(3).unwrap(); // 333_333_334 ns per unit
+        let p = Params::new(&limit(q, Algorithm::Gcra, 1)).unwrap();
+        assert_eq!((p.period_us, p.emission_us), (1_000_000, 333_334));
+        let fast = Quota::new(10, Duration::from_nanos(10)).unwrap();
+        let p = Params::new(&limit(fast, Algorithm::Gcra, 1)).unwrap();
+        assert_eq!(
+            (p.period_us, p.emission_us),
+            (1, 1),
+            "at most one unit per µs"
+        );
+    }
+
+    #[test]
+    fn numbers_beyond_exact_doubles_are_refused_or_clamped() {
+        let huge = Quota::new(1 << 53, Duration::from_secs(1 << 30)).unwrap();
+        assert!(matches!(
+            Params::new(&limit(huge, Algorithm::FixedWindow, 1)),
+            Err(StoreError::Invalid(_))
+        ));
+        let long = Quota::new(1, Duration::from_secs(200 * 365 * 86_400)).unwrap();
+        assert!(Params::new(&limit(long, Algorithm::FixedWindow, 1)).is_err());
+        let wide = Quota::per_second(1000)
+            .unwrap()
+            .with_burst(1 << 43)
+            .unwrap();
+        assert!(Params::new(&limit(wide, Algorithm::Gcra, 1)).is_err());
+        let ok = Quota::per_hour(1_000_000_000).unwrap();
+        let p = Params::new(&limit(ok, Algorithm::SlidingCounter, u64::MAX)).unwrap();
+        assert_eq!(p.cost, MAX_COUNT + 1);
+        let blob = p.blob();
+        assert_eq!(
+            decode(&blob),
+            [
+                6,
+                1_000_000_000,
+                3_600_000_000,
+                1_000_000_000,
+                4,
+                (MAX_COUNT + 1) as i64,
+                0
+            ]
+        );
+    }
+}

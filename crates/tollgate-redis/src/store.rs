@@ -1,0 +1,645 @@
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use smallvec::{SmallVec, smallvec};
+use tollgate_core::{Algorithm, Clock, Decision, Limit, Nanos, Outcome, Store, StoreError};
+use tollgate_store::{FastClock, MemoryStore};
+
+use crate::batch::{BatchError, Batcher, Job};
+use crate::breaker::Breaker;
+use crate::conn::{Conn, ConnectError, connect};
+use crate::deny_cache::DenyCache;
+use crate::keys::{redis_keys, slot};
+use crate::leases::{Held, Leases};
+use crate::script::{MAX_MICROS, Params, SOURCE, decode, parse_check};
+use crate::stats::{Counters, bump};
+use crate::{FailurePolicy, RedisConfig, RedisStats, TimeSource};
+
+/// An outcome and, when Redis decided it, the script's time per limit (µs).
+pub(crate) struct Sourced {
+    pub(crate) outcome: Outcome,
+    pub(crate) redis_time: Option<SmallVec<[u64; 4]>>,
+}
+
+/// One limit, ready for the script.
+struct Prepared {
+    key: String,
+    aux: String,
+    params: Params,
+    slot: u16,
+}
+
+/// The Redis and Redis Cluster store; see the crate documentation.
+pub struct RedisStore {
+    conn: Conn,
+    script: Arc<redis::Script>,
+    batcher: Option<Batcher>,
+    config: RedisConfig,
+    /// Local time: the injected clock, or a monotonic one (deny cache, fallback).
+    clock: Arc<dyn Clock>,
+    injected: bool,
+    local: MemoryStore<Arc<dyn Clock>>,
+    deny: DenyCache,
+    leases: Leases,
+    breaker: Breaker,
+    counters: Counters,
+    instance: u64,
+    next_lease: AtomicU64,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("cluster", &self.conn.is_cluster())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which script operation to run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// Check and write when every limit admits.
+    Check,
+    /// Check, never write.
+    Dry,
+    /// Give back what a committed check took.
+    Refund,
+}
+
+/// What one group (one slot) of a check answered.
+struct GroupReply {
+    now_us: u64,
+    allowed: bool,
+    decisions: Vec<Decision>,
+}
+
+/// The decision's `limit`: the burst for buckets, the limit otherwise (as the
+/// core's state machines report it).
+fn capacity(limit: &Limit<'_>) -> u64 {
+    match limit.algorithm {
+        Algorithm::TokenBucket
+        | Algorithm::Gcra
+        | Algorithm::LeakyBucket
+        | Algorithm::LeakyBucketShaping { .. } => limit.quota.burst(),
+        _ => limit.quota.limit(),
+    }
+}
+
+impl RedisStore {
+    /// Connects to `redis://host:port/db` (one server) or
+    /// `redis+cluster://host:port,host:port` (a cluster, from any of its nodes).
+    pub async fn connect(url: &str, config: RedisConfig) -> Result<Self, ConnectError> {
+        if config.prefix.contains(['{', '}']) {
+            return Err(ConnectError::Config(format!(
+                "key prefix {:?} must not contain braces",
+                config.prefix
+            )));
+        }
+        let conn = connect(url).await?;
+        let (clock, injected): (Arc<dyn Clock>, bool) = match &config.time {
+            TimeSource::Redis => (Arc::new(FastClock::new()), false),
+            TimeSource::Clock(clock) => (Arc::clone(clock), true),
+        };
+        let instance = RandomState::new().hash_one(std::process::id());
+        let script = Arc::new(redis::Script::new(SOURCE));
+        let batcher = (!conn.is_cluster() && config.max_batch > 1).then(|| {
+            Batcher::start(
+                conn.clone(),
+                Arc::clone(&script),
+                config.max_batch,
+                config.timeout,
+                u64::try_from(config.extra_ttl.as_millis()).unwrap_or(u64::MAX),
+            )
+        });
+        Ok(Self {
+            conn,
+            script,
+            batcher,
+            local: MemoryStore::with_clock(config.local.clone(), Arc::clone(&clock)),
+            deny: DenyCache::new(config.deny_cache_capacity),
+            leases: Leases::default(),
+            breaker: Breaker::new(config.breaker_failures, config.breaker_cool_down),
+            counters: Counters::default(),
+            clock,
+            injected,
+            instance,
+            next_lease: AtomicU64::new(0),
+            config,
+        })
+    }
+
+    /// The store's counters and breaker state, for metrics.
+    pub fn stats(&self) -> RedisStats {
+        self.counters.snapshot(self.breaker.state())
+    }
+
+    /// Whether the store talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.conn.is_cluster()
+    }
+
+    fn prepare(&self, limits: &[Limit<'_>]) -> Result<SmallVec<[Prepared; 4]>, StoreError> {
+        limits
+            .iter()
+            .map(|limit| {
+                let (key, aux) = redis_keys(&self.config.prefix, limit.algorithm, limit.key);
+                Ok(Prepared {
+                    slot: slot(&key),
+                    key,
+                    aux,
+                    params: Params::new(limit)?,
+                })
+            })
+            .collect()
+    }
+
+    /// The time argument: empty for Redis's TIME, else the injected clock in µs.
+    fn now_arg(&self, now: Nanos) -> Result<String, StoreError> {
+        if !self.injected {
+            return Ok(String::new());
+        }
+        let us = now / 1000;
+        if us >= 2 * MAX_MICROS {
+            return Err(StoreError::Invalid(format!(
+                "time {us} µs is past the Redis store's end of time (2^53 µs)"
+            )));
+        }
+        Ok(us.to_string())
+    }
+
+    async fn call(
+        &self,
+        op: Op,
+        now: &str,
+        lease: &str,
+        members: &[usize],
+        prepared: &[Prepared],
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut invocation = self.script.prepare_invoke();
+        for &i in members {
+            invocation.key(&prepared[i].key).key(&prepared[i].aux);
+        }
+        let extra_ms = u64::try_from(self.config.extra_ttl.as_millis()).unwrap_or(u64::MAX);
+        let op = match op {
+            Op::Check => "c",
+            Op::Dry => "d",
+            Op::Refund => "r",
+        };
+        invocation.arg(op).arg(now).arg(extra_ms).arg(lease);
+        let blobs: SmallVec<[[u8; 56]; 4]> =
+            members.iter().map(|&i| prepared[i].params.blob()).collect();
+        for blob in &blobs {
+            invocation.arg(&blob[..]);
+        }
+        if op == "r" {
+            return self.run::<Vec<i64>>(&invocation).await;
+        }
+        Ok(decode(&self.run::<Vec<u8>>(&invocation).await?))
+    }
+
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.config.timeout, self.conn.invoke(invocation)).await {
+            Err(_) => {
+                bump(&self.counters.timeouts);
+                Err(StoreError::Timeout(self.config.timeout))
+            }
+            Ok(Err(e)) => {
+                bump(&self.counters.errors);
+                let retryable = e.is_io_error()
+                    || e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || e.is_cluster_error();
+                Err(StoreError::Backend {
+                    source: Box::new(e),
+                    retryable,
+                })
+            }
+            Ok(Ok(reply)) => Ok(reply),
+        }
+    }
+
+    /// Sends one check through the batcher and waits for its part of the reply.
+    async fn batched(
+        &self,
+        batcher: &Batcher,
+        now: &str,
+        lease: &str,
+        members: &[usize],
+        prepared: &[Prepared],
+    ) -> Result<Vec<i64>, StoreError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut args = Vec::with_capacity(members.len());
+        let mut keys = Vec::with_capacity(2 * members.len());
+        for &i in members {
+            args.push(prepared[i].params.blob());
+            keys.push(prepared[i].key.clone());
+            keys.push(prepared[i].aux.clone());
+        }
+        let job = Job {
+            keys,
+            now: now.to_owned(),
+            lease: lease.to_owned(),
+            limits: members.len(),
+            args,
+            reply: tx,
+        };
+        let gone = || StoreError::Backend {
+            source: "the batch dispatcher stopped".into(),
+            retryable: false,
+        };
+        if !batcher.submit(job) {
+            bump(&self.counters.errors);
+            return Err(gone());
+        }
+        match tokio::time::timeout(self.config.timeout, rx).await {
+            Ok(Ok(Ok(reply))) => Ok(reply),
+            Err(_) | Ok(Ok(Err(BatchError::Timeout))) => {
+                bump(&self.counters.timeouts);
+                Err(StoreError::Timeout(self.config.timeout))
+            }
+            Ok(Ok(Err(BatchError::Backend { message, retryable }))) => {
+                bump(&self.counters.errors);
+                Err(StoreError::Backend {
+                    source: message.into(),
+                    retryable,
+                })
+            }
+            Ok(Err(_)) => {
+                bump(&self.counters.errors);
+                Err(gone())
+            }
+        }
+    }
+
+    async fn check_group(
+        &self,
+        op: Op,
+        now: &str,
+        lease: &str,
+        members: &[usize],
+        limits: &[Limit<'_>],
+        prepared: &[Prepared],
+    ) -> Result<GroupReply, StoreError> {
+        let reply = match &self.batcher {
+            Some(batcher) if op == Op::Check => {
+                self.batched(batcher, now, lease, members, prepared).await?
+            }
+            _ => self.call(op, now, lease, members, prepared).await?,
+        };
+        let (now_us, allowed, mut decisions) = parse_check(&reply, members.len())?;
+        for (d, &i) in decisions.iter_mut().zip(members) {
+            d.limit = capacity(&limits[i]);
+        }
+        Ok(GroupReply {
+            now_us,
+            allowed,
+            decisions,
+        })
+    }
+
+    /// The limits grouped by slot (one group on a single server), the narrowest
+    /// group (smallest capacity among its limits) first.
+    fn groups(&self, limits: &[Limit<'_>], prepared: &[Prepared]) -> Vec<SmallVec<[usize; 4]>> {
+        if !self.conn.is_cluster() {
+            return vec![(0..limits.len()).collect()];
+        }
+        let mut groups: Vec<SmallVec<[usize; 4]>> = Vec::new();
+        for (i, p) in prepared.iter().enumerate() {
+            match groups.iter_mut().find(|g| prepared[g[0]].slot == p.slot) {
+                Some(g) => g.push(i),
+                None => groups.push(smallvec![i]),
+            }
+        }
+        groups.sort_by_key(|g| {
+            (
+                g.iter().map(|&i| capacity(&limits[i])).min().unwrap_or(0),
+                g[0],
+            )
+        });
+        groups
+    }
+
+    async fn check_redis(
+        &self,
+        limits: &[Limit<'_>],
+        prepared: &[Prepared],
+        now: Nanos,
+    ) -> Result<(Outcome, SmallVec<[u64; 4]>), StoreError> {
+        let now_arg = self.now_arg(now)?;
+        let lease = format!(
+            "{:016x}.{:x}",
+            self.instance,
+            self.next_lease.fetch_add(1, Ordering::Relaxed)
+        );
+        let groups = self.groups(limits, prepared);
+        let mut decisions: SmallVec<[Option<Decision>; 4]> = smallvec![None; limits.len()];
+        let mut times: SmallVec<[u64; 4]> = smallvec![0; limits.len()];
+        let mut committed: Vec<(usize, u64)> = Vec::new();
+        let mut denied = false;
+        for (g, members) in groups.iter().enumerate() {
+            let op = if denied { Op::Dry } else { Op::Check };
+            let reply = match self
+                .check_group(op, &now_arg, &lease, members, limits, prepared)
+                .await
+            {
+                Ok(reply) => reply,
+                Err(e) => {
+                    // Best effort: what earlier groups took goes back.
+                    self.refund(&committed, &groups, &lease, prepared).await;
+                    return Err(e);
+                }
+            };
+            for (d, &i) in reply.decisions.iter().zip(members.iter()) {
+                decisions[i] = Some(*d);
+                times[i] = reply.now_us;
+            }
+            if op == Op::Check {
+                if reply.allowed {
+                    committed.push((g, reply.now_us));
+                } else {
+                    denied = true;
+                }
+            }
+        }
+        if denied && !committed.is_empty() {
+            bump(&self.counters.refunds);
+            self.refund(&committed, &groups, &lease, prepared).await;
+            committed.clear();
+        }
+        bump(&self.counters.redis_checks);
+        let outcome = Outcome {
+            decisions: decisions
+                .into_iter()
+                .map(|d| d.expect("every group answered"))
+                .collect(),
+        };
+        if outcome.allowed() {
+            for ((limit, p), members) in limits
+                .iter()
+                .zip(prepared)
+                .zip(groups_index(&groups, limits.len()))
+            {
+                if limit.algorithm == Algorithm::Concurrency && limit.cost > 0 {
+                    let member = format!("{}|{lease}#{}", p.params.cost, members + 1);
+                    self.leases.insert(
+                        &p.key,
+                        Held::Redis(member),
+                        limit.cost,
+                        limit.quota.period(),
+                    );
+                }
+            }
+        } else {
+            for ((limit, p), d) in limits.iter().zip(prepared).zip(&outcome.decisions) {
+                self.deny.insert(&p.key, limit, d, now);
+            }
+        }
+        Ok((outcome, times))
+    }
+
+    async fn refund(
+        &self,
+        committed: &[(usize, u64)],
+        groups: &[SmallVec<[usize; 4]>],
+        lease: &str,
+        prepared: &[Prepared],
+    ) {
+        for &(g, now_us) in committed {
+            let members = &groups[g];
+            for &i in members.iter() {
+                self.deny.forget(&prepared[i].key);
+            }
+            let now = now_us.to_string();
+            if let Err(e) = self.call(Op::Refund, &now, lease, members, prepared).await {
+                tracing::warn!(error = %e, "refund of a cross-slot check failed");
+            }
+        }
+    }
+
+    fn fallback(&self, limits: &[Limit<'_>], prepared: &[Prepared]) -> Outcome {
+        bump(&self.counters.fallbacks);
+        match self.config.failure {
+            FailurePolicy::Local => {
+                let outcome = self.local.check_now(limits);
+                if outcome.allowed() {
+                    for (limit, p) in limits.iter().zip(prepared) {
+                        if limit.algorithm == Algorithm::Concurrency && limit.cost > 0 {
+                            self.leases
+                                .insert(&p.key, Held::Local, limit.cost, Duration::MAX);
+                        }
+                    }
+                }
+                outcome
+            }
+            FailurePolicy::FailOpen => Outcome {
+                decisions: limits
+                    .iter()
+                    .map(|l| Decision {
+                        allowed: true,
+                        limit: capacity(l),
+                        remaining: capacity(l),
+                        reset_after: Duration::ZERO,
+                        retry_after: None,
+                        delay: Duration::ZERO,
+                    })
+                    .collect(),
+            },
+            FailurePolicy::FailClosed => Outcome {
+                decisions: limits
+                    .iter()
+                    .map(|l| Decision {
+                        allowed: false,
+                        limit: capacity(l),
+                        remaining: 0,
+                        reset_after: Duration::ZERO,
+                        retry_after: Some(self.config.breaker_cool_down.max(self.config.timeout)),
+                        delay: Duration::ZERO,
+                    })
+                    .collect(),
+            },
+        }
+    }
+
+    /// A deny from the cache when one of the limits is cached as denied.
+    fn cached(&self, limits: &[Limit<'_>], prepared: &[Prepared], now: Nanos) -> Option<Outcome> {
+        if !self.deny.enabled() {
+            return None;
+        }
+        let hits: SmallVec<[Option<Decision>; 4]> = limits
+            .iter()
+            .zip(prepared)
+            .map(|(l, p)| self.deny.lookup(&p.key, l, now))
+            .collect();
+        if hits.iter().all(Option::is_none) {
+            return None;
+        }
+        // The other limits were not asked: they report their capacity, unconsumed.
+        let decisions = limits
+            .iter()
+            .zip(hits)
+            .map(|(l, hit)| {
+                hit.unwrap_or(Decision {
+                    allowed: true,
+                    limit: capacity(l),
+                    remaining: capacity(l),
+                    reset_after: Duration::ZERO,
+                    retry_after: None,
+                    delay: Duration::ZERO,
+                })
+            })
+            .collect();
+        Some(Outcome { decisions })
+    }
+
+    /// Checks `limits`; see [`Store::check`]. Errors only for limits the store
+    /// cannot hold ([`StoreError::Invalid`]), never because Redis is down.
+    pub async fn check_limits(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
+        Ok(self.check_sourced(limits).await?.outcome)
+    }
+
+    /// [`RedisStore::check_limits`], saying whether Redis decided and at what
+    /// time (µs, per limit), for the hybrid store.
+    pub(crate) async fn check_sourced(&self, limits: &[Limit<'_>]) -> Result<Sourced, StoreError> {
+        let local = |outcome| Sourced {
+            outcome,
+            redis_time: None,
+        };
+        if limits.is_empty() {
+            return Ok(local(Outcome::default()));
+        }
+        let prepared = self.prepare(limits)?;
+        let now = self.clock.now();
+        if let Some(outcome) = self.cached(limits, &prepared, now) {
+            bump(&self.counters.deny_cache_hits);
+            return Ok(local(outcome));
+        }
+        if !self.breaker.admit() {
+            return Ok(local(self.fallback(limits, &prepared)));
+        }
+        match self.check_redis(limits, &prepared, now).await {
+            Ok((outcome, times)) => {
+                self.breaker.success();
+                Ok(Sourced {
+                    outcome,
+                    redis_time: Some(times),
+                })
+            }
+            Err(StoreError::Invalid(reason)) => Err(StoreError::Invalid(reason)),
+            Err(e) => {
+                if self.breaker.failure() {
+                    bump(&self.counters.breaker_opens);
+                    tracing::warn!(error = %e, "Redis failing: circuit breaker open");
+                }
+                Ok(local(self.fallback(limits, &prepared)))
+            }
+        }
+    }
+
+    /// Gives `limit.cost` units back to `limit`'s state in Redis, as taken by a
+    /// check at `now_us` (the script's refund). Best effort: false if it failed.
+    pub(crate) async fn give_back(&self, limit: &Limit<'_>, now_us: u64) -> bool {
+        let Ok(prepared) = self.prepare(std::slice::from_ref(limit)) else {
+            return false;
+        };
+        if !self.breaker.admit() {
+            return false;
+        }
+        let now = now_us.to_string();
+        match self.call(Op::Refund, &now, "", &[0], &prepared).await {
+            Ok(_) => {
+                self.breaker.success();
+                self.deny.forget(&prepared[0].key);
+                true
+            }
+            Err(_) => {
+                if self.breaker.failure() {
+                    bump(&self.counters.breaker_opens);
+                }
+                false
+            }
+        }
+    }
+
+    /// The store's local clock (the injected one, or a monotonic one).
+    pub(crate) fn local_clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Gives back the concurrency permits of `limits` that this store acquired;
+    /// see [`Store::release`]. A lease that cannot be released now (Redis down)
+    /// expires after its quota's period.
+    pub async fn release_limits(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+        let mut keys = Vec::new();
+        let mut members = Vec::new();
+        for limit in limits
+            .iter()
+            .filter(|l| l.algorithm == Algorithm::Concurrency)
+        {
+            let (key, aux) = redis_keys(&self.config.prefix, limit.algorithm, limit.key);
+            match self.leases.take(&key, limit.cost) {
+                Some(Held::Redis(member)) => {
+                    keys.push((key, aux));
+                    members.push(member);
+                }
+                Some(Held::Local) => self.local.release_now(std::slice::from_ref(limit)),
+                None => {}
+            }
+        }
+        // One call per lease: leases of one request may sit on several slots.
+        for ((key, aux), member) in keys.iter().zip(&members) {
+            if !self.breaker.admit() {
+                continue;
+            }
+            let mut invocation = self.script.prepare_invoke();
+            invocation
+                .key(key)
+                .key(aux)
+                .arg("l")
+                .arg("0")
+                .arg(0)
+                .arg("")
+                .arg(member);
+            match self.run::<Vec<i64>>(&invocation).await {
+                Ok(_) => self.breaker.success(),
+                Err(e) => {
+                    if self.breaker.failure() {
+                        bump(&self.counters.breaker_opens);
+                    }
+                    tracing::debug!(error = %e, "lease release failed; it expires after its period");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// For each limit, its index within its group (the script's `i - 1`).
+fn groups_index(groups: &[SmallVec<[usize; 4]>], n: usize) -> Vec<usize> {
+    let mut index = vec![0; n];
+    for g in groups {
+        for (j, &i) in g.iter().enumerate() {
+            index[i] = j;
+        }
+    }
+    index
+}
+
+impl Store for RedisStore {
+    fn check(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
+        self.check_limits(limits)
+    }
+
+    fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.release_limits(limits)
+    }
+}

@@ -1,0 +1,163 @@
+//! A real 3-master Redis Cluster: conformance, hash tags, cross-slot requests
+//! with refunds, and NOSCRIPT reloads on every node.
+
+use std::sync::Arc;
+
+use tollgate_core::{Algorithm, Limit, Quota};
+use tollgate_store::{MemoryConfig, MemoryStore};
+
+use crate::conformance::{self, assert_same, run, scenarios};
+use crate::support::{RedisCluster, cli, manual_store};
+
+#[tokio::test]
+async fn cluster_conformance_tags_cross_slot_refunds_and_script_reloads() {
+    let cluster = RedisCluster::start();
+    let url = cluster.url();
+
+    // 1. Every conformance scenario (its keys share one hash tag: one slot).
+    for scenario in scenarios() {
+        let clock = conformance::clock();
+        let memory = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
+        let reference = run(&memory, &clock, &scenario).await;
+        let clock = conformance::clock();
+        let redis = manual_store(&url, &clock).await;
+        assert!(redis.is_cluster());
+        let actual = run(&redis, &clock, &scenario).await;
+        assert_same(&scenario, &reference, &actual, "Redis Cluster");
+        let stats = redis.stats();
+        assert_eq!((stats.fallbacks, stats.errors, stats.refunds), (0, 0, 0));
+    }
+
+    // 2. Keys land where the cluster says their tag hashes.
+    let port = cluster.nodes[0].port;
+    let slot = |key: &str| cli(port, &["CLUSTER", "KEYSLOT", key]).trim().to_owned();
+    assert_eq!(
+        slot("tollgate:gcra:{user:42}:api"),
+        slot("tollgate:log.n:{user:42}:uploads")
+    );
+    let clock = conformance::clock();
+    let store = manual_store(&url, &clock).await;
+    let api = Limit {
+        key: "{user:42}api",
+        quota: Quota::per_second(10).unwrap(),
+        algorithm: Algorithm::Gcra,
+        cost: 1,
+    };
+    assert!(store.check_limits(&[api]).await.unwrap().allowed());
+    let exists = std::process::Command::new("redis-cli")
+        .args([
+            "-c",
+            "-p",
+            &port.to_string(),
+            "EXISTS",
+            "tollgate:gcra:{user:42}:api",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&exists.stdout).trim(), "1");
+
+    // 3. Cross-slot requests: all-or-nothing through refunds, for every algorithm.
+    for algorithm in Algorithm::RATE.into_iter().chain([Algorithm::Concurrency]) {
+        cross_slot(&url, algorithm, &slot).await;
+    }
+
+    // 4. SCRIPT FLUSH on every node: checks reload the script and go on.
+    let clock = conformance::clock();
+    let store = manual_store(&url, &clock).await;
+    let keys: Vec<String> = (0..12).map(|i| format!("flush-{i}")).collect();
+    let check = |key: &str| Limit {
+        key: key.to_owned().leak(),
+        quota: Quota::per_second(1000).unwrap(),
+        algorithm: Algorithm::TokenBucket,
+        cost: 1,
+    };
+    for key in &keys {
+        assert!(store.check_limits(&[check(key)]).await.unwrap().allowed());
+    }
+    for node in &cluster.nodes {
+        assert_eq!(node.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    }
+    for key in &keys {
+        assert!(store.check_limits(&[check(key)]).await.unwrap().allowed());
+    }
+    let stats = store.stats();
+    assert_eq!((stats.fallbacks, stats.errors), (0, 0), "{stats:?}");
+}
+
+/// A narrow per-user limit and a wider global one on different slots. The
+/// user's group is checked first; when the global one then denies, what the
+/// user's group took is refunded, so the denied request consumed nothing.
+async fn cross_slot(url: &str, algorithm: Algorithm, slot: &impl Fn(&str) -> String) {
+    let (user_q, global_q) = if algorithm == Algorithm::Concurrency {
+        (Quota::per_hour(3).unwrap(), Quota::per_hour(5).unwrap())
+    } else {
+        let q = |n, burst| Quota::per_second(n).unwrap().with_burst(burst).unwrap();
+        (q(4, 3), q(5, 5))
+    };
+    let global_key = format!("global-{algorithm}");
+    let user_keys: Vec<String> = (0..7).map(|i| format!("user-{i}-{algorithm}")).collect();
+    let seg = |k: &str| format!("x:{{{k}}}");
+    for u in &user_keys {
+        assert_ne!(
+            slot(&seg(u)),
+            slot(&seg(&global_key)),
+            "the test needs two slots"
+        );
+    }
+    let limit = |key: &str, quota, cost| Limit {
+        key: key.to_owned().leak(),
+        quota,
+        algorithm,
+        cost,
+    };
+    let clock = conformance::clock();
+    let memory = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
+    let store = manual_store(url, &clock).await;
+    // Five users spend the global budget.
+    for u in &user_keys[..5] {
+        let request = [limit(&global_key, global_q, 1), limit(u, user_q, 1)];
+        let redis = store.check_limits(&request).await.unwrap();
+        assert!(redis.allowed(), "{algorithm}");
+        assert_eq!(redis, memory.check_now(&request), "{algorithm}");
+    }
+    // A sixth: its own limit admits (checked first, narrower), the global one
+    // denies, and the user's admission is given back.
+    let request = [
+        limit(&global_key, global_q, 1),
+        limit(&user_keys[5], user_q, 1),
+    ];
+    let redis = store.check_limits(&request).await.unwrap();
+    let reference = memory.check_now(&request);
+    assert!(!redis.allowed(), "{algorithm}");
+    assert_eq!(
+        redis
+            .decisions
+            .iter()
+            .map(|d| d.allowed)
+            .collect::<Vec<_>>(),
+        reference
+            .decisions
+            .iter()
+            .map(|d| d.allowed)
+            .collect::<Vec<_>>(),
+        "{algorithm}"
+    );
+    assert_eq!(store.stats().refunds, 1, "{algorithm}");
+    // The refund is exact: the user is back to full, as in the memory store.
+    for key in [&user_keys[5], &global_key] {
+        let q = if key == &global_key { global_q } else { user_q };
+        let read = [limit(key, q, 0)];
+        assert_eq!(
+            store.check_limits(&read).await.unwrap(),
+            memory.check_now(&read),
+            "{algorithm}: {key} after the refund"
+        );
+    }
+    // And the user can spend its whole own budget elsewhere... once the global
+    // one allows again: a request of the user alone is admitted.
+    let alone = [limit(&user_keys[5], user_q, 1)];
+    assert_eq!(
+        store.check_limits(&alone).await.unwrap(),
+        memory.check_now(&alone)
+    );
+}

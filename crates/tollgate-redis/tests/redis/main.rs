@@ -1,0 +1,10 @@
+//! The Redis store against real servers: a `redis-server` and a 3-master Redis
+//! Cluster that the tests start on loopback ports (see `support`). Redis must be
+//! installed (`./scripts/test` installs it); a missing one fails, never skips.
+
+mod cluster;
+mod conformance;
+mod faults;
+mod hybrid;
+mod single;
+mod support;

@@ -1,0 +1,325 @@
+//! One `redis-server`: conformance with the memory store, TTLs, the deny cache,
+//! leases, script reloads and URLs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::{Algorithm, Limit, Quota, Store, StoreError};
+use tollgate_redis::{ConnectError, RedisConfig, RedisStore};
+use tollgate_store::{MemoryConfig, MemoryStore};
+
+use crate::conformance::{self, assert_same, assert_sane, run, scenarios};
+use crate::support::{RedisServer, manual_store, manual_store_with};
+
+fn limit(key: &str, quota: Quota, algorithm: Algorithm, cost: u64) -> Limit<'_> {
+    Limit {
+        key,
+        quota,
+        algorithm,
+        cost,
+    }
+}
+
+#[tokio::test]
+async fn conformance_reference_on_the_memory_store() {
+    for scenario in scenarios() {
+        let clock = conformance::clock();
+        let memory = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
+        let outcomes = run(&memory, &clock, &scenario).await;
+        assert_sane(&outcomes);
+        assert!(outcomes.iter().any(|o| o.allowed()), "{}", scenario.name);
+    }
+}
+
+#[tokio::test]
+async fn conformance_single_redis_decides_like_the_memory_store() {
+    let server = RedisServer::start();
+    for scenario in scenarios() {
+        let clock = conformance::clock();
+        let memory = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
+        let reference = run(&memory, &clock, &scenario).await;
+        assert!(
+            reference.iter().any(|o| !o.allowed()),
+            "{}: a scenario that never denies tests little",
+            scenario.name
+        );
+        let clock = conformance::clock();
+        let redis = manual_store(&server.url(), &clock).await;
+        let actual = run(&redis, &clock, &scenario).await;
+        assert_same(&scenario, &reference, &actual, "single Redis");
+        let stats = redis.stats();
+        assert_eq!((stats.fallbacks, stats.errors, stats.timeouts), (0, 0, 0));
+    }
+}
+
+#[tokio::test]
+async fn ttls_are_the_time_to_full_and_denies_never_extend_them() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(
+        &server.url(),
+        RedisConfig {
+            timeout: Duration::from_secs(5),
+            deny_cache_capacity: 0,
+            ..RedisConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let pttl = |key: &str| server.cli(&["PTTL", key]).trim().parse::<i64>().unwrap();
+    // GCRA, 10/s, burst 3: each admission adds 100 ms until full.
+    let q = Quota::per_second(10).unwrap().with_burst(3).unwrap();
+    let gcra = limit("user:7", q, Algorithm::Gcra, 1);
+    assert!(store.check_limits(&[gcra]).await.unwrap().allowed());
+    let key = "tollgate:gcra:{user:7}";
+    let t = pttl(key);
+    assert!((1..=100).contains(&t), "PTTL {t} after one admission");
+    store.check_limits(&[gcra, gcra]).await.unwrap();
+    let full = pttl(key);
+    assert!((150..=300).contains(&full), "PTTL {full} after three");
+    let denied = store.check_limits(&[gcra]).await.unwrap();
+    assert!(!denied.allowed());
+    assert!(pttl(key) <= full, "a deny extended the TTL");
+    // A read stores nothing.
+    store
+        .check_limits(&[limit("fresh", q, Algorithm::Gcra, 0)])
+        .await
+        .unwrap();
+    assert_eq!(server.cli(&["EXISTS", "tollgate:gcra:{fresh}"]).trim(), "0");
+    // Sliding log: both keys live one period after an admission.
+    let log = limit(
+        "{u}log",
+        Quota::per_minute(5).unwrap(),
+        Algorithm::SlidingLog,
+        1,
+    );
+    store.check_limits(&[log]).await.unwrap();
+    for key in ["tollgate:log:{u}:log", "tollgate:log.n:{u}:log"] {
+        let t = pttl(key);
+        assert!((59_000..=60_000).contains(&t), "{key}: PTTL {t}");
+    }
+    // Concurrency leases live for the quota's period.
+    let slots = limit(
+        "slots",
+        Quota::per_minute(2).unwrap(),
+        Algorithm::Concurrency,
+        1,
+    );
+    store.check_limits(&[slots]).await.unwrap();
+    let t = pttl("tollgate:lease:{slots}");
+    assert!((59_000..=60_000).contains(&t), "lease PTTL {t}");
+    // Redis's own TIME decides: 3 at once, then a retry of at most 100 ms.
+    assert_eq!(denied.decisions[0].limit, 3);
+    let retry = denied.decisions[0].retry_after.unwrap();
+    assert!(
+        retry <= Duration::from_millis(100) && retry > Duration::ZERO,
+        "{retry:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_deny_cache_answers_hot_denied_keys_without_redis() {
+    let server = RedisServer::start();
+    let clock = conformance::clock();
+    let store = manual_store_with(&server.url(), &clock, |c| c.deny_cache_capacity = 1024).await;
+    let q = Quota::per_second(10).unwrap().with_burst(2).unwrap();
+    let hot = limit("hot", q, Algorithm::Gcra, 1);
+    let other = limit(
+        "other",
+        Quota::per_second(100).unwrap(),
+        Algorithm::FixedWindow,
+        1,
+    );
+    assert!(store.check_limits(&[hot, hot]).await.unwrap().allowed());
+    let denied = store.check_limits(&[hot, other]).await.unwrap();
+    assert!(!denied.allowed());
+    assert_eq!(
+        denied.decisions[0].retry_after,
+        Some(Duration::from_millis(100))
+    );
+    let before = store.stats();
+    clock.advance(Duration::from_millis(40));
+    for cost in [1, 2] {
+        let cached = store
+            .check_limits(&[limit("hot", q, Algorithm::Gcra, cost), other])
+            .await
+            .unwrap();
+        assert!(!cached.allowed());
+        assert_eq!(
+            cached.decisions[0].retry_after,
+            Some(Duration::from_millis(60))
+        );
+    }
+    let after = store.stats();
+    assert_eq!(after.redis_checks, before.redis_checks, "no Redis call");
+    assert_eq!(after.deny_cache_hits, before.deny_cache_hits + 2);
+    // A cheaper request or another quota on the key is not "the same request".
+    let read = store
+        .check_limits(&[limit("hot", q, Algorithm::Gcra, 0)])
+        .await
+        .unwrap();
+    assert!(read.allowed());
+    assert_eq!(store.stats().redis_checks, after.redis_checks + 1);
+    // Once retry_after passes, Redis decides again, and admits.
+    clock.advance(Duration::from_millis(60));
+    assert!(store.check_limits(&[hot]).await.unwrap().allowed());
+    assert_eq!(store.stats().redis_checks, after.redis_checks + 2);
+    // The denied request consumed nothing from `other`: 100 - 1 = 99 left after
+    // the first check's admission... and the cached one never reached Redis.
+    let read = store
+        .check_limits(&[limit(
+            "other",
+            Quota::per_second(100).unwrap(),
+            Algorithm::FixedWindow,
+            0,
+        )])
+        .await
+        .unwrap();
+    assert_eq!(read.decisions[0].remaining, 100);
+}
+
+#[tokio::test]
+async fn concurrency_leases_are_released_by_their_holder_and_expire_when_it_crashes() {
+    let server = RedisServer::start();
+    let clock = conformance::clock();
+    let a = manual_store(&server.url(), &clock).await;
+    let b = manual_store(&server.url(), &clock).await;
+    let slots = limit(
+        "uploads",
+        Quota::per_minute(2).unwrap(),
+        Algorithm::Concurrency,
+        1,
+    );
+    assert!(a.check_limits(&[slots]).await.unwrap().allowed());
+    assert!(b.check_limits(&[slots]).await.unwrap().allowed());
+    let denied = a.check_limits(&[slots]).await.unwrap();
+    assert!(!denied.allowed());
+    assert_eq!(denied.decisions[0].retry_after, None);
+    // b releases its own lease only: a second release by b frees nothing of a's.
+    b.release_limits(&[slots]).await.unwrap();
+    b.release_limits(&[slots]).await.unwrap();
+    assert!(b.check_limits(&[slots]).await.unwrap().allowed());
+    assert!(!b.check_limits(&[slots]).await.unwrap().allowed());
+    // Both holders "crash" (never release): their leases expire after the period.
+    clock.advance(Duration::from_secs(59));
+    assert!(!a.check_limits(&[slots]).await.unwrap().allowed());
+    clock.advance(Duration::from_secs(1));
+    let after = a.check_limits(&[slots, slots]).await.unwrap();
+    assert!(after.allowed(), "expired leases free their permits");
+    assert_eq!(after.decisions[1].remaining, 0);
+}
+
+#[tokio::test]
+async fn quotas_beyond_exact_doubles_are_invalid_input_not_backend_errors() {
+    let server = RedisServer::start();
+    let clock = conformance::clock();
+    let store = manual_store(&server.url(), &clock).await;
+    let huge = Quota::new(1 << 53, Duration::from_secs(1 << 30)).unwrap();
+    let err = store
+        .check_limits(&[limit("k", huge, Algorithm::FixedWindow, 1)])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+    assert!(!err.is_retryable());
+    // A large but exact sliding counter is fine: a million a day, whose
+    // weighting multiplies counts by microseconds beyond 2^53.
+    let memory = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
+    let daily = Quota::new(1_000_000, Duration::from_secs(86_400)).unwrap();
+    let big = limit("daily", daily, Algorithm::SlidingCounter, 999_999);
+    assert!(store.check_limits(&[big]).await.unwrap().allowed());
+    assert!(memory.check_now(&[big]).allowed());
+    for step in [86_400 - 3_601, 7_207, 1, 3_333] {
+        clock.advance(Duration::from_secs(step) + Duration::from_micros(step));
+        for cost in [0, 1, 40_000, 500_000] {
+            let l = limit("daily", daily, Algorithm::SlidingCounter, cost);
+            let redis = store.check_limits(&[l]).await.unwrap();
+            let reference = memory.check_now(&[l]);
+            let ceil = |d: Duration| Duration::from_micros(d.as_nanos().div_ceil(1000) as u64);
+            assert_eq!(redis.decisions[0].allowed, reference.decisions[0].allowed);
+            assert_eq!(
+                redis.decisions[0].remaining,
+                reference.decisions[0].remaining
+            );
+            assert_eq!(
+                redis.decisions[0].retry_after,
+                reference.decisions[0].retry_after.map(ceil)
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn script_flush_is_survived_by_reloading_on_noscript() {
+    let server = RedisServer::start();
+    let clock = conformance::clock();
+    let store = manual_store(&server.url(), &clock).await;
+    let q = Quota::per_second(5).unwrap();
+    let l = limit("flushed", q, Algorithm::TokenBucket, 1);
+    assert!(store.check_limits(&[l]).await.unwrap().allowed());
+    assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    assert!(store.check_limits(&[l]).await.unwrap().allowed());
+    assert_eq!(
+        server
+            .cli(&["SCRIPT", "EXISTS", &script_sha(&server)])
+            .trim(),
+        "1"
+    );
+    let stats = store.stats();
+    assert_eq!((stats.fallbacks, stats.errors), (0, 0));
+}
+
+/// The SHA1 of the only script the server has loaded.
+fn script_sha(server: &RedisServer) -> String {
+    // SCRIPT LOAD of the same source is idempotent and returns its SHA.
+    let source = include_str!("../../src/tollgate.lua");
+    server.cli(&["SCRIPT", "LOAD", source]).trim().to_owned()
+}
+
+#[tokio::test]
+async fn urls_are_checked() {
+    let err = RedisStore::connect("http://localhost:6379", RedisConfig::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ConnectError::InvalidUrl { .. }), "{err}");
+    let err = RedisStore::connect("redis+cluster://", RedisConfig::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ConnectError::InvalidUrl { .. }), "{err}");
+    let err = RedisStore::connect(
+        "redis://127.0.0.1:1/0",
+        RedisConfig {
+            prefix: "a{b}".into(),
+            ..RedisConfig::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, ConnectError::Config(_)), "{err}");
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), RedisConfig::default())
+        .await
+        .unwrap();
+    assert!(!store.is_cluster());
+}
+
+#[tokio::test]
+async fn the_store_trait_is_implemented() {
+    let server = RedisServer::start();
+    let clock = conformance::clock();
+    let store = manual_store(&server.url(), &clock).await;
+    let l = [limit(
+        "trait",
+        Quota::per_second(1).unwrap(),
+        Algorithm::Gcra,
+        1,
+    )];
+    assert!(Store::check(&store, &l).await.unwrap().allowed());
+    assert!(!Store::check(&store, &l).await.unwrap().allowed());
+    Store::release(&store, &l).await.unwrap();
+    assert!(
+        Store::check(&store, &[])
+            .await
+            .unwrap()
+            .decisions
+            .is_empty()
+    );
+}
