@@ -23,9 +23,9 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use sfv::{Integer, KeyRef, ListSerializer, StringRef};
 use tollgate_core::{Algorithm, Decision, Nanos, Outcome, Quota};
 
 /// The version of the IETF draft whose `RateLimit-Policy` and `RateLimit`
@@ -146,12 +146,15 @@ impl HeaderStyle {
             return;
         };
         let d = &reported.decision;
+        // Every value is written into one buffer and split off it: one
+        // allocation for all of them rather than one (or two) each.
+        let mut values = Values(BytesMut::with_capacity(VALUES_CAPACITY));
         if self.x_ratelimit {
-            headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(d.limit));
-            headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(d.remaining));
+            headers.insert(X_RATELIMIT_LIMIT, values.number(d.limit));
+            headers.insert(X_RATELIMIT_REMAINING, values.number(d.remaining));
             headers.insert(
                 X_RATELIMIT_RESET,
-                HeaderValue::from(reset_epoch_secs(now, d.reset_after)),
+                values.number(reset_epoch_secs(now, d.reset_after)),
             );
         }
         if self.reset_after {
@@ -163,14 +166,35 @@ impl HeaderStyle {
             headers.insert(X_RATELIMIT_BUCKET, bucket);
         }
         if self.ietf {
-            if let Some(policy) = policy_field(limits) {
+            if let Some(policy) = policy_field(limits, &mut values) {
                 headers.insert(RATELIMIT_POLICY, policy);
             }
-            headers.insert(RATELIMIT, service_limit_field(reported));
+            headers.insert(RATELIMIT, service_limit_field(reported, &mut values));
         }
         if !d.allowed {
-            headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(d)));
+            headers.insert(RETRY_AFTER, values.number(retry_after_secs(d)));
         }
+    }
+}
+
+/// Room for the values of one response's headers, most of the time.
+const VALUES_CAPACITY: usize = 128;
+
+/// Header values written one after the other into one buffer.
+struct Values(BytesMut);
+
+impl Values {
+    /// A decimal number.
+    fn number(&mut self, n: u64) -> HeaderValue {
+        self.0
+            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        self.take()
+    }
+
+    /// Whatever was written since the last value.
+    fn take(&mut self) -> HeaderValue {
+        HeaderValue::from_maybe_shared(self.0.split().freeze())
+            .expect("digits and printable ASCII are a valid header value")
     }
 }
 
@@ -234,10 +258,8 @@ fn draft_window(quota: u64, window: Duration) -> (u64, u64) {
     )
 }
 
-/// A structured-field Integer; they stop at 15 digits.
-fn integer(n: u64) -> Integer {
-    Integer::try_from(n).unwrap_or(Integer::MAX)
-}
+/// The largest structured-field Integer: they stop at 15 digits.
+const INTEGER_MAX: u64 = 999_999_999_999_999;
 
 /// A name as a structured-field String: printable ASCII only (the serializer
 /// escapes `"` and `\`); anything else becomes `?`.
@@ -253,46 +275,103 @@ fn sf_string(name: &str) -> Cow<'_, str> {
     }
 }
 
-const Q: &KeyRef = KeyRef::constant("q");
-const QU: &KeyRef = KeyRef::constant("qu");
-const W: &KeyRef = KeyRef::constant("w");
-const R: &KeyRef = KeyRef::constant("r");
-const T: &KeyRef = KeyRef::constant("t");
+/// A structured-field List of Strings with parameters (RFC 8941 §4.1), the
+/// only shape these headers use, written straight into the response's
+/// [`Values`]: every response carries two of them, and a general serializer
+/// costs more than the rate limit check they describe. The tests parse the
+/// output with the `sfv` crate.
+struct List<'v> {
+    values: &'v mut Values,
+    empty: bool,
+}
+
+impl<'v> List<'v> {
+    fn new(values: &'v mut Values) -> Self {
+        Self {
+            values,
+            empty: true,
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        self.values.0.extend_from_slice(bytes);
+    }
+
+    /// Starts a member: `name` as a String (sanitized by [`sf_string`]).
+    fn member(&mut self, name: &str) -> &mut Self {
+        if !self.empty {
+            self.push(b", ");
+        }
+        self.empty = false;
+        self.push(b"\"");
+        for b in sf_string(name).bytes() {
+            if b == b'"' || b == b'\\' {
+                self.push(b"\\");
+            }
+            self.push(&[b]);
+        }
+        self.push(b"\"");
+        self
+    }
+
+    /// `;key=n`, an Integer parameter (clamped to [`INTEGER_MAX`]).
+    fn integer(&mut self, key: &str, n: u64) -> &mut Self {
+        self.push(b";");
+        self.push(key.as_bytes());
+        self.push(b"=");
+        self.push(itoa::Buffer::new().format(n.min(INTEGER_MAX)).as_bytes());
+        self
+    }
+
+    /// `;key="value"`, a String parameter (`value` needs no escaping).
+    fn string(&mut self, key: &str, value: &str) -> &mut Self {
+        self.push(b";");
+        self.push(key.as_bytes());
+        self.push(b"=\"");
+        self.push(value.as_bytes());
+        self.push(b"\"");
+        self
+    }
+
+    /// The header value; `None` for an empty list.
+    fn finish(self) -> Option<HeaderValue> {
+        if self.empty {
+            return None;
+        }
+        // Printable ASCII only, by construction.
+        Some(self.values.take())
+    }
+}
 
 /// `RateLimit-Policy`: one quota policy item per distinct name, in order.
-fn policy_field(limits: &[LimitReport<'_>]) -> Option<HeaderValue> {
-    let mut list = ListSerializer::new();
+fn policy_field(limits: &[LimitReport<'_>], values: &mut Values) -> Option<HeaderValue> {
+    let mut list = List::new(values);
     for (i, limit) in limits.iter().enumerate() {
         if limits[..i].iter().any(|l| l.name == limit.name) {
             continue;
         }
-        let name = sf_string(limit.name);
-        let name = StringRef::from_str(&name).expect("sanitized to printable ASCII");
-        let item = list.bare_item(name);
-        let _ = match (limit.concurrency, limit.window) {
+        let item = list.member(limit.name);
+        match (limit.concurrency, limit.window) {
             (true, _) | (false, None) => item
-                .parameter(Q, integer(limit.quota))
-                .parameter(QU, StringRef::constant("concurrent-requests")),
+                .integer("q", limit.quota)
+                .string("qu", "concurrent-requests"),
             (false, Some(window)) => {
                 let (q, w) = draft_window(limit.quota, window);
-                item.parameter(Q, integer(q)).parameter(W, integer(w))
+                item.integer("q", q).integer("w", w)
             }
         };
     }
-    let text = list.finish()?;
-    HeaderValue::from_str(&text).ok()
+    list.finish()
 }
 
 /// `RateLimit`: the reported limit's remaining units and, as `t`, seconds
 /// until it is full again (on an allow) or the `Retry-After` value (on a deny,
 /// so that `Retry-After` is never earlier than `t`, as the draft asks). A
 /// concurrency limit has no `t` on an allow: time does not refill it.
-fn service_limit_field(reported: &LimitReport<'_>) -> HeaderValue {
+fn service_limit_field(reported: &LimitReport<'_>, values: &mut Values) -> HeaderValue {
     let d = &reported.decision;
-    let name = sf_string(reported.name);
-    let name = StringRef::from_str(&name).expect("sanitized to printable ASCII");
-    let mut list = ListSerializer::new();
-    let item = list.bare_item(name).parameter(R, integer(d.remaining));
+    let mut list = List::new(values);
+    let item = list.member(reported.name).integer("r", d.remaining);
     let t = if !d.allowed {
         Some(retry_after_secs(d))
     } else if reported.concurrency {
@@ -301,10 +380,10 @@ fn service_limit_field(reported: &LimitReport<'_>) -> HeaderValue {
         Some(ceil_secs(d.reset_after))
     };
     if let Some(t) = t {
-        let _ = item.parameter(T, integer(t));
+        item.integer("t", t);
     }
-    let text = list.finish().expect("one member was written");
-    HeaderValue::from_str(&text).expect("a serialized structured field is a valid header value")
+    list.finish()
+        .expect("a serialized structured field is a valid header value")
 }
 
 #[cfg(test)]
@@ -538,6 +617,25 @@ mod tests {
         assert_eq!(reset_epoch_secs(3 * SEC, Duration::ZERO), 3);
         assert_eq!(reset_epoch_secs(3 * SEC, Duration::from_nanos(1)), 4);
         assert_eq!(reset_epoch_secs(u64::MAX, Duration::MAX), u64::MAX);
-        assert_eq!(integer(u64::MAX), Integer::MAX);
+        assert_eq!(i64::from(sfv::Integer::MAX), INTEGER_MAX as i64);
+    }
+
+    #[test]
+    fn integers_clamp_to_what_a_structured_field_holds() {
+        let q = Quota::per_second(3).unwrap();
+        let d = Decision {
+            allowed: false,
+            limit: 3,
+            remaining: u64::MAX,
+            reset_after: Duration::MAX,
+            retry_after: None,
+            delay: Duration::ZERO,
+        };
+        let limits = [LimitReport::new("k", &q, Algorithm::Gcra, d)];
+        let headers = written(HeaderStyle::ALL, &limits, EPOCH);
+        let field = header(&headers, &RATELIMIT).unwrap();
+        assert_eq!(field, r#""k";r=999999999999999;t=999999999999999"#);
+        let parsed: sfv::List = sfv::Parser::new(field).parse().unwrap();
+        assert_eq!(parsed.len(), 1);
     }
 }

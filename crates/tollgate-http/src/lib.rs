@@ -11,7 +11,8 @@
 //!   from trusted proxies, right-most untrusted hop first; IPv6 clients are
 //!   keyed by their /64.
 //! - [`RateLimitLayer`]: descriptors from the request ([`DescriptorSource`]:
-//!   client IP, a header, method and route, fixed values, composites),
+//!   client IP, a header or pseudo-header, a header match, method and
+//!   route, fixed values, composites: Envoy's rate limit actions),
 //!   resolved by a [`tollgate_policy::Policy`], checked in one store call,
 //!   with an optional local pre-check in front; 429 with a JSON body when
 //!   denied, headers on every response.
@@ -47,6 +48,7 @@ mod layer;
 pub use client_ip::{ClientIpConfig, ForwardedHeader};
 pub use headers::{HeaderStyle, LimitReport};
 pub use layer::{
-    Builder, ClientIpKey, Composite, DescriptorSource, FixedKey, HeaderKey, PolicyHandle,
-    RateLimit, RateLimitLayer, ResponseBody, RouteKey, RouteTemplate, future,
+    Builder, ClientIpKey, Composite, DescriptorSource, FixedKey, HeaderKey, HeaderMatch,
+    HeaderMatcher, InvalidField, PolicyHandle, RateLimit, RateLimitLayer, RequestField,
+    ResponseBody, RouteKey, RouteTemplate, ValueTest, future,
 };

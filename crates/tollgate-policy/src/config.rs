@@ -73,6 +73,19 @@ fn message(rendered: &str) -> &str {
     }
 }
 
+/// Reads YAML `text` into `T`, reporting what fails as a [`ConfigError`] that
+/// points at the line, as policy files do: for config files that sit beside a
+/// policy (the gateway's). `name` is how errors name the file.
+pub fn parse_yaml<T: serde::de::DeserializeOwned>(
+    name: impl AsRef<Path>,
+    text: &str,
+) -> Result<T, ConfigError> {
+    File {
+        path: name.as_ref(),
+    }
+    .parse(text)
+}
+
 #[derive(Deserialize)]
 struct Probe {
     rules: Option<IgnoredAny>,

@@ -26,6 +26,7 @@ mod policy;
 mod rule;
 mod tree;
 
+pub use config::parse_yaml;
 pub use descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 pub use error::{ConfigError, RequestError};
 pub use kill_switch::KillSwitch;

@@ -72,13 +72,24 @@ pub(crate) struct Domain {
     pub(crate) source: String,
 }
 
-/// The policy `tollgate serve` runs without `--config`.
-const BUILTIN: &str = include_str!("../default.yaml");
+/// The policy `tollgate serve` runs without `--config`: the service's domain
+/// `default` and the gateway's domain `gateway`, one file each.
+const BUILTIN: [(&str, &str); 2] = [
+    ("<built-in default.yaml>", include_str!("../default.yaml")),
+    ("<built-in gateway.yaml>", include_str!("../gateway.yaml")),
+];
 
 impl Policy {
-    /// The built-in default policy (see `default.yaml` in this crate).
+    /// The built-in default policy (see `default.yaml` and `gateway.yaml` in
+    /// this crate): domains `default` and `gateway`.
     pub fn builtin() -> Self {
-        Self::parse("<built-in default.yaml>", BUILTIN).expect("the built-in policy is valid")
+        let mut policy = Policy::default();
+        for (name, text) in BUILTIN {
+            policy
+                .add_file(Path::new(name), text)
+                .expect("the built-in policy is valid");
+        }
+        policy
     }
 
     /// Reads a config file, or every `.yaml`/`.yml` file of a directory (in
@@ -305,22 +316,44 @@ fn override_limit(
 }
 
 /// Length-prefixed parts, so no value can forge another key by containing a
-/// separator.
+/// separator. Written into one buffer: this runs for every limited descriptor.
 fn storage_key<'a>(domain: &str, id: &str, entries: impl Iterator<Item = &'a Entry>) -> String {
+    // Pushed piece by piece rather than with `write!`, whose formatting
+    // machinery costs more than the rest of the check.
     let mut key = String::with_capacity(64);
-    for part in [domain, id] {
-        key.push_str(&format!("{}:{part}|", part.len()));
+    let part = |key: &mut String, text: &str| {
+        push_decimal(key, text.len());
+        key.push(':');
+        key.push_str(text);
+    };
+    for text in [domain, id] {
+        part(&mut key, text);
+        key.push('|');
     }
     for e in entries {
-        key.push_str(&format!(
-            "{}:{}={}:{}|",
-            e.key.len(),
-            e.key,
-            e.value.len(),
-            e.value
-        ));
+        part(&mut key, &e.key);
+        key.push('=');
+        part(&mut key, &e.value);
+        key.push('|');
     }
     key
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[start..] {
+        out.push(char::from(d));
+    }
 }
 
 /// envoyproxy/ratelimit's `replaces`: a matched rule named in another matched
@@ -344,5 +377,24 @@ fn apply_replaces(resolved: &mut [Resolved]) {
         {
             *r = Resolved::Replaced(Arc::clone(&a.rule));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_keys_are_length_prefixed_parts() {
+        let entries = [Entry::new("remote_address", "10.0.0.1"), Entry::new("", "")];
+        assert_eq!(
+            storage_key("default", "per-ip", entries.iter()),
+            "7:default|6:per-ip|14:remote_address=8:10.0.0.1|0:=0:|"
+        );
+        let long = "x".repeat(1234);
+        assert!(storage_key(&long, "", std::iter::empty()).starts_with("1234:xxx"));
+        let mut s = String::new();
+        push_decimal(&mut s, usize::MAX);
+        assert_eq!(s, usize::MAX.to_string());
     }
 }

@@ -686,6 +686,13 @@ fn the_builtin_policy_and_every_example_are_valid() {
         one(&builtin, "default", &[("remote_address", "10.0.0.1")]),
         Resolved::Limit(_)
     ));
+    assert!(
+        matches!(
+            one(&builtin, "gateway", &[("remote_address", "2001:db8::/64")]),
+            Resolved::Limit(ref a) if a.rule.id() == "per-client-ip"
+        ),
+        "the gateway works with no config"
+    );
     let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
     let mut seen = 0;
     for entry in std::fs::read_dir(examples).into_iter().flatten().flatten() {

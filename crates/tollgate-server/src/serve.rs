@@ -20,13 +20,13 @@ use anyhow::{Context, bail};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tollgate_core::SystemClock;
 use tollgate_policy::Policy;
-use tollgate_store::{MemoryConfig, MemoryStore};
 use tracing_subscriber::EnvFilter;
 
 mod admin;
+mod backend;
 mod envoy_json;
+mod gateway;
 mod grpc;
 mod headers;
 mod http;
@@ -35,6 +35,7 @@ mod native;
 mod reload;
 mod service;
 
+use backend::Backend;
 use grpc::{RateLimitGrpc, RateLimitServiceServer};
 use http::AppState;
 use reload::Fingerprint;
@@ -45,9 +46,6 @@ const GRACE: Duration = Duration::from_secs(10);
 
 /// How often histograms are folded for `/metrics`.
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
-
-/// The store this build runs on.
-type Backend = MemoryStore<SystemClock>;
 
 /// The gRPC rate limit service over [`Backend`].
 type RlsServer = RateLimitServiceServer<RateLimitGrpc<Backend>>;
@@ -95,6 +93,9 @@ pub(crate) struct Args {
         hide_env_values = true
     )]
     admin_token: Option<admin::AdminToken>,
+
+    #[command(flatten, next_help_heading = "Gateway")]
+    gateway: gateway::Args,
 }
 
 /// A Redis URL whose scheme has been checked. Its `Debug` shows no password.
@@ -136,11 +137,6 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         .with_ansi(std::io::stderr().is_terminal())
         .try_init()
         .map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))?;
-    if args.redis.is_some() {
-        bail!(
-            "the Redis store is not available in this build yet; run without --redis (and TOLLGATE_REDIS) to use the in-memory store"
-        );
-    }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -163,6 +159,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let domains: Vec<&str> = policy.domains().collect();
     tracing::info!(?domains, source = %source(&args.config), "policy loaded");
 
+    let gateway = gateway::bind(args.gateway, &policy).await?;
     let http_listener = bind("HTTP", &args.http).await?;
     let grpc_listener = bind("gRPC", &args.grpc).await?;
     for (what, listener) in [("HTTP", &http_listener), ("gRPC", &grpc_listener)] {
@@ -175,7 +172,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let recorder = metrics::recorder().context("cannot set up metrics")?;
     let metrics_handle =
         metrics::install(recorder).map_err(|e| anyhow::anyhow!("cannot set up metrics: {e}"))?;
-    let store = MemoryStore::with_clock(MemoryConfig::default(), SystemClock);
+    let store = Backend::open(args.redis.as_ref().map(|url| url.0.as_str())).await?;
+    tracing::info!(store = store.describe(), "store ready");
     let limiter: Arc<RateLimiter<Backend>> = Arc::new(RateLimiter::new(policy, store));
     let (stop, stopped) = watch::channel(());
 
@@ -201,6 +199,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .with_graceful_shutdown(signalled(stopped.clone()));
     let mut http_task: JoinHandle<anyhow::Result<()>> =
         tokio::spawn(async move { http_server.await.context("the HTTP server failed") });
+    let mut gateway_task = gateway.map(|g| g.spawn(&limiter, stopped.clone()));
 
     if let (Some(path), Some(fingerprint)) = (args.config, fingerprint) {
         tokio::spawn(reload::watch(
@@ -219,6 +218,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         }
         result = &mut grpc_task => Some(("gRPC", result)),
         result = &mut http_task => Some(("HTTP", result)),
+        result = finished(&mut gateway_task) => Some(("gateway", result)),
     };
     health.set_not_serving::<RlsServer>().await;
     // One signal stops every listener and background task.
@@ -228,9 +228,16 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         bail!("the {which} server stopped unexpectedly");
     }
     let finished = tokio::time::timeout(GRACE, async {
-        let (grpc, http) = tokio::join!(grpc_task, http_task);
+        let gateway = async {
+            match gateway_task {
+                Some(task) => task.await,
+                None => Ok(Ok(())),
+            }
+        };
+        let (grpc, http, gateway) = tokio::join!(grpc_task, http_task, gateway);
         grpc.context("the gRPC server panicked")??;
         http.context("the HTTP server panicked")??;
+        gateway.context("the gateway panicked")??;
         anyhow::Ok(())
     })
     .await;
@@ -260,6 +267,16 @@ async fn bind(what: &str, addr: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen for {what} on {addr}"))
+}
+
+/// The result of an optional task; never resolves when there is no task.
+async fn finished<T>(
+    task: &mut Option<JoinHandle<anyhow::Result<T>>>,
+) -> Result<anyhow::Result<T>, tokio::task::JoinError> {
+    match task {
+        Some(task) => task.await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Resolves once the shutdown signal is sent (or its sender is gone).

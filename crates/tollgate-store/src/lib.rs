@@ -9,7 +9,9 @@
 //! state is back to full, and a hard cap on the number of keys, so a flood of
 //! unique keys cannot exhaust memory.
 
+mod clock;
 mod memory;
 mod shard;
 
+pub use clock::FastClock;
 pub use memory::{MemoryConfig, MemoryStore};

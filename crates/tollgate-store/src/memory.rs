@@ -1,25 +1,27 @@
 use std::future::{Future, ready};
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 use tollgate_core::{
     Algorithm, Clock, Concurrency, Decision, FixedWindow, Gcra, LeakyBucket, LeakyBucketShaping,
-    Limit, MonotonicClock, Nanos, Outcome, SlidingCounter, SlidingLog, StateMachine, Store,
-    StoreError, TokenBucket,
+    Limit, Nanos, Outcome, SlidingCounter, SlidingLog, StateMachine, Store, StoreError,
+    TokenBucket,
 };
 
+use crate::FastClock;
 use crate::shard::{Entry, Shard, Slot};
 
 /// How the memory store is sized.
 #[derive(Debug, Clone)]
 pub struct MemoryConfig {
-    /// The most keys held at once. When a shard is full, a new key evicts the
-    /// entry that is closest to full among a few; concurrency permits are never
-    /// evicted (live requests bound them).
+    /// The most keys held at once, split evenly across the shards. When a
+    /// shard is full, a new key evicts the entry that is closest to full among
+    /// a few; concurrency permits are never evicted (live requests bound them).
     pub max_keys: usize,
-    /// Number of shards, rounded up to a power of two. More shards, less contention.
+    /// Number of shards, rounded up to a power of two (and down to no more
+    /// than `max_keys`). More shards, less contention.
     pub shards: usize,
     /// How often each shard drops the entries whose state is back to full.
     pub sweep_interval: Duration,
@@ -43,23 +45,24 @@ struct Padded(Mutex<Shard>);
 /// The in-process store: keyed, sharded and bounded.
 ///
 /// A key is stored as a 128-bit keyed hash of its algorithm and name (two
-/// independently seeded hashes), so every entry has the same small size and no
-/// key string is kept; the seeds are random per store, so keys that collide
-/// cannot be crafted, and the chance that any two of a billion live keys
-/// collide is below 10⁻²⁰.
-pub struct MemoryStore<C = MonotonicClock> {
+/// independently seeded hashes of the name, with seeds of the algorithm's
+/// own), so every entry has the same small size and no key string is kept; the
+/// seeds are random per store, so keys that collide cannot be crafted, and the
+/// chance that any two of a billion live keys collide is below 10⁻²⁰.
+pub struct MemoryStore<C = FastClock> {
     shards: Box<[Padded]>,
     shard_shift: u32,
-    shard_cap: usize,
     sweep_ns: Nanos,
-    hashers: [foldhash::quality::RandomState; 2],
+    /// Two independent hashers per algorithm (see [`tag`]).
+    hashers: [[foldhash::quality::RandomState; 2]; ALGORITHMS],
     clock: C,
 }
 
 impl MemoryStore {
-    /// A store on the real monotonic clock.
+    /// A store on the real monotonic clock, read from the CPU's counter
+    /// ([`FastClock`]).
     pub fn new(config: MemoryConfig) -> Self {
-        Self::with_clock(config, MonotonicClock::new())
+        Self::with_clock(config, FastClock::new())
     }
 }
 
@@ -69,11 +72,10 @@ impl Default for MemoryStore {
     }
 }
 
-/// What to do with the state a step produces.
+/// What to do with the state a step of a multi-limit check produces (a single
+/// limit just writes it: see [`commit`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// Write it.
-    Commit,
     /// Write it and remember how to take it back.
     Undoable,
     /// Only report: another limit of the request already denied it.
@@ -85,13 +87,21 @@ type Undo = Box<dyn FnOnce(&mut Shard) + Send>;
 impl<C: Clock> MemoryStore<C> {
     /// A store that reads time from `clock`.
     pub fn with_clock(config: MemoryConfig, clock: C) -> Self {
-        let shards = config.shards.clamp(1, 1 << 16).next_power_of_two();
+        let max_keys = config.max_keys.max(1);
+        // No more shards than keys, so that every shard holds at least one and
+        // the shards' caps add up to exactly `max_keys`.
+        let most_shards = 1 << max_keys.ilog2();
+        let shards = config
+            .shards
+            .clamp(1, 1 << 16)
+            .next_power_of_two()
+            .min(most_shards);
+        let cap = |i: usize| max_keys / shards + usize::from(i < max_keys % shards);
         Self {
             shards: (0..shards)
-                .map(|_| Padded(Mutex::new(Shard::new())))
+                .map(|i| Padded(Mutex::new(Shard::new(cap(i)))))
                 .collect(),
             shard_shift: 64 - shards.trailing_zeros(),
-            shard_cap: config.max_keys.div_ceil(shards).max(1),
             sweep_ns: u64::try_from(config.sweep_interval.as_nanos()).unwrap_or(u64::MAX),
             hashers: Default::default(),
             clock,
@@ -110,8 +120,10 @@ impl<C: Clock> MemoryStore<C> {
             [] => Outcome::default(),
             [limit] => {
                 let (key, shard) = self.locate(limit);
-                let mut guard = self.lock(shard, now);
-                let (decision, _) = self.step(&mut guard, key, limit, now, Mode::Commit);
+                let decision = {
+                    let mut guard = self.lock(shard, now);
+                    self.commit(&mut guard, key, limit, now)
+                };
                 Outcome {
                     decisions: smallvec::smallvec![decision],
                 }
@@ -120,6 +132,8 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
+    // Out of line, so that the single-limit path stays small.
+    #[inline(never)]
     fn check_all(&self, limits: &[Limit<'_>], now: Nanos) -> Outcome {
         let located: SmallVec<[(u128, usize); 4]> = limits.iter().map(|l| self.locate(l)).collect();
         // Lock every shard involved in one global order, so two requests that
@@ -159,10 +173,10 @@ impl<C: Clock> MemoryStore<C> {
             let (key, shard) = self.locate(limit);
             let mut guard = self.lock(shard, now);
             let table = u64::table(&mut guard);
-            if let Some(entry) = table.get_mut(&key) {
+            if let Some(entry) = table.get_mut(key) {
                 Concurrency::release(&mut entry.state, limit.cost);
                 if entry.state == 0 {
-                    table.remove(&key);
+                    table.remove(key);
                 }
             }
         }
@@ -186,10 +200,19 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
+    #[inline(always)]
     fn locate(&self, limit: &Limit<'_>) -> (u128, usize) {
-        let id = (limit.algorithm.name(), limit.key);
-        let high = self.hashers[0].hash_one(id);
-        let low = self.hashers[1].hash_one(id);
+        // The algorithm picks the seeds rather than being hashed along: the
+        // same identity (shaping ignores `delay_after`, as its name does) for
+        // a third of the hashing. A name alone is one `write`, whose length
+        // foldhash mixes in, so no terminator is needed.
+        let [first, second] = &self.hashers[usize::from(tag(limit.algorithm))];
+        let hash = |hasher: &foldhash::quality::RandomState| {
+            let mut state = hasher.build_hasher();
+            state.write(limit.key.as_bytes());
+            state.finish()
+        };
+        let (high, low) = (hash(first), hash(second));
         // One shard means a shift by 64, which is zero, not an overflow.
         let shard = high.checked_shr(self.shard_shift).unwrap_or(0) as usize;
         ((u128::from(high) << 64) | u128::from(low), shard)
@@ -201,6 +224,22 @@ impl<C: Clock> MemoryStore<C> {
         guard
     }
 
+    /// One limit alone: no undo to prepare, nothing to peek.
+    fn commit(&self, shard: &mut Shard, key: u128, limit: &Limit<'_>, now: Nanos) -> Decision {
+        match limit.algorithm {
+            Algorithm::TokenBucket => commit(&TokenBucket, shard, key, limit, now),
+            Algorithm::Gcra => commit(&Gcra, shard, key, limit, now),
+            Algorithm::LeakyBucket => commit(&LeakyBucket, shard, key, limit, now),
+            Algorithm::LeakyBucketShaping { delay_after } => {
+                commit(&LeakyBucketShaping { delay_after }, shard, key, limit, now)
+            }
+            Algorithm::FixedWindow => commit(&FixedWindow, shard, key, limit, now),
+            Algorithm::SlidingLog => commit(&SlidingLog, shard, key, limit, now),
+            Algorithm::SlidingCounter => commit(&SlidingCounter, shard, key, limit, now),
+            Algorithm::Concurrency => commit(&Concurrency, shard, key, limit, now),
+        }
+    }
+
     fn step(
         &self,
         shard: &mut Shard,
@@ -209,11 +248,10 @@ impl<C: Clock> MemoryStore<C> {
         now: Nanos,
         mode: Mode,
     ) -> (Decision, Option<Undo>) {
-        let cap = self.shard_cap;
         match limit.algorithm {
-            Algorithm::TokenBucket => step(&TokenBucket, shard, key, limit, now, mode, cap),
-            Algorithm::Gcra => step(&Gcra, shard, key, limit, now, mode, cap),
-            Algorithm::LeakyBucket => step(&LeakyBucket, shard, key, limit, now, mode, cap),
+            Algorithm::TokenBucket => step(&TokenBucket, shard, key, limit, now, mode),
+            Algorithm::Gcra => step(&Gcra, shard, key, limit, now, mode),
+            Algorithm::LeakyBucket => step(&LeakyBucket, shard, key, limit, now, mode),
             Algorithm::LeakyBucketShaping { delay_after } => step(
                 &LeakyBucketShaping { delay_after },
                 shard,
@@ -221,13 +259,30 @@ impl<C: Clock> MemoryStore<C> {
                 limit,
                 now,
                 mode,
-                cap,
             ),
-            Algorithm::FixedWindow => step(&FixedWindow, shard, key, limit, now, mode, cap),
-            Algorithm::SlidingLog => step(&SlidingLog, shard, key, limit, now, mode, cap),
-            Algorithm::SlidingCounter => step(&SlidingCounter, shard, key, limit, now, mode, cap),
-            Algorithm::Concurrency => step(&Concurrency, shard, key, limit, now, mode, cap),
+            Algorithm::FixedWindow => step(&FixedWindow, shard, key, limit, now, mode),
+            Algorithm::SlidingLog => step(&SlidingLog, shard, key, limit, now, mode),
+            Algorithm::SlidingCounter => step(&SlidingCounter, shard, key, limit, now, mode),
+            Algorithm::Concurrency => step(&Concurrency, shard, key, limit, now, mode),
         }
+    }
+}
+
+/// How many algorithms [`tag`] tells apart.
+const ALGORITHMS: usize = 8;
+
+/// The algorithm's part of a key's identity: one number per algorithm, as
+/// distinct as their names.
+fn tag(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::TokenBucket => 0,
+        Algorithm::Gcra => 1,
+        Algorithm::LeakyBucket => 2,
+        Algorithm::LeakyBucketShaping { .. } => 3,
+        Algorithm::FixedWindow => 4,
+        Algorithm::SlidingLog => 5,
+        Algorithm::SlidingCounter => 6,
+        Algorithm::Concurrency => 7,
     }
 }
 
@@ -241,6 +296,35 @@ fn expiry(decision: &Decision, now: Nanos, concurrency: bool) -> Nanos {
     now.saturating_add(reset)
 }
 
+/// One limit alone: write what it decides, with none of [`step`]'s undo and
+/// peek machinery. The path of most checks.
+#[inline]
+fn commit<M>(machine: &M, shard: &mut Shard, key: u128, limit: &Limit<'_>, now: Nanos) -> Decision
+where
+    M: StateMachine,
+    M::State: Slot,
+{
+    let concurrency = limit.algorithm == Algorithm::Concurrency;
+    let table = M::State::table(shard);
+    if let Some(entry) = table.get_mut(key) {
+        let decision = machine.step(&limit.quota, &mut entry.state, now, limit.cost);
+        if decision.allowed && limit.cost > 0 {
+            entry.expires_at = expiry(&decision, now, concurrency);
+        }
+        return decision;
+    }
+    let mut state = M::State::default();
+    let decision = machine.step(&limit.quota, &mut state, now, limit.cost);
+    if decision.allowed && limit.cost > 0 {
+        let entry = Entry {
+            state,
+            expires_at: expiry(&decision, now, concurrency),
+        };
+        shard.insert_new(key, entry);
+    }
+    decision
+}
+
 fn step<M>(
     machine: &M,
     shard: &mut Shard,
@@ -248,7 +332,6 @@ fn step<M>(
     limit: &Limit<'_>,
     now: Nanos,
     mode: Mode,
-    cap: usize,
 ) -> (Decision, Option<Undo>)
 where
     M: StateMachine,
@@ -257,7 +340,7 @@ where
     let concurrency = limit.algorithm == Algorithm::Concurrency;
     let writes = |d: &Decision| d.allowed && limit.cost > 0 && mode != Mode::Peek;
     let table = M::State::table(shard);
-    if let Some(entry) = table.get_mut(&key) {
+    if let Some(entry) = table.get_mut(key) {
         if mode == Mode::Peek {
             let mut state = entry.state.clone();
             return (
@@ -286,15 +369,14 @@ where
     if !writes(&decision) {
         return (decision, None);
     }
-    shard.make_room(cap);
     let entry = Entry {
         state,
         expires_at: expiry(&decision, now, concurrency),
     };
-    M::State::table(shard).insert(key, entry);
+    shard.insert_new(key, entry);
     let undo = (mode == Mode::Undoable).then(|| -> Undo {
         Box::new(move |shard: &mut Shard| {
-            M::State::table(shard).remove(&key);
+            M::State::table(shard).remove(key);
         })
     });
     (decision, undo)

@@ -137,6 +137,27 @@ fn the_key_cap_holds_under_a_flood_of_unique_keys() {
 }
 
 #[test]
+fn a_flood_fills_the_key_cap_exactly_and_no_further() {
+    for (max_keys, shards) in [(1000, 8), (1000, 128), (3, 128), (1, 1)] {
+        let (store, _) = store(MemoryConfig {
+            max_keys,
+            shards,
+            ..MemoryConfig::default()
+        });
+        let q = per_second(5);
+        for i in 0..50 * max_keys {
+            let key = format!("attacker:{i}");
+            assert!(
+                store
+                    .check_now(&[limit(&key, q, Algorithm::Gcra)])
+                    .allowed()
+            );
+        }
+        assert_eq!(store.len(), max_keys, "{max_keys} keys in {shards} shards");
+    }
+}
+
+#[test]
 fn concurrency_permits_are_held_until_released_and_never_evicted() {
     let (store, clock) = store(MemoryConfig {
         max_keys: 8,

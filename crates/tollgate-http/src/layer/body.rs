@@ -31,6 +31,14 @@ impl<B> ResponseBody<B> {
         }
     }
 
+    /// Whether this is the inner service's body: for a response from a
+    /// [`RateLimit`](crate::RateLimit), whether the request went through to
+    /// the inner service rather than being answered by the layer (a 429, or a
+    /// 503 when the store failed closed).
+    pub fn is_inner(&self) -> bool {
+        matches!(self.kind, Kind::Inner { .. })
+    }
+
     /// A complete body of `data`.
     pub fn full(data: Bytes) -> Self {
         let data = (!data.is_empty()).then_some(data);
@@ -80,5 +88,17 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tells_the_inner_body_from_the_layers_own() {
+        let own: ResponseBody<ResponseBody<()>> = ResponseBody::full(Bytes::from_static(b"{}"));
+        assert!(!own.is_inner());
+        assert!(ResponseBody::inner(ResponseBody::<()>::full(Bytes::new())).is_inner());
     }
 }

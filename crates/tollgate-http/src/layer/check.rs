@@ -103,9 +103,11 @@ struct Layers<'a> {
 
 impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
     fn descriptors(&self, request: &Parts) -> Vec<Descriptor> {
+        // A descriptor with no entries (a custom source's) limits nothing.
         self.sources
             .iter()
             .filter_map(|source| source.descriptor(request))
+            .filter(|descriptor| !descriptor.entries.is_empty())
             .collect()
     }
 
@@ -303,12 +305,14 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
         if grpc {
             return grpc_status(headers, GRPC_RESOURCE_EXHAUSTED, &message);
         }
-        let body = serde_json::json!({
-            "error": "rate_limit_exceeded",
-            "message": message,
-            "retry_after": retry_after,
-        });
-        json(StatusCode::TOO_MANY_REQUESTS, headers, &body)
+        // Written straight into one string rather than built as a
+        // `serde_json::Value` map: denials come in floods. The message
+        // quotes a rule name, so it is escaped as a JSON string.
+        let message = serde_json::Value::from(message);
+        let body = format!(
+            r#"{{"error":"rate_limit_exceeded","message":{message},"retry_after":{retry_after}}}"#
+        );
+        json_text(StatusCode::TOO_MANY_REQUESTS, headers, body)
     }
 }
 
@@ -371,7 +375,11 @@ fn unavailable(grpc: bool) -> Response<Bytes> {
 }
 
 fn json(status: StatusCode, headers: HeaderMap, body: &serde_json::Value) -> Response<Bytes> {
-    let mut response = Response::new(Bytes::from(body.to_string()));
+    json_text(status, headers, body.to_string())
+}
+
+fn json_text(status: StatusCode, headers: HeaderMap, body: String) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response

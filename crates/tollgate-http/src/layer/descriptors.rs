@@ -3,10 +3,10 @@
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
-use http::HeaderName;
 use http::request::Parts;
 use tollgate_policy::{Descriptor, Entry};
 
+use super::{HeaderMatcher, RequestField};
 use crate::ClientIpConfig;
 
 /// Makes one descriptor (one rate limit layer) from a request's head.
@@ -106,19 +106,21 @@ impl DescriptorSource for ClientIpKey {
 }
 
 /// A request header's value (an API key, an authenticated user id set by an
-/// auth layer in front) as the descriptor entry `descriptor_key`; no
-/// descriptor when the header is missing or not visible ASCII.
+/// auth layer in front) as the descriptor entry `descriptor_key`, Envoy's
+/// `request_headers` action; no descriptor when the header is missing or not
+/// visible ASCII. Pseudo-headers (`:method`, `:path`, …) are read too: see
+/// [`RequestField`].
 #[derive(Debug, Clone)]
 pub struct HeaderKey {
-    header: HeaderName,
+    field: RequestField,
     key: String,
 }
 
 impl HeaderKey {
     /// The value of `header` as the entry `descriptor_key`.
-    pub fn new(header: HeaderName, descriptor_key: impl Into<String>) -> Self {
+    pub fn new(header: impl Into<RequestField>, descriptor_key: impl Into<String>) -> Self {
         Self {
-            header,
+            field: header.into(),
             key: descriptor_key.into(),
         }
     }
@@ -126,8 +128,58 @@ impl HeaderKey {
 
 impl DescriptorSource for HeaderKey {
     fn descriptor(&self, request: &Parts) -> Option<Descriptor> {
-        let value = request.headers.get(&self.header)?.to_str().ok()?;
+        let value = self.field.value(request)?;
         Some(single(&self.key, value))
+    }
+}
+
+/// A fixed entry when the request passes tests on its headers, Envoy's
+/// `header_value_match` action: `header_match=<descriptor_value>` when every
+/// [`HeaderMatcher`] matches (or, with `expect_match(false)`, when not all
+/// do); no descriptor otherwise.
+#[derive(Debug, Clone)]
+pub struct HeaderMatch {
+    key: String,
+    value: String,
+    headers: Vec<HeaderMatcher>,
+    expect_match: bool,
+}
+
+impl HeaderMatch {
+    /// The entry `header_match=<descriptor_value>`, given when the tests
+    /// added with [`HeaderMatch::header`] all pass.
+    pub fn new(descriptor_value: impl Into<String>) -> Self {
+        Self {
+            key: "header_match".into(),
+            value: descriptor_value.into(),
+            headers: Vec::new(),
+            expect_match: true,
+        }
+    }
+
+    /// Names the descriptor entry `key` instead of `header_match`.
+    pub fn descriptor_key(mut self, key: impl Into<String>) -> Self {
+        self.key = key.into();
+        self
+    }
+
+    /// Adds a test; the request must pass all of them.
+    pub fn header(mut self, matcher: HeaderMatcher) -> Self {
+        self.headers.push(matcher);
+        self
+    }
+
+    /// With `false`, the entry is given when the tests do *not* all pass.
+    pub fn expect_match(mut self, expect: bool) -> Self {
+        self.expect_match = expect;
+        self
+    }
+}
+
+impl DescriptorSource for HeaderMatch {
+    fn descriptor(&self, request: &Parts) -> Option<Descriptor> {
+        let matched = self.headers.iter().all(|h| h.matches(request));
+        (matched == self.expect_match).then(|| single(&self.key, self.value.as_str()))
     }
 }
 
@@ -147,6 +199,7 @@ pub struct RouteTemplate(pub Cow<'static, str>);
 pub struct RouteKey {
     key: String,
     raw_paths: bool,
+    method: bool,
 }
 
 impl Default for RouteKey {
@@ -161,6 +214,17 @@ impl RouteKey {
         Self {
             key: "route".into(),
             raw_paths: true,
+            method: true,
+        }
+    }
+
+    /// The template alone, without the method, as `path` (e.g.
+    /// `/users/{id}`), falling back to the raw path (without the query).
+    pub fn path() -> Self {
+        Self {
+            key: "path".into(),
+            raw_paths: true,
+            method: false,
         }
     }
 
@@ -195,7 +259,11 @@ impl DescriptorSource for RouteKey {
             None if self.raw_paths => request.uri.path(),
             None => return None,
         };
-        Some(single(&self.key, format!("{} {path}", request.method)))
+        if self.method {
+            Some(single(&self.key, format!("{} {path}", request.method)))
+        } else {
+            Some(single(&self.key, path))
+        }
     }
 }
 
@@ -231,10 +299,12 @@ impl DescriptorSource for FixedKey {
 }
 
 /// One descriptor made of the entries of several sources, in order (e.g. user
-/// and route for a per-user, per-route limit); none when any part gives none.
+/// and route for a per-user, per-route limit), as an Envoy `rate_limits` entry
+/// with several actions makes one: none when any required part gives none,
+/// or when no part gives any entry.
 #[derive(Default)]
 pub struct Composite {
-    parts: Vec<Box<dyn DescriptorSource>>,
+    parts: Vec<(Box<dyn DescriptorSource>, bool)>,
 }
 
 impl Composite {
@@ -243,9 +313,17 @@ impl Composite {
         Self::default()
     }
 
-    /// Appends the entries of `part`'s descriptor.
+    /// Appends the entries of `part`'s descriptor; without them, the
+    /// composite gives no descriptor.
     pub fn with(mut self, part: impl DescriptorSource) -> Self {
-        self.parts.push(Box::new(part));
+        self.parts.push((Box::new(part), true));
+        self
+    }
+
+    /// Appends the entries of `part`'s descriptor when it gives one, and
+    /// nothing otherwise (Envoy's `skip_if_absent`).
+    pub fn with_optional(mut self, part: impl DescriptorSource) -> Self {
+        self.parts.push((Box::new(part), false));
         self
     }
 }
@@ -260,14 +338,15 @@ impl std::fmt::Debug for Composite {
 
 impl DescriptorSource for Composite {
     fn descriptor(&self, request: &Parts) -> Option<Descriptor> {
-        if self.parts.is_empty() {
-            return None;
-        }
         let mut entries = Vec::new();
-        for part in &self.parts {
-            entries.extend(part.descriptor(request)?.entries);
+        for (part, required) in &self.parts {
+            match part.descriptor(request) {
+                Some(descriptor) => entries.extend(descriptor.entries),
+                None if *required => return None,
+                None => {}
+            }
         }
-        Some(Descriptor {
+        (!entries.is_empty()).then(|| Descriptor {
             entries,
             ..Descriptor::default()
         })
@@ -276,7 +355,9 @@ impl DescriptorSource for Composite {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderValue, Request};
+    use http::{HeaderName, HeaderValue, Request};
+
+    use crate::ValueTest;
 
     use super::*;
 
@@ -375,10 +456,62 @@ mod tests {
         assert_eq!(entries(broken.descriptor(&head)), None);
         assert_eq!(entries(Composite::new().descriptor(&head)), None);
 
+        assert_eq!(
+            entries(RouteKey::path().descriptor(&head)),
+            Some(vec![pair("path", "/v1/search")])
+        );
+        let method = HeaderKey::new(RequestField::Method, "method");
+        assert_eq!(
+            entries(method.descriptor(&head)),
+            Some(vec![pair("method", "POST")])
+        );
+        let skipping = Composite::new()
+            .with(FixedKey::new("search"))
+            .with_optional(HeaderKey::new(HeaderName::from_static("x-user"), "user"));
+        assert_eq!(
+            entries(skipping.descriptor(&head)),
+            Some(vec![pair("generic_key", "search")]),
+            "an optional part that gives nothing is skipped"
+        );
+        let nothing = Composite::new()
+            .with_optional(HeaderKey::new(HeaderName::from_static("x-user"), "user"));
+        assert_eq!(entries(nothing.descriptor(&head)), None);
+
         let closure = |p: &Parts| Some(single("method", p.method.as_str()));
         assert_eq!(
             entries(closure.descriptor(&head)),
             Some(vec![pair("method", "POST")])
+        );
+    }
+
+    #[test]
+    fn header_match_gives_its_value_when_the_tests_pass() {
+        let mut request = Request::post("/v1/items").body(()).unwrap();
+        request
+            .headers_mut()
+            .insert("x-tier", HeaderValue::from_static("free"));
+        let head = parts(request);
+        let post = HeaderMatcher::new(RequestField::Method, ValueTest::Exact("POST".into()));
+        let free = HeaderMatcher::new(
+            HeaderName::from_static("x-tier"),
+            ValueTest::Prefix("fr".into()),
+        );
+        let writes = HeaderMatch::new("free-writes")
+            .header(post.clone())
+            .header(free);
+        assert_eq!(
+            entries(writes.descriptor(&head)),
+            Some(vec![pair("header_match", "free-writes")])
+        );
+        let not_post = HeaderMatch::new("reads")
+            .descriptor_key("kind")
+            .header(post)
+            .expect_match(false);
+        assert_eq!(entries(not_post.descriptor(&head)), None);
+        let get = Request::get("/").body(()).unwrap();
+        assert_eq!(
+            entries(not_post.descriptor(&parts(get))),
+            Some(vec![pair("kind", "reads")])
         );
     }
 }

@@ -4,6 +4,7 @@
 mod body;
 mod check;
 mod descriptors;
+mod fields;
 pub mod future;
 #[expect(
     clippy::module_inception,
@@ -15,8 +16,10 @@ mod service;
 
 pub use body::ResponseBody;
 pub use descriptors::{
-    ClientIpKey, Composite, DescriptorSource, FixedKey, HeaderKey, RouteKey, RouteTemplate,
+    ClientIpKey, Composite, DescriptorSource, FixedKey, HeaderKey, HeaderMatch, RouteKey,
+    RouteTemplate,
 };
+pub use fields::{HeaderMatcher, InvalidField, RequestField, ValueTest};
 pub use layer::{Builder, RateLimitLayer};
 pub use policy_handle::PolicyHandle;
 pub use service::RateLimit;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ResponseUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -45,7 +46,7 @@ impl<S: Store + 'static> RateLimitService for RateLimitGrpc<S> {
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
-        let answer = should_rate_limit(&self.limiter, &request.into_inner()).await;
+        let answer = should_rate_limit(&self.limiter, request.into_inner()).await;
         metrics::check(Api::Grpc, result_of(&answer), started.elapsed());
         answer.map(Response::new)
     }
@@ -64,9 +65,9 @@ pub(crate) fn result_of(answer: &Result<RateLimitResponse, Status>) -> CheckResu
 /// `INVALID_ARGUMENT` with the reason.
 pub(crate) async fn should_rate_limit<S: Store>(
     limiter: &RateLimiter<S>,
-    request: &RateLimitRequest,
+    mut request: RateLimitRequest,
 ) -> Result<RateLimitResponse, Status> {
-    let descriptors = descriptors(request)?;
+    let descriptors = descriptors(std::mem::take(&mut request.descriptors))?;
     let verdict = limiter
         .check(&Request {
             domain: &request.domain,
@@ -78,10 +79,10 @@ pub(crate) async fn should_rate_limit<S: Store>(
     Ok(response(&verdict))
 }
 
-fn descriptors(request: &RateLimitRequest) -> Result<Vec<Descriptor>, Status> {
-    request
-        .descriptors
-        .iter()
+/// The request's descriptors, their strings moved rather than copied.
+fn descriptors(descriptors: Vec<RateLimitDescriptor>) -> Result<Vec<Descriptor>, Status> {
+    descriptors
+        .into_iter()
         .enumerate()
         .map(|(index, d)| {
             if d.is_negative_hits {
@@ -92,8 +93,8 @@ fn descriptors(request: &RateLimitRequest) -> Result<Vec<Descriptor>, Status> {
             Ok(Descriptor {
                 entries: d
                     .entries
-                    .iter()
-                    .map(|e| Entry::new(e.key.as_str(), e.value.as_str()))
+                    .into_iter()
+                    .map(|e| Entry::new(e.key, e.value))
                     .collect(),
                 limit: d.limit.map(|o| limit_override(index, o)).transpose()?,
                 hits_addend: d.hits_addend.map(|h| h.value),

@@ -34,10 +34,12 @@ pub(crate) fn envoy(verdict: &Verdict) -> Vec<(&'static str, String)> {
     else {
         return Vec::new();
     };
+    // itoa rather than `to_string`: this runs on every gRPC check.
+    let decimal = |n: u64| itoa::Buffer::new().format(n).to_owned();
     vec![
-        (LIMIT, requests_per_unit.to_string()),
-        (REMAINING, decision.remaining.to_string()),
-        (RESET, ceil_secs(decision.reset_after).to_string()),
+        (LIMIT, decimal(requests_per_unit)),
+        (REMAINING, decimal(decision.remaining)),
+        (RESET, decimal(ceil_secs(decision.reset_after))),
     ]
 }
 

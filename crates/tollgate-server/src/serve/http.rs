@@ -25,7 +25,7 @@ use tollgate_core::Store;
 
 use super::admin::{self, AdminToken};
 use super::service::RateLimiter;
-use super::{envoy_json, native};
+use super::{envoy_json, metrics, native};
 
 /// What every handler shares.
 pub(crate) struct AppState<S> {
@@ -85,7 +85,7 @@ pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>) -> Router {
 async fn render_metrics<S: Store + 'static>(State(state): State<Arc<AppState<S>>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
+        metrics::render(&state.metrics),
     )
         .into_response()
 }

@@ -8,6 +8,7 @@
 //! denials are only counted. What comes back is a [`Verdict`]: one
 //! [`DescriptorVerdict`] per descriptor, in request order.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,9 +31,13 @@ const ADHOC_PREFIX: &str = "adhoc:";
 const PROBE_KEY: &str = "probe:readyz";
 
 /// The shared check path: the current policy, the kill switch and the store.
+///
+/// The gateway's layer shares all three (see [`RateLimiter::policy_cell`],
+/// [`RateLimiter::kill_switch`] and [`Shared`]), so a reload, a kill switch
+/// or a key's state is one thing for every API.
 pub(crate) struct RateLimiter<S> {
-    policy: ArcSwap<Policy>,
-    kill_switch: KillSwitch,
+    policy: Arc<ArcSwap<Policy>>,
+    kill_switch: Arc<KillSwitch>,
     store: S,
 }
 
@@ -183,10 +188,15 @@ impl<S: Store> RateLimiter<S> {
     /// A limiter enforcing `policy` with state in `store`.
     pub(crate) fn new(policy: Policy, store: S) -> Self {
         Self {
-            policy: ArcSwap::from_pointee(policy),
-            kill_switch: KillSwitch::default(),
+            policy: Arc::new(ArcSwap::from_pointee(policy)),
+            kill_switch: Arc::new(KillSwitch::default()),
             store,
         }
+    }
+
+    /// The cell the policy lives in, for others that follow its reloads.
+    pub(crate) fn policy_cell(&self) -> Arc<ArcSwap<Policy>> {
+        Arc::clone(&self.policy)
     }
 
     /// The policy in force now.
@@ -200,7 +210,7 @@ impl<S: Store> RateLimiter<S> {
     }
 
     /// The run-time switch that turns enforcement off and on.
-    pub(crate) fn kill_switch(&self) -> &KillSwitch {
+    pub(crate) fn kill_switch(&self) -> &Arc<KillSwitch> {
         &self.kill_switch
     }
 
@@ -358,6 +368,24 @@ impl<S: Store> RateLimiter<S> {
     }
 }
 
+/// The limiter's store as a [`Store`] of its own, for the gateway's layer:
+/// its checks reach the same state as the APIs' and are timed in the same
+/// store metrics.
+pub(crate) struct Shared<S>(pub(crate) Arc<RateLimiter<S>>);
+
+impl<S: Store> Store for Shared<S> {
+    fn check(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
+        self.0.timed_check(limits)
+    }
+
+    fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.0.store.release(limits)
+    }
+}
+
 /// Counts each matched descriptor's decision (unmatched ones carry no
 /// config-bounded labels).
 fn record(domain: &str, descriptors: &[DescriptorVerdict]) {
@@ -374,7 +402,11 @@ fn record(domain: &str, descriptors: &[DescriptorVerdict]) {
 
 /// The store key of an ad-hoc limit named `key` by the caller.
 pub(crate) fn adhoc_key(key: &str) -> String {
-    format!("{ADHOC_PREFIX}{key}")
+    // Not `format!`: this runs on every ad-hoc check.
+    let mut namespaced = String::with_capacity(ADHOC_PREFIX.len() + key.len());
+    namespaced.push_str(ADHOC_PREFIX);
+    namespaced.push_str(key);
+    namespaced
 }
 
 /// The decision of a rule that refuses everything: nothing left until the

@@ -43,6 +43,12 @@ pub(crate) fn tollgate() -> Command {
         "TOLLGATE_GRPC",
         "TOLLGATE_REDIS",
         "TOLLGATE_ADMIN_TOKEN",
+        "TOLLGATE_PROXY_LISTEN",
+        "TOLLGATE_UPSTREAM",
+        "TOLLGATE_PROXY_DOMAIN",
+        "TOLLGATE_TRUSTED_PROXIES",
+        "TOLLGATE_IPV6_PREFIX",
+        "TOLLGATE_GATEWAY_CONFIG",
     ] {
         command.env_remove(var);
     }
@@ -136,6 +142,18 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         false
+    }
+
+    /// Where the gateway listens (`--proxy-listen`); it logs this before
+    /// the HTTP and gRPC lines that `spawn` waits for.
+    pub(crate) fn gateway(&self) -> SocketAddr {
+        let found = self
+            .log
+            .lock()
+            .expect("log lock")
+            .iter()
+            .find_map(|line| address_after(line, "listening for the gateway on "));
+        found.unwrap_or_else(|| panic!("no gateway listener in the log\n{}", self.log()))
     }
 
     /// The config directory.

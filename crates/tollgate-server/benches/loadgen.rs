@@ -1,0 +1,814 @@
+//! A closed-loop load generator for `scripts/bench-http`, which drives Tollgate
+//! and `throttlecrab-server` with the same requests, concurrency and duration.
+//!
+//! ```text
+//! loadgen http --server tollgate|throttlecrab --addr 127.0.0.1:8080 --keys 100000
+//! loadgen grpc --server tollgate|throttlecrab --addr 127.0.0.1:8081 --keys 1
+//! loadgen from-oha --server tollgate --keys 1 < oha.json
+//! loadgen report results.jsonl
+//! ```
+//!
+//! `http` and `grpc` keep `--concurrency` requests in flight (each worker
+//! sends its next request when the previous one is answered), for `--warmup`
+//! and then `--duration`, and print one JSON line: requests per second over the
+//! measured part, p50/p99/max latency, and how many were allowed and denied.
+//! HTTP workers hold one keep-alive HTTP/1.1 connection each (like `oha` and
+//! `wrk`); gRPC workers share `--connections` HTTP/2 connections. With
+//! `--keys N`, each request names one of N keys drawn uniformly at random; the
+//! request bodies are made before the run, so the generator formats nothing
+//! while it measures.
+//!
+//! The quota is the same for both servers: `--limit` requests per
+//! `--period-secs` seconds with bursts of `--burst`, GCRA. Tollgate's HTTP
+//! requests are ad-hoc `POST /v1/check` checks; its gRPC requests are Envoy
+//! `ShouldRateLimit` calls in domain `bench` with one descriptor `key=<key>`,
+//! which the script's config limits with that quota. throttlecrab's are
+//! `POST /throttle` and `throttlecrab.RateLimiter/Throttle`.
+//!
+//! `report` reads those lines (several runs of each case) and prints a
+//! markdown table of medians with the ratios Tollgate/throttlecrab.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use clap::{Parser, Subcommand, ValueEnum};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpStream;
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Debug, Parser)]
+#[command(name = "loadgen", about = "Load generator for scripts/bench-http")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, global = true, hide = true)]
+    bench: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// HTTP/1.1 JSON checks.
+    Http(Load),
+    /// gRPC checks.
+    Grpc(Load),
+    /// Turns `oha --output-format json` (read on stdin) into a result line.
+    FromOha {
+        /// Which server oha drove.
+        #[arg(long)]
+        server: Server,
+        /// How many keys its requests named.
+        #[arg(long, default_value_t = 1)]
+        keys: u64,
+        /// Its concurrency.
+        #[arg(long, default_value_t = 50)]
+        concurrency: u64,
+    },
+    /// Prints `count` free loopback ports, one a line.
+    FreePorts {
+        /// How many.
+        count: usize,
+    },
+    /// Waits until every address accepts TCP connections.
+    Wait {
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 60.0)]
+        timeout: f64,
+        /// The addresses.
+        addrs: Vec<SocketAddr>,
+    },
+    /// Prints the markdown table of medians and ratios of result lines.
+    Report {
+        /// Files of result lines (JSON, one a line).
+        files: Vec<PathBuf>,
+    },
+}
+
+/// The server under load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Server {
+    Tollgate,
+    Throttlecrab,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct Load {
+    /// Which server's API to call.
+    #[arg(long)]
+    server: Server,
+    /// Where it listens.
+    #[arg(long)]
+    addr: SocketAddr,
+    /// Requests in flight.
+    #[arg(long, default_value_t = 50)]
+    concurrency: usize,
+    /// HTTP/2 connections the gRPC workers share.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Measured seconds.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds of load before measuring.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// How many distinct keys the requests name.
+    #[arg(long, default_value_t = 1)]
+    keys: u64,
+    /// Requests allowed per period.
+    #[arg(long, default_value_t = 1000)]
+    limit: u64,
+    /// The period, in whole seconds.
+    #[arg(long, default_value_t = 1)]
+    period_secs: u64,
+    /// The burst (capacity).
+    #[arg(long, default_value_t = 1000)]
+    burst: u64,
+    /// The generator's threads (default: one per CPU).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Another HTTP path than the server's check endpoint (for experiments:
+    /// answers other than 200 and 429 count as errors).
+    #[arg(long)]
+    path: Option<String>,
+}
+
+/// One measured case.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    api: String,
+    generator: String,
+    server: Server,
+    keys: u64,
+    concurrency: u64,
+    seconds: f64,
+    requests: u64,
+    rps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    max_us: f64,
+    allowed: u64,
+    denied: u64,
+    errors: u64,
+}
+
+/// What one worker counted.
+struct Tally {
+    latency: Histogram<u64>,
+    allowed: u64,
+    denied: u64,
+    errors: u64,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Self {
+            // Nanoseconds, 3 significant digits, up to a minute.
+            latency: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds"),
+            allowed: 0,
+            denied: 0,
+            errors: 0,
+        }
+    }
+
+    fn record(&mut self, elapsed: Duration, allowed: bool) {
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.latency.saturating_record(nanos.max(1));
+        if allowed {
+            self.allowed += 1;
+        } else {
+            self.denied += 1;
+        }
+    }
+
+    fn merge(&mut self, other: Tally) {
+        self.latency
+            .add(other.latency)
+            .expect("histograms with the same bounds");
+        self.allowed += other.allowed;
+        self.denied += other.denied;
+        self.errors += other.errors;
+    }
+}
+
+/// When measuring starts and ends.
+#[derive(Clone, Copy)]
+struct Window {
+    start: Instant,
+    end: Instant,
+}
+
+/// A small xorshift generator: which key each request names.
+struct Keys {
+    state: u64,
+    count: u64,
+}
+
+impl Keys {
+    fn new(seed: u64, count: u64) -> Self {
+        Self {
+            state: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            count: count.max(1),
+        }
+    }
+
+    fn next(&mut self) -> usize {
+        if self.count == 1 {
+            return 0;
+        }
+        let mut x = self.state;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.state = x;
+        usize::try_from(x % self.count).unwrap_or(0)
+    }
+}
+
+fn key_name(index: u64) -> String {
+    format!("bench-key-{index}")
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Http(load) => run_load("http", load),
+        Command::Grpc(load) => run_load("grpc", load),
+        Command::FromOha {
+            server,
+            keys,
+            concurrency,
+        } => from_oha(server, keys, concurrency),
+        Command::FreePorts { count } => free_ports(count),
+        Command::Wait { timeout, addrs } => wait(&addrs, Duration::from_secs_f64(timeout)),
+        Command::Report { files } => report(&files),
+    }
+}
+
+fn free_ports(count: usize) -> anyhow::Result<()> {
+    // Held together, so that they are distinct.
+    let listeners = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()?;
+    for listener in listeners {
+        println!("{}", listener.local_addr()?.port());
+    }
+    Ok(())
+}
+
+fn wait(addrs: &[SocketAddr], timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    for addr in addrs {
+        while std::net::TcpStream::connect_timeout(addr, Duration::from_secs(1)).is_err() {
+            if Instant::now() >= deadline {
+                bail!("nothing listens on {addr} after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    Ok(())
+}
+
+fn run_load(api: &str, load: Load) -> anyhow::Result<()> {
+    if load.concurrency == 0 || load.connections == 0 {
+        bail!("--concurrency and --connections must be at least 1");
+    }
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = load.threads {
+        runtime.worker_threads(threads.max(1));
+    }
+    let runtime = runtime.enable_all().build()?;
+    let (tally, seconds) = runtime.block_on(async {
+        match api {
+            "http" => http_load(&load).await,
+            _ => grpc_load(&load).await,
+        }
+    })?;
+    let requests = tally.allowed + tally.denied;
+    let us = |q: f64| tally.latency.value_at_quantile(q) as f64 / 1_000.0;
+    let record = Record {
+        api: api.to_owned(),
+        generator: "loadgen".to_owned(),
+        server: load.server,
+        keys: load.keys,
+        concurrency: load.concurrency as u64,
+        seconds,
+        requests,
+        rps: requests as f64 / seconds,
+        p50_us: us(0.5),
+        p99_us: us(0.99),
+        max_us: tally.latency.max() as f64 / 1_000.0,
+        allowed: tally.allowed,
+        denied: tally.denied,
+        errors: tally.errors,
+    };
+    println!("{}", serde_json::to_string(&record)?);
+    if requests == 0 {
+        bail!("no request was answered ({} errors)", tally.errors);
+    }
+    Ok(())
+}
+
+fn window(load: &Load) -> Window {
+    let start = Instant::now() + Duration::from_secs_f64(load.warmup);
+    Window {
+        start,
+        end: start + Duration::from_secs_f64(load.duration),
+    }
+}
+
+/// Runs `workers`, merges their tallies, and returns them with the measured
+/// seconds.
+async fn gather(
+    workers: Vec<tokio::task::JoinHandle<anyhow::Result<Tally>>>,
+    window: Window,
+) -> anyhow::Result<(Tally, f64)> {
+    let mut total = Tally::new();
+    for worker in workers {
+        total.merge(worker.await.context("a worker panicked")??);
+    }
+    // The last requests may finish a little after the end.
+    let seconds = window.end.max(Instant::now()) - window.start;
+    Ok((total, seconds.as_secs_f64()))
+}
+
+// ---------------------------------------------------------------- HTTP
+
+fn http_bodies(load: &Load) -> Vec<Bytes> {
+    (0..load.keys.max(1))
+        .map(|i| {
+            let key = key_name(i);
+            let json = match load.server {
+                Server::Tollgate => format!(
+                    r#"{{"key":"{key}","limit":{},"period":"{}s","burst":{},"algorithm":"gcra","cost":1}}"#,
+                    load.limit, load.period_secs, load.burst
+                ),
+                Server::Throttlecrab => format!(
+                    r#"{{"key":"{key}","max_burst":{},"count_per_period":{},"period":{},"quantity":1}}"#,
+                    load.burst, load.limit, load.period_secs
+                ),
+            };
+            Bytes::from(json)
+        })
+        .collect()
+}
+
+async fn http_load(load: &Load) -> anyhow::Result<(Tally, f64)> {
+    let bodies = Arc::new(http_bodies(load));
+    let path: &'static str = match (&load.path, load.server) {
+        (Some(path), _) => path.clone().leak(),
+        (None, Server::Tollgate) => "/v1/check",
+        (None, Server::Throttlecrab) => "/throttle",
+    };
+    // Connect every worker before the clock starts.
+    let mut senders = Vec::with_capacity(load.concurrency);
+    for _ in 0..load.concurrency {
+        senders.push(http_connect(load.addr).await?);
+    }
+    let window = window(load);
+    let workers = senders
+        .into_iter()
+        .enumerate()
+        .map(|(i, sender)| {
+            let bodies = Arc::clone(&bodies);
+            let keys = Keys::new(i as u64 + 1, load.keys);
+            tokio::spawn(http_worker(load.addr, sender, bodies, path, keys, window))
+        })
+        .collect();
+    gather(workers, window).await
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+async fn http_connect(addr: SocketAddr) -> anyhow::Result<Sender> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    stream.set_nodelay(true)?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    Ok(sender)
+}
+
+async fn http_worker(
+    addr: SocketAddr,
+    mut sender: Sender,
+    bodies: Arc<Vec<Bytes>>,
+    path: &'static str,
+    mut keys: Keys,
+    window: Window,
+) -> anyhow::Result<Tally> {
+    let mut tally = Tally::new();
+    let host = HeaderValue::from_str(&addr.to_string())?;
+    let json = HeaderValue::from_static("application/json");
+    loop {
+        if Instant::now() >= window.end {
+            return Ok(tally);
+        }
+        let body = bodies[keys.next()].clone();
+        let request = Request::post(path)
+            .header(HOST, host.clone())
+            .header(CONTENT_TYPE, json.clone())
+            .header(CONTENT_LENGTH, body.len())
+            .body(Full::new(body))?;
+        let sent = Instant::now();
+        let answer = async {
+            sender.ready().await?;
+            let response = sender.send_request(request).await?;
+            let status = response.status();
+            let body = response.into_body().collect().await?.to_bytes();
+            anyhow::Ok((status, body))
+        }
+        .await;
+        let elapsed = sent.elapsed();
+        match answer {
+            Ok((status, body)) if status.as_u16() == 200 || status.as_u16() == 429 => {
+                if sent >= window.start {
+                    tally.record(elapsed, says_allowed(&body));
+                }
+            }
+            Ok(_) | Err(_) => {
+                tally.errors += 1;
+                if sender.is_closed() {
+                    sender = http_connect(addr).await?;
+                }
+            }
+        }
+    }
+}
+
+/// Whether a JSON answer says `"allowed":true`. Both servers' answers start
+/// with that field, so this reads as few bytes of each (a search through the
+/// whole body would cost more for the longer answer).
+fn says_allowed(body: &[u8]) -> bool {
+    const ALLOWED: &[u8] = br#"{"allowed":true"#;
+    const FIELD: &[u8] = br#"{"allowed":"#;
+    if body.starts_with(FIELD) {
+        return body.starts_with(ALLOWED);
+    }
+    let needle = &ALLOWED[1..];
+    body.windows(needle.len()).any(|w| w == needle)
+}
+
+// ---------------------------------------------------------------- gRPC
+
+/// throttlecrab's `throttlecrab.RateLimiter/Throttle` request
+/// (`proto/throttlecrab.proto` of throttlecrab-server).
+#[derive(Clone, PartialEq, prost::Message)]
+struct ThrottleRequest {
+    #[prost(string, tag = "1")]
+    key: String,
+    #[prost(int32, tag = "2")]
+    max_burst: i32,
+    #[prost(int32, tag = "3")]
+    count_per_period: i32,
+    #[prost(int32, tag = "4")]
+    period: i32,
+    #[prost(int32, tag = "5")]
+    quantity: i32,
+}
+
+/// Its answer.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ThrottleResponse {
+    #[prost(bool, tag = "1")]
+    allowed: bool,
+    #[prost(int32, tag = "2")]
+    limit: i32,
+    #[prost(int32, tag = "3")]
+    remaining: i32,
+    #[prost(int32, tag = "4")]
+    retry_after: i32,
+    #[prost(int32, tag = "5")]
+    reset_after: i32,
+}
+
+/// The domain of Tollgate's gRPC requests (see `scripts/bench-http`'s config).
+const DOMAIN: &str = "bench";
+/// The descriptor key whose values are the bench keys.
+const DESCRIPTOR_KEY: &str = "key";
+
+enum GrpcRequests {
+    Tollgate(Vec<RateLimitRequest>),
+    Throttlecrab(Vec<ThrottleRequest>),
+}
+
+fn grpc_requests(load: &Load) -> anyhow::Result<GrpcRequests> {
+    let keys = 0..load.keys.max(1);
+    Ok(match load.server {
+        Server::Tollgate => GrpcRequests::Tollgate(
+            keys.map(|i| RateLimitRequest {
+                domain: DOMAIN.to_owned(),
+                descriptors: vec![RateLimitDescriptor {
+                    entries: vec![Entry {
+                        key: DESCRIPTOR_KEY.to_owned(),
+                        value: key_name(i),
+                    }],
+                    ..RateLimitDescriptor::default()
+                }],
+                hits_addend: 1,
+            })
+            .collect(),
+        ),
+        Server::Throttlecrab => {
+            let int =
+                |n: u64| i32::try_from(n).context("the quota does not fit throttlecrab's int32");
+            let (max_burst, count_per_period, period) =
+                (int(load.burst)?, int(load.limit)?, int(load.period_secs)?);
+            GrpcRequests::Throttlecrab(
+                keys.map(|i| ThrottleRequest {
+                    key: key_name(i),
+                    max_burst,
+                    count_per_period,
+                    period,
+                    quantity: 1,
+                })
+                .collect(),
+            )
+        }
+    })
+}
+
+async fn grpc_load(load: &Load) -> anyhow::Result<(Tally, f64)> {
+    let requests = Arc::new(grpc_requests(load)?);
+    let mut channels = Vec::with_capacity(load.connections);
+    for _ in 0..load.connections {
+        let channel = Endpoint::from_shared(format!("http://{}", load.addr))?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .with_context(|| format!("cannot connect to {}", load.addr))?;
+        channels.push(channel);
+    }
+    let window = window(load);
+    let workers = (0..load.concurrency)
+        .map(|i| {
+            let channel = channels[i % channels.len()].clone();
+            let requests = Arc::clone(&requests);
+            let keys = Keys::new(i as u64 + 1, load.keys);
+            tokio::spawn(grpc_worker(channel, requests, keys, window))
+        })
+        .collect();
+    gather(workers, window).await
+}
+
+async fn grpc_worker(
+    channel: Channel,
+    requests: Arc<GrpcRequests>,
+    mut keys: Keys,
+    window: Window,
+) -> anyhow::Result<Tally> {
+    let mut tally = Tally::new();
+    let mut tollgate = RateLimitServiceClient::new(channel.clone());
+    let mut throttlecrab = tonic::client::Grpc::new(channel);
+    let path = hyper::http::uri::PathAndQuery::from_static("/throttlecrab.RateLimiter/Throttle");
+    loop {
+        if Instant::now() >= window.end {
+            return Ok(tally);
+        }
+        let index = keys.next();
+        let sent = Instant::now();
+        let answer: Result<bool, tonic::Status> = match &*requests {
+            GrpcRequests::Tollgate(all) => tollgate
+                .should_rate_limit(all[index].clone())
+                .await
+                .map(|r| r.into_inner().overall_code == Code::Ok as i32),
+            GrpcRequests::Throttlecrab(all) => {
+                let call = async {
+                    throttlecrab
+                        .ready()
+                        .await
+                        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+                    let codec =
+                        tonic_prost::ProstCodec::<ThrottleRequest, ThrottleResponse>::default();
+                    throttlecrab
+                        .unary(tonic::Request::new(all[index].clone()), path.clone(), codec)
+                        .await
+                };
+                call.await.map(|r| r.into_inner().allowed)
+            }
+        };
+        let elapsed = sent.elapsed();
+        match answer {
+            Ok(allowed) if sent >= window.start => tally.record(elapsed, allowed),
+            Ok(_) => {}
+            Err(_) => tally.errors += 1,
+        }
+    }
+}
+
+// ---------------------------------------------------------------- oha and report
+
+/// The part of `oha --output-format json` that is used.
+#[derive(Deserialize)]
+struct Oha {
+    summary: OhaSummary,
+    #[serde(rename = "latencyPercentiles")]
+    latency_percentiles: BTreeMap<String, Option<f64>>,
+    #[serde(rename = "statusCodeDistribution", default)]
+    status_codes: BTreeMap<String, u64>,
+    #[serde(rename = "errorDistribution", default)]
+    errors: BTreeMap<String, u64>,
+}
+
+#[derive(Deserialize)]
+struct OhaSummary {
+    total: f64,
+    #[serde(rename = "requestsPerSec")]
+    requests_per_sec: f64,
+    slowest: Option<f64>,
+}
+
+fn from_oha(server: Server, keys: u64, concurrency: u64) -> anyhow::Result<()> {
+    let mut input = String::new();
+    std::io::stdin().read_to_string(&mut input)?;
+    let oha: Oha = serde_json::from_str(&input).context("not oha's JSON output")?;
+    let percentile = |name: &str| {
+        oha.latency_percentiles
+            .get(name)
+            .copied()
+            .flatten()
+            .unwrap_or(f64::NAN)
+            * 1e6
+    };
+    let answered = |code: &str| oha.status_codes.get(code).copied().unwrap_or(0);
+    let record = Record {
+        api: "http".to_owned(),
+        generator: "oha".to_owned(),
+        server,
+        keys,
+        concurrency,
+        seconds: oha.summary.total,
+        requests: answered("200") + answered("429"),
+        rps: oha.summary.requests_per_sec,
+        p50_us: percentile("p50"),
+        p99_us: percentile("p99"),
+        max_us: oha.summary.slowest.unwrap_or(f64::NAN) * 1e6,
+        // oha does not read bodies; Tollgate's 429 is a deny, throttlecrab
+        // answers 200 either way.
+        allowed: answered("200"),
+        denied: answered("429"),
+        // oha counts the requests it cut off at the deadline as errors.
+        errors: oha
+            .errors
+            .iter()
+            .filter(|(what, _)| !what.contains("deadline"))
+            .map(|(_, n)| n)
+            .sum(),
+    };
+    println!("{}", serde_json::to_string(&record)?);
+    Ok(())
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// Medians of one server's runs of one case.
+struct Summary {
+    runs: usize,
+    rps: f64,
+    p50: f64,
+    p99: f64,
+    allowed_share: f64,
+    errors: u64,
+}
+
+fn summarize(records: &[&Record]) -> Option<Summary> {
+    if records.is_empty() {
+        return None;
+    }
+    let column =
+        |f: fn(&Record) -> f64| median(&mut records.iter().map(|r| f(r)).collect::<Vec<_>>());
+    Some(Summary {
+        runs: records.len(),
+        rps: column(|r| r.rps),
+        p50: column(|r| r.p50_us),
+        p99: column(|r| r.p99_us),
+        allowed_share: column(|r| r.allowed as f64 / (r.allowed + r.denied).max(1) as f64),
+        errors: records.iter().map(|r| r.errors).sum(),
+    })
+}
+
+fn report(files: &[PathBuf]) -> anyhow::Result<()> {
+    let mut records = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        for (number, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let record: Record = serde_json::from_str(line)
+                .with_context(|| format!("{}:{}: not a result line", file.display(), number + 1))?;
+            records.push(record);
+        }
+    }
+    let mut cases: Vec<(String, String, u64, u64)> = records
+        .iter()
+        .map(|r| (r.api.clone(), r.generator.clone(), r.keys, r.concurrency))
+        .collect();
+    cases.sort_by(|a, b| {
+        // HTTP before gRPC, our generator before oha, then by keys.
+        (a.0 != "http", a.1 != "loadgen", a.2, a.3).cmp(&(
+            b.0 != "http",
+            b.1 != "loadgen",
+            b.2,
+            b.3,
+        ))
+    });
+    cases.dedup();
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "| check | generator | keys | conc. | Tollgate req/s | throttlecrab req/s | **ratio** | Tollgate p50 / p99 (µs) | throttlecrab p50 / p99 (µs) | p99 ratio | allowed T / tc | runs |"
+    )?;
+    writeln!(
+        out,
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    )?;
+    for (api, generator, keys, concurrency) in cases {
+        let of = |server: Server| {
+            let chosen: Vec<&Record> = records
+                .iter()
+                .filter(|r| {
+                    r.api == api
+                        && r.generator == generator
+                        && r.keys == keys
+                        && r.concurrency == concurrency
+                        && r.server == server
+                })
+                .collect();
+            summarize(&chosen)
+        };
+        let (tollgate, crab) = (of(Server::Tollgate), of(Server::Throttlecrab));
+        let check = match api.as_str() {
+            "http" => "HTTP JSON",
+            _ => "gRPC",
+        };
+        let rps = |s: &Option<Summary>| {
+            s.as_ref()
+                .map_or("–".to_owned(), |s| format!("{:.0}", s.rps))
+        };
+        let lat = |s: &Option<Summary>| {
+            s.as_ref()
+                .map_or("–".to_owned(), |s| format!("{:.0} / {:.0}", s.p50, s.p99))
+        };
+        let share = |s: &Option<Summary>| {
+            s.as_ref().map_or("–".to_owned(), |s| {
+                format!("{:.1}%", s.allowed_share * 100.0)
+            })
+        };
+        let (ratio, p99_ratio) = match (&tollgate, &crab) {
+            (Some(t), Some(c)) => (
+                format!("**{:.2}×**", t.rps / c.rps),
+                format!("{:.2}×", t.p99 / c.p99),
+            ),
+            _ => ("–".to_owned(), "–".to_owned()),
+        };
+        let runs = tollgate
+            .as_ref()
+            .map_or(0, |s| s.runs)
+            .max(crab.as_ref().map_or(0, |s| s.runs));
+        let errors =
+            tollgate.as_ref().map_or(0, |s| s.errors) + crab.as_ref().map_or(0, |s| s.errors);
+        let runs = if errors > 0 {
+            format!("{runs} ({errors} errors)")
+        } else {
+            runs.to_string()
+        };
+        writeln!(
+            out,
+            "| {check} | {generator} | {keys} | {concurrency} | {} | {} | {ratio} | {} | {} | {p99_ratio} | {} / {} | {runs} |",
+            rps(&tollgate),
+            rps(&crab),
+            lat(&tollgate),
+            lat(&crab),
+            share(&tollgate),
+            share(&crab),
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,58 @@
+//! The store the service runs on, chosen at start-up: in memory by default, or
+//! Redis / Redis Cluster with `--redis`.
+
+use tollgate_core::{Limit, Outcome, Store, StoreError, SystemClock};
+use tollgate_redis::{RedisConfig, RedisStore};
+use tollgate_store::{MemoryConfig, MemoryStore};
+
+/// One of the stores `tollgate serve` can run on.
+pub(crate) enum Backend {
+    /// One process's memory, on the wall clock so fixed windows align to
+    /// calendar units as envoyproxy/ratelimit's do.
+    Memory(MemoryStore<SystemClock>),
+    /// Shared state in Redis; decides locally when Redis cannot answer.
+    Redis(Box<RedisStore>),
+}
+
+impl Backend {
+    /// Connects to `redis` (a `redis://` or `redis+cluster://` URL) or, without
+    /// one, makes a memory store.
+    pub(crate) async fn open(redis: Option<&str>) -> anyhow::Result<Self> {
+        Ok(match redis {
+            None => Backend::Memory(MemoryStore::with_clock(
+                MemoryConfig::default(),
+                SystemClock,
+            )),
+            Some(url) => Backend::Redis(Box::new(
+                RedisStore::connect(url, RedisConfig::default())
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot connect to Redis: {e}"))?,
+            )),
+        })
+    }
+
+    /// Which store this is, for the start-up log.
+    pub(crate) fn describe(&self) -> &'static str {
+        match self {
+            Backend::Memory(_) => "memory",
+            Backend::Redis(r) if r.is_cluster() => "redis cluster",
+            Backend::Redis(_) => "redis",
+        }
+    }
+}
+
+impl Store for Backend {
+    async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
+        match self {
+            Backend::Memory(m) => m.check(limits).await,
+            Backend::Redis(r) => r.check(limits).await,
+        }
+    }
+
+    async fn release(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+        match self {
+            Backend::Memory(m) => m.release(limits).await,
+            Backend::Redis(r) => r.release(limits).await,
+        }
+    }
+}
