@@ -195,8 +195,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         admin_token: args.admin_token,
         config: args.config.clone(),
     });
-    let http_server = axum::serve(http_listener, http::router(state))
-        .with_graceful_shutdown(signalled(stopped.clone()));
+    let http_server = axum::serve(
+        http_listener,
+        axum::ServiceExt::<axum::extract::Request>::into_make_service(http::service(state)),
+    )
+    .with_graceful_shutdown(signalled(stopped.clone()));
     let mut http_task: JoinHandle<anyhow::Result<()>> =
         tokio::spawn(async move { http_server.await.context("the HTTP server failed") });
     let mut gateway_task = gateway.map(|g| g.spawn(&limiter, stopped.clone()));

@@ -45,14 +45,17 @@ impl Store for Backend {
     async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
         match self {
             Backend::Memory(m) => m.check(limits).await,
-            Backend::Redis(r) => r.check(limits).await,
+            // Boxed: the Redis future is kilobytes, and unboxed it would make
+            // every check's future (memory ones too) that size, to be copied
+            // on each request; a network call can afford the allocation.
+            Backend::Redis(r) => Box::pin(r.check(limits)).await,
         }
     }
 
     async fn release(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
         match self {
             Backend::Memory(m) => m.release(limits).await,
-            Backend::Redis(r) => r.release(limits).await,
+            Backend::Redis(r) => Box::pin(r.release(limits)).await,
         }
     }
 }
