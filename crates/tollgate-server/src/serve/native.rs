@@ -28,6 +28,7 @@
 //! `X-RateLimit-Reset` (epoch seconds), the IETF draft's `RateLimit-Policy`
 //! and `RateLimit`, and, on 429, `Retry-After` (delta-seconds, at least 1).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -38,6 +39,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use tollgate_core::{Algorithm, Decision, Quota, Store};
 use tollgate_http::{HeaderStyle, LimitReport};
 use tollgate_policy::{Descriptor, Entry, LimitOverride, Request, Unit, parse_duration};
@@ -230,22 +232,67 @@ pub(crate) fn quota_of(
 
 impl AdHocCheck {
     fn validate(self) -> Result<AdHoc, ApiError> {
-        if self.key.is_empty() {
-            return Err(ApiError::bad_request("key: must not be empty"));
-        }
-        let (quota, algorithm) = quota_of(
+        adhoc(
+            self.key,
             self.limit,
             &self.period,
             self.burst,
             self.algorithm.as_deref(),
-        )?;
-        Ok(AdHoc {
-            key: self.key,
-            quota,
-            algorithm,
-            cost: self.cost,
-        })
+            self.cost,
+        )
     }
+}
+
+/// [`AdHocCheck`] with its strings borrowed from the body where they have no
+/// escapes: the fast path's (see `answer`). The same fields, defaults and
+/// refusal of unknown fields.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdHocCheckRef<'a> {
+    #[serde(borrow)]
+    key: Cow<'a, str>,
+    limit: u64,
+    #[serde(borrow)]
+    period: Cow<'a, str>,
+    #[serde(default)]
+    burst: Option<u64>,
+    #[serde(default, borrow)]
+    algorithm: Option<Cow<'a, str>>,
+    #[serde(default = "one")]
+    cost: u64,
+}
+
+impl AdHocCheckRef<'_> {
+    fn validate(self) -> Result<AdHoc, ApiError> {
+        adhoc(
+            self.key.into_owned(),
+            self.limit,
+            &self.period,
+            self.burst,
+            self.algorithm.as_deref(),
+            self.cost,
+        )
+    }
+}
+
+fn adhoc(
+    key: String,
+    limit: u64,
+    period: &str,
+    burst: Option<u64>,
+    algorithm: Option<&str>,
+    cost: u64,
+) -> Result<AdHoc, ApiError> {
+    if key.is_empty() {
+        return Err(ApiError::bad_request("key: must not be empty"));
+    }
+    let (quota, algorithm) = quota_of(limit, period, burst, algorithm)?;
+    Ok(AdHoc {
+        key,
+        quota,
+        algorithm,
+        cost,
+    })
 }
 
 impl NativeDescriptor {
@@ -300,7 +347,7 @@ async fn answer<S: Store>(limiter: &RateLimiter<S>, body: &[u8]) -> Result<Verdi
     // the careful path below would have chosen. Anything else, including
     // every malformed body, takes the careful path, which names the field at
     // fault.
-    if let Ok(check) = serde_json::from_slice::<AdHocCheck>(body) {
+    if let Ok(check) = serde_json::from_slice::<AdHocCheckRef<'_>>(body) {
         return Ok(limiter.check_adhoc(&check.validate()?).await);
     }
     if let Ok(check) = serde_json::from_slice::<PolicyCheck>(body) {
@@ -399,7 +446,7 @@ const RESPONSE_HEADERS: usize = 12;
 const JSON: &str = "application/json";
 
 /// What the headers describe: every enforcing limit that was decided.
-fn reports(verdict: &Verdict) -> Vec<LimitReport<'_>> {
+fn reports(verdict: &Verdict) -> SmallVec<[LimitReport<'_>; 4]> {
     verdict
         .descriptors
         .iter()
