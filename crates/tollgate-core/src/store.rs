@@ -1,4 +1,6 @@
+use std::fmt;
 use std::future::Future;
+use std::str::FromStr;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -6,7 +8,8 @@ use smallvec::SmallVec;
 use crate::{Algorithm, Decision, Quota};
 
 /// One limit that a request must pass: whose budget (`key`), how much
-/// (`quota`), how it is counted (`algorithm`) and what this request costs.
+/// (`quota`), how it is counted (`algorithm`), what this request costs, and
+/// what to decide when the store holding it cannot answer (`failure`).
 ///
 /// Everything is data, so the same limit can be checked in memory or sent to
 /// Redis. Keys are the caller's namespace: two limits with the same key and
@@ -21,6 +24,83 @@ pub struct Limit<'a> {
     pub algorithm: Algorithm,
     /// What this request costs (Envoy's `hits_addend`); 0 only reads.
     pub cost: u64,
+    /// What a networked store decides for this limit when it cannot reach its
+    /// state (the memory store always can, and ignores it).
+    pub failure: FailurePolicy,
+}
+
+impl<'a> Limit<'a> {
+    /// A limit costing 1 per request, with the default failure policy
+    /// ([`FailurePolicy::Local`]).
+    pub const fn new(key: &'a str, quota: Quota, algorithm: Algorithm) -> Self {
+        Self {
+            key,
+            quota,
+            algorithm,
+            cost: 1,
+            failure: FailurePolicy::Local,
+        }
+    }
+
+    /// The same limit at another cost.
+    #[must_use]
+    pub const fn with_cost(self, cost: u64) -> Self {
+        Self { cost, ..self }
+    }
+
+    /// The same limit with another failure policy.
+    #[must_use]
+    pub const fn with_failure(self, failure: FailurePolicy) -> Self {
+        Self { failure, ..self }
+    }
+}
+
+/// What a store decides for a limit when it cannot reach the limit's state
+/// (Redis is down, slow, or its circuit breaker is open). Checks never return
+/// an error for that: they return what this says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FailurePolicy {
+    /// Admit, reporting the limit's full capacity as remaining (nothing was
+    /// counted).
+    FailOpen,
+    /// Refuse.
+    FailClosed,
+    /// Decide from a local in-memory limiter with the same key, quota and
+    /// algorithm: each instance then enforces the limit on its own traffic.
+    #[default]
+    Local,
+}
+
+impl FailurePolicy {
+    /// The name configs use: `fail_open`, `fail_closed` or `local`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailurePolicy::FailOpen => "fail_open",
+            FailurePolicy::FailClosed => "fail_closed",
+            FailurePolicy::Local => "local",
+        }
+    }
+}
+
+impl fmt::Display for FailurePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for FailurePolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fail_open" => Ok(FailurePolicy::FailOpen),
+            "fail_closed" => Ok(FailurePolicy::FailClosed),
+            "local" => Ok(FailurePolicy::Local),
+            _ => Err(format!(
+                "unknown failure policy {s:?}; expected fail_open, fail_closed or local"
+            )),
+        }
+    }
 }
 
 /// The decisions for all the limits of one request, in the order they were given.
@@ -103,4 +183,12 @@ pub trait Store: Send + Sync {
     /// Gives back what admitted concurrency limits hold (other algorithms
     /// ignore it): call once per admitted request when it ends.
     fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Whether the store reaches its state now, for readiness probes. A
+    /// networked store answers checks even when it does not (each limit's
+    /// [`FailurePolicy`] decides), so only this tells. Stores that hold their
+    /// state themselves, like the memory store, always do.
+    fn ready(&self) -> impl Future<Output = bool> + Send {
+        std::future::ready(true)
+    }
 }

@@ -31,5 +31,6 @@ pub use descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 pub use error::{ConfigError, RequestError};
 pub use kill_switch::KillSwitch;
 pub use policy::{Applied, Policy, Resolved};
-pub use rule::{FailurePolicy, Rule};
+pub use rule::Rule;
+pub use tollgate_core::FailurePolicy;
 pub use tollgate_core::{ParseDurationError, parse_duration};

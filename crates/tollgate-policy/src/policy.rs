@@ -39,6 +39,7 @@ impl Applied {
             quota: self.quota,
             algorithm: self.algorithm,
             cost: self.cost,
+            failure: self.failure,
         }
     }
 }

@@ -1,55 +1,9 @@
 use std::collections::HashMap;
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
-use tollgate_core::{Algorithm, Quota};
+use tollgate_core::{Algorithm, FailurePolicy, Quota};
 
 use crate::Unit;
-
-/// What to do when the store cannot answer (e.g. Redis is down).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum FailurePolicy {
-    /// Let the request through.
-    FailOpen,
-    /// Refuse the request.
-    FailClosed,
-    /// Decide from a local in-memory limiter with the same quota.
-    #[default]
-    Local,
-}
-
-impl FailurePolicy {
-    /// The name configs use.
-    pub fn name(self) -> &'static str {
-        match self {
-            FailurePolicy::FailOpen => "fail_open",
-            FailurePolicy::FailClosed => "fail_closed",
-            FailurePolicy::Local => "local",
-        }
-    }
-}
-
-impl fmt::Display for FailurePolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for FailurePolicy {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "fail_open" => Ok(FailurePolicy::FailOpen),
-            "fail_closed" => Ok(FailurePolicy::FailClosed),
-            "local" => Ok(FailurePolicy::Local),
-            _ => Err(format!(
-                "unknown failure policy {s:?}; expected fail_open, fail_closed or local"
-            )),
-        }
-    }
-}
 
 /// A quota per tier: the value of the descriptor entry `by` picks it.
 #[derive(Debug, Clone)]

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::MultiplexedConnection;
-use tollgate_core::{Algorithm, Limit, Quota};
+use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota};
 use tollgate_redis::{HybridConfig, HybridStore, RedisConfig, RedisStore};
 
 const CALLERS: usize = 50;
@@ -198,6 +198,7 @@ async fn cell(
                                 quota: quota(),
                                 algorithm: Algorithm::TokenBucket,
                                 cost: 1,
+                                failure: FailurePolicy::Local,
                             };
                             store.check_limits(&[limit]).await.unwrap();
                         }
@@ -258,6 +259,7 @@ async fn hybrid(url: &str, conn: &MultiplexedConnection) -> (f64, f64) {
                     quota: Quota::per_second(1_000_000).unwrap(),
                     algorithm: Algorithm::Gcra,
                     cost: 1,
+                    failure: FailurePolicy::Local,
                 };
                 while !stop.load(Ordering::Relaxed) {
                     store.check_limits(&[limit]).await.unwrap();
@@ -312,6 +314,7 @@ async fn bytes_per_key(conn: &MultiplexedConnection, store: &RedisStore) -> (f64
             quota: hourly,
             algorithm: Algorithm::TokenBucket,
             cost: 1,
+            failure: FailurePolicy::Local,
         };
         store.check_limits(&[limit]).await.unwrap();
     }

@@ -5,27 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::Clock;
+#[cfg(doc)]
+use tollgate_core::FailurePolicy;
 use tollgate_store::MemoryConfig;
-
-/// What a check decides when Redis cannot answer (an error, a timeout, or the
-/// circuit breaker is open). A check never returns an error because Redis is
-/// down: it returns what this policy says.
-///
-/// The same three choices as tollgate-policy's per-rule `FailurePolicy`
-/// (`fail_open`, `fail_closed`, `local`); this crate keeps its own so it does not
-/// depend on the policy crate, and the server maps one onto the other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FailurePolicy {
-    /// Admit the request. Each decision says `allowed` with the limit's full
-    /// capacity as `remaining`, since nothing was counted.
-    FailOpen,
-    /// Refuse the request, with `retry_after` set to the breaker's cool-down.
-    FailClosed,
-    /// Decide from a local in-memory store with the same limits (keys, quotas,
-    /// algorithms): each instance then enforces the limits on its own traffic.
-    #[default]
-    Local,
-}
 
 /// Where checks read the time.
 #[derive(Clone, Default)]
@@ -60,8 +42,6 @@ pub struct RedisConfig {
     /// well under a millisecond on a LAN, so 10 ms only trips on a real stall
     /// (a fork, a failover, a lost connection) while bounding the latency it adds.
     pub timeout: Duration,
-    /// What to decide when Redis cannot answer. Default [`FailurePolicy::Local`].
-    pub failure: FailurePolicy,
     /// Consecutive failures (errors or timeouts) that open the circuit breaker.
     /// Default 5.
     pub breaker_failures: u32,
@@ -76,7 +56,7 @@ pub struct RedisConfig {
     /// is back to full. Tests that inject a clock running apart from Redis's set
     /// it so keys do not expire in real time under them.
     pub extra_ttl: Duration,
-    /// The local store that [`FailurePolicy::Local`] decides from.
+    /// The local store that limits with [`FailurePolicy::Local`] fall back to.
     pub local: MemoryConfig,
     /// The most checks sent in one script call to a single server: concurrent
     /// checks queue while calls are in flight and go together in the next one
@@ -90,7 +70,6 @@ impl Default for RedisConfig {
         Self {
             prefix: "tollgate".to_owned(),
             timeout: Duration::from_millis(10),
-            failure: FailurePolicy::Local,
             breaker_failures: 5,
             breaker_cool_down: Duration::from_secs(1),
             deny_cache_capacity: 65_536,

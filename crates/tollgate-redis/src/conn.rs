@@ -55,6 +55,18 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// `PING`: whether the server (or, for a cluster, the node the client
+    /// routes it to) answers.
+    pub(crate) async fn ping(&self) -> RedisResult<()> {
+        let ping = redis::cmd("PING");
+        match self {
+            Conn::Single(c) => ping.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => ping.query_async(&mut c.clone()).await,
+        }
+    }
+}
+
 /// Connects to `redis://host:port/db` (one server; `rediss` is not built in)
 /// or `redis+cluster://host:port,host:port,...` (a cluster, from any of its
 /// nodes, optionally `redis+cluster://user:password@host:port,...`).

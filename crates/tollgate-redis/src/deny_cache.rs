@@ -153,6 +153,7 @@ mod tests {
             quota: Quota::per_second(5).unwrap(),
             algorithm: Algorithm::Gcra,
             cost,
+            failure: tollgate_core::FailurePolicy::Local,
         }
     }
 

@@ -50,7 +50,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use smallvec::SmallVec;
-use tollgate_core::{Algorithm, Decision, Limit, Nanos, Outcome, Quota, Store, StoreError};
+use tollgate_core::{
+    Algorithm, Decision, FailurePolicy, Limit, Nanos, Outcome, Quota, Store, StoreError,
+};
 
 use crate::RedisStore;
 use crate::stats::bump;
@@ -409,6 +411,7 @@ impl HybridStore {
                 quota: lease.quota,
                 algorithm: lease.algorithm,
                 cost: lease.units,
+                failure: FailurePolicy::Local,
             };
             if self.redis.give_back(&limit, lease.taken_us).await {
                 bump(&self.counters.returns);
@@ -430,5 +433,9 @@ impl Store for HybridStore {
 
     fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.redis.release_limits(limits)
+    }
+
+    fn ready(&self) -> impl Future<Output = bool> + Send {
+        self.redis.reachable()
     }
 }

@@ -29,7 +29,8 @@
 //!   its own); a local deny cache answers keys that Redis denied until their
 //!   `retry_after` passes.
 //! - **Failures.** A timeout (10 ms by default) or an error decides the check by
-//!   [`FailurePolicy`] (default: a local memory store with the same limits); a
+//!   each limit's [`FailurePolicy`] (`fail_open`, `fail_closed`, or `local`, the
+//!   default: a local memory store with the same limits); a
 //!   circuit breaker stops calling a failing Redis and probes for its return.
 //!   No check fails because Redis is down. [`RedisStore::stats`] counts it all.
 //! - **Hybrid mode.** [`HybridStore`] leases slices of hot keys' budgets and
@@ -37,14 +38,16 @@
 //!   overshoot of `N × max_lease` units across N instances (see its docs).
 //!
 //! ```no_run
-//! use tollgate_core::{Algorithm, Limit, Quota};
+//! use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota};
 //! use tollgate_redis::{RedisConfig, RedisStore};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = RedisStore::connect("redis://127.0.0.1:6379/0", RedisConfig::default()).await?;
 //! // or: RedisStore::connect("redis+cluster://10.0.0.1:7000,10.0.0.2:7000", ...)
-//! let user = Limit { key: "{user:42}api", quota: Quota::per_minute(60)?, algorithm: Algorithm::Gcra, cost: 1 };
-//! let uploads = Limit { key: "{user:42}uploads", quota: Quota::per_hour(10)?, algorithm: Algorithm::SlidingLog, cost: 1 };
+//! let user = Limit::new("{user:42}api", Quota::per_minute(60)?, Algorithm::Gcra);
+//! // Uploads are refused rather than counted per instance while Redis is down.
+//! let uploads = Limit::new("{user:42}uploads", Quota::per_hour(10)?, Algorithm::SlidingLog)
+//!     .with_failure(FailurePolicy::FailClosed);
 //! let outcome = store.check_limits(&[user, uploads]).await?;
 //! if !outcome.allowed() {
 //!     let retry = outcome.most_restrictive().and_then(|d| d.retry_after);
@@ -67,8 +70,9 @@ mod script;
 mod stats;
 mod store;
 
-pub use config::{FailurePolicy, RedisConfig, TimeSource};
+pub use config::{RedisConfig, TimeSource};
 pub use conn::ConnectError;
 pub use hybrid::{HybridConfig, HybridStats, HybridStore};
 pub use stats::{BreakerState, RedisStats};
 pub use store::RedisStore;
+pub use tollgate_core::FailurePolicy;

@@ -163,6 +163,7 @@ mod tests {
             quota,
             algorithm,
             cost,
+            failure: tollgate_core::FailurePolicy::Local,
         }
     }
 

@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use tollgate_core::FailurePolicy;
+
 /// The circuit breaker's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerState {
@@ -21,9 +23,15 @@ pub struct RedisStats {
     pub redis_checks: u64,
     /// Checks answered from the local deny cache, without a Redis call.
     pub deny_cache_hits: u64,
-    /// Checks decided by the failure policy (Redis failed, timed out, or the
-    /// breaker was open).
+    /// Checks decided by their limits' failure policies (Redis failed, timed
+    /// out, or the breaker was open).
     pub fallbacks: u64,
+    /// Limits decided by [`FailurePolicy::FailOpen`] in those checks.
+    pub fallback_fail_open: u64,
+    /// Limits decided by [`FailurePolicy::FailClosed`] in those checks.
+    pub fallback_fail_closed: u64,
+    /// Limits decided by [`FailurePolicy::Local`] in those checks.
+    pub fallback_local: u64,
     /// Redis calls that failed with an error.
     pub errors: u64,
     /// Redis calls that timed out.
@@ -41,10 +49,21 @@ pub(crate) struct Counters {
     pub(crate) redis_checks: AtomicU64,
     pub(crate) deny_cache_hits: AtomicU64,
     pub(crate) fallbacks: AtomicU64,
+    /// Limits decided by each failure policy, indexed by [`policy_index`].
+    pub(crate) fallback_limits: [AtomicU64; 3],
     pub(crate) errors: AtomicU64,
     pub(crate) timeouts: AtomicU64,
     pub(crate) refunds: AtomicU64,
     pub(crate) breaker_opens: AtomicU64,
+}
+
+/// Where a policy's count is in [`Counters::fallback_limits`].
+pub(crate) fn policy_index(policy: FailurePolicy) -> usize {
+    match policy {
+        FailurePolicy::FailOpen => 0,
+        FailurePolicy::FailClosed => 1,
+        FailurePolicy::Local => 2,
+    }
 }
 
 pub(crate) fn bump(counter: &AtomicU64) {
@@ -58,6 +77,9 @@ impl Counters {
             redis_checks: get(&self.redis_checks),
             deny_cache_hits: get(&self.deny_cache_hits),
             fallbacks: get(&self.fallbacks),
+            fallback_fail_open: get(&self.fallback_limits[0]),
+            fallback_fail_closed: get(&self.fallback_limits[1]),
+            fallback_local: get(&self.fallback_limits[2]),
             errors: get(&self.errors),
             timeouts: get(&self.timeouts),
             refunds: get(&self.refunds),

@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use smallvec::{SmallVec, smallvec};
-use tollgate_core::{Algorithm, Clock, Decision, Limit, Nanos, Outcome, Store, StoreError};
+use tollgate_core::{
+    Algorithm, Clock, Decision, FailurePolicy, Limit, Nanos, Outcome, Store, StoreError,
+};
 use tollgate_store::{FastClock, MemoryStore};
 
 use crate::batch::{BatchError, Batcher, Job};
@@ -14,8 +16,8 @@ use crate::deny_cache::DenyCache;
 use crate::keys::{redis_keys, slot};
 use crate::leases::{Held, Leases};
 use crate::script::{MAX_MICROS, Params, SOURCE, decode, parse_check};
-use crate::stats::{Counters, bump};
-use crate::{FailurePolicy, RedisConfig, RedisStats, TimeSource};
+use crate::stats::{Counters, bump, policy_index};
+use crate::{RedisConfig, RedisStats, TimeSource};
 
 /// An outcome and, when Redis decided it, the script's time per limit (µs).
 pub(crate) struct Sourced {
@@ -88,6 +90,19 @@ fn capacity(limit: &Limit<'_>) -> u64 {
     }
 }
 
+/// The decision of a limit that was not counted: allowed, its whole
+/// capacity left.
+fn untouched(limit: &Limit<'_>) -> Decision {
+    Decision {
+        allowed: true,
+        limit: capacity(limit),
+        remaining: capacity(limit),
+        reset_after: Duration::ZERO,
+        retry_after: None,
+        delay: Duration::ZERO,
+    }
+}
+
 impl RedisStore {
     /// Connects to `redis://host:port/db` (one server) or
     /// `redis+cluster://host:port,host:port` (a cluster, from any of its nodes).
@@ -134,6 +149,17 @@ impl RedisStore {
     /// The store's counters and breaker state, for metrics.
     pub fn stats(&self) -> RedisStats {
         self.counters.snapshot(self.breaker.state())
+    }
+
+    /// Whether Redis answers a `PING` now (within the check timeout, but at
+    /// least 250 ms: a readiness probe should not flap on a busy host). Checks
+    /// answer either way; this is for readiness probes.
+    pub async fn reachable(&self) -> bool {
+        let wait = self.config.timeout.max(Duration::from_millis(250));
+        matches!(
+            tokio::time::timeout(wait, self.conn.ping()).await,
+            Ok(Ok(()))
+        )
     }
 
     /// Whether the store talks to a Redis Cluster.
@@ -423,48 +449,58 @@ impl RedisStore {
         }
     }
 
+    /// What the limits' failure policies decide when Redis cannot answer. The
+    /// request stays all-or-nothing: a `fail_closed` limit refuses it before
+    /// the local store is touched, and the `local` limits are checked together
+    /// on the local store; `fail_open` limits admit without counting.
     fn fallback(&self, limits: &[Limit<'_>], prepared: &[Prepared]) -> Outcome {
         bump(&self.counters.fallbacks);
-        match self.config.failure {
-            FailurePolicy::Local => {
-                let outcome = self.local.check_now(limits);
-                if outcome.allowed() {
-                    for (limit, p) in limits.iter().zip(prepared) {
-                        if limit.algorithm == Algorithm::Concurrency && limit.cost > 0 {
-                            self.leases
-                                .insert(&p.key, Held::Local, limit.cost, Duration::MAX);
-                        }
-                    }
-                }
-                outcome
-            }
-            FailurePolicy::FailOpen => Outcome {
-                decisions: limits
-                    .iter()
-                    .map(|l| Decision {
-                        allowed: true,
-                        limit: capacity(l),
-                        remaining: capacity(l),
-                        reset_after: Duration::ZERO,
-                        retry_after: None,
-                        delay: Duration::ZERO,
-                    })
-                    .collect(),
-            },
-            FailurePolicy::FailClosed => Outcome {
-                decisions: limits
-                    .iter()
-                    .map(|l| Decision {
-                        allowed: false,
-                        limit: capacity(l),
-                        remaining: 0,
-                        reset_after: Duration::ZERO,
-                        retry_after: Some(self.config.breaker_cool_down.max(self.config.timeout)),
-                        delay: Duration::ZERO,
-                    })
-                    .collect(),
-            },
+        for limit in limits {
+            bump(&self.counters.fallback_limits[policy_index(limit.failure)]);
         }
+        let closed = limits
+            .iter()
+            .any(|l| l.failure == FailurePolicy::FailClosed);
+        let local: SmallVec<[Limit<'_>; 4]> = limits
+            .iter()
+            .filter(|l| l.failure == FailurePolicy::Local)
+            .map(|l| Limit {
+                // Only a peek when another limit refuses anyway.
+                cost: if closed { 0 } else { l.cost },
+                ..*l
+            })
+            .collect();
+        let mut local_decisions = self.local.check_now(&local).decisions.into_iter();
+        let decisions: SmallVec<[Decision; 4]> = limits
+            .iter()
+            .map(|l| match l.failure {
+                FailurePolicy::Local => local_decisions
+                    .next()
+                    .expect("one local decision per local limit"),
+                FailurePolicy::FailOpen => untouched(l),
+                FailurePolicy::FailClosed => Decision {
+                    allowed: false,
+                    limit: capacity(l),
+                    remaining: 0,
+                    reset_after: Duration::ZERO,
+                    retry_after: Some(self.config.breaker_cool_down.max(self.config.timeout)),
+                    delay: Duration::ZERO,
+                },
+            })
+            .collect();
+        let outcome = Outcome { decisions };
+        if outcome.allowed() {
+            for (limit, p) in limits.iter().zip(prepared) {
+                if limit.algorithm == Algorithm::Concurrency
+                    && limit.cost > 0
+                    && limit.failure == FailurePolicy::Local
+                {
+                    self.leases
+                        .insert(&p.key, Held::Local, limit.cost, Duration::MAX);
+                }
+            }
+        }
+        outcome
     }
 
     /// A deny from the cache when one of the limits is cached as denied.
@@ -484,16 +520,7 @@ impl RedisStore {
         let decisions = limits
             .iter()
             .zip(hits)
-            .map(|(l, hit)| {
-                hit.unwrap_or(Decision {
-                    allowed: true,
-                    limit: capacity(l),
-                    remaining: capacity(l),
-                    reset_after: Duration::ZERO,
-                    retry_after: None,
-                    delay: Duration::ZERO,
-                })
-            })
+            .map(|(l, hit)| hit.unwrap_or_else(|| untouched(l)))
             .collect();
         Some(Outcome { decisions })
     }
@@ -641,5 +668,9 @@ impl Store for RedisStore {
 
     fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.release_limits(limits)
+    }
+
+    fn ready(&self) -> impl Future<Output = bool> + Send {
+        self.reachable()
     }
 }

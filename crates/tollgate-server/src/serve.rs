@@ -189,9 +189,19 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let mut grpc_task: JoinHandle<anyhow::Result<()>> =
         tokio::spawn(async move { grpc_server.await.context("the gRPC server failed") });
 
+    let store_metrics: Option<Box<dyn Fn() + Send + Sync>> =
+        limiter.store().redis_stats().is_some().then(|| {
+            let limiter = Arc::clone(&limiter);
+            Box::new(move || {
+                if let Some(stats) = limiter.store().redis_stats() {
+                    metrics::redis(&stats);
+                }
+            }) as Box<dyn Fn() + Send + Sync>
+        });
     let state = Arc::new(AppState {
         limiter: Arc::clone(&limiter),
         metrics: metrics_handle.clone(),
+        store_metrics,
         admin_token: args.admin_token,
         config: args.config.clone(),
     });

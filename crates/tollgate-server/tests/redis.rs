@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Server, rls_request, tollgate};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tonic::transport::Channel;
 
 /// A `redis-server` on a free loopback port, killed when dropped.
 struct Redis {
@@ -99,4 +101,85 @@ fn an_unreachable_redis_at_start_up_is_a_clear_error() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("cannot connect to Redis"), "{stderr}");
+}
+
+/// One rule refuses while Redis is down, the other counts on this instance.
+const FAILURES: &str = r#"domain: failures
+rules:
+  - name: payments
+    match: [{ key: payments }]
+    failure: fail_closed
+    limit: { requests: 2, per: 1h }
+  - name: search
+    match: [{ key: search }]
+    limit: { requests: 2, per: 1h }
+"#;
+
+async fn code(client: &mut RateLimitServiceClient<Channel>, key: &str) -> i32 {
+    client
+        .should_rate_limit(rls_request("failures", &[&[(key, "x")]]))
+        .await
+        .expect("answers, Redis or not")
+        .into_inner()
+        .overall_code
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_rule_falls_back_by_its_failure_policy_and_readyz_follows_redis() {
+    const OK: i32 = 1;
+    const OVER_LIMIT: i32 = 2;
+    let mut redis = Redis::start();
+    let server = Server::with_config(&[("failures.yaml", FAILURES)], &["--redis", &redis.url()]);
+    let mut client = server.grpc_client().await;
+    let ready = || async {
+        reqwest::get(server.url("/readyz"))
+            .await
+            .expect("answers")
+            .status()
+    };
+    assert_eq!(ready().await, 200);
+    assert_eq!(code(&mut client, "payments").await, OK);
+    assert_eq!(code(&mut client, "search").await, OK);
+
+    redis.child.kill().expect("kill redis-server");
+    redis.child.wait().expect("reap redis-server");
+    assert_eq!(ready().await, 503, "Redis is gone");
+    for _ in 0..3 {
+        assert_eq!(
+            code(&mut client, "payments").await,
+            OVER_LIMIT,
+            "fail_closed refuses"
+        );
+    }
+    // `local`: a fresh count on this instance, with the rule's quota.
+    assert_eq!(code(&mut client, "search").await, OK);
+    assert_eq!(code(&mut client, "search").await, OK);
+    assert_eq!(code(&mut client, "search").await, OVER_LIMIT);
+
+    let metrics = reqwest::get(server.url("/metrics"))
+        .await
+        .expect("answers")
+        .text()
+        .await
+        .expect("text");
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+    };
+    assert_eq!(
+        value("tollgate_redis_fallbacks_total{failure=\"fail_closed\"}"),
+        3.0
+    );
+    assert_eq!(
+        value("tollgate_redis_fallbacks_total{failure=\"local\"}"),
+        3.0
+    );
+    assert!(value("tollgate_redis_checks_total") >= 2.0);
+    assert!(value("tollgate_redis_errors_total") + value("tollgate_redis_timeouts_total") >= 1.0);
+    assert!(
+        value("tollgate_redis_breaker_state") > 0.0,
+        "the breaker opened"
+    );
 }

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use cap::Cap;
 use governor::DefaultKeyedRateLimiter;
-use tollgate_core::{Algorithm, Limit, Quota, Store};
+use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store};
 use tollgate_store::{MemoryConfig, MemoryStore};
 
 #[global_allocator]
@@ -105,6 +105,7 @@ impl Tollgate {
             quota: self.quota,
             algorithm: Algorithm::Gcra,
             cost: 1,
+            failure: FailurePolicy::Local,
         }]
     }
 }

@@ -19,7 +19,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use cap::Cap;
-use tollgate_core::{Algorithm, Limit, Quota};
+use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota};
 use tollgate_store::{MemoryConfig, MemoryStore};
 
 #[global_allocator]
@@ -70,6 +70,7 @@ fn flood(store: &MemoryStore, prefix: &str, n: usize, mut progress: impl FnMut(u
             quota,
             algorithm: Algorithm::Gcra,
             cost: 1,
+            failure: FailurePolicy::Local,
         };
         assert!(store.check_now(&[limit]).allowed(), "a new key is admitted");
         progress(i + 1);

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Limit, ManualClock, Quota, Store};
+use tollgate_core::{Algorithm, FailurePolicy, Limit, ManualClock, Quota, Store};
 use tollgate_store::{MemoryConfig, MemoryStore};
 
 fn store(config: MemoryConfig) -> (MemoryStore<Arc<ManualClock>>, Arc<ManualClock>) {
@@ -18,6 +18,7 @@ fn limit(key: &str, quota: Quota, algorithm: Algorithm) -> Limit<'_> {
         quota,
         algorithm,
         cost: 1,
+        failure: FailurePolicy::Local,
     }
 }
 

@@ -213,9 +213,10 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
                     {
                         return Verdict::Deny(unavailable(grpc));
                     }
-                    // `fail_open` lets the request through. So does `local`
-                    // for now: the local fallback limiter belongs to the Redis
-                    // store, which decides from it before it ever errs. With a
+                    // `fail_open` lets the request through, and so does
+                    // `local`: a store with a local fallback (the Redis store)
+                    // decides from it and never errs for being unreachable, so
+                    // an error here comes from a store that has none. With a
                     // pre-check, the pre-check's decision (and headers) stand.
                 }
             }

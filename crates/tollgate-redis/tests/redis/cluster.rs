@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tollgate_core::{Algorithm, Limit, Quota};
+use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota};
 use tollgate_store::{MemoryConfig, MemoryStore};
 
 use crate::conformance::{self, assert_same, run, scenarios};
@@ -42,6 +42,7 @@ async fn cluster_conformance_tags_cross_slot_refunds_and_script_reloads() {
         quota: Quota::per_second(10).unwrap(),
         algorithm: Algorithm::Gcra,
         cost: 1,
+        failure: FailurePolicy::Local,
     };
     assert!(store.check_limits(&[api]).await.unwrap().allowed());
     let exists = std::process::Command::new("redis-cli")
@@ -70,6 +71,7 @@ async fn cluster_conformance_tags_cross_slot_refunds_and_script_reloads() {
         quota: Quota::per_second(1000).unwrap(),
         algorithm: Algorithm::TokenBucket,
         cost: 1,
+        failure: FailurePolicy::Local,
     };
     for key in &keys {
         assert!(store.check_limits(&[check(key)]).await.unwrap().allowed());
@@ -109,6 +111,7 @@ async fn cross_slot(url: &str, algorithm: Algorithm, slot: &impl Fn(&str) -> Str
         quota,
         algorithm,
         cost,
+        failure: FailurePolicy::Local,
     };
     let clock = conformance::clock();
     let memory = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));

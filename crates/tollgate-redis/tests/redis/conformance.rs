@@ -14,7 +14,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Clock, Decision, Limit, ManualClock, Outcome, Quota, Store};
+use tollgate_core::{
+    Algorithm, Clock, Decision, FailurePolicy, Limit, ManualClock, Outcome, Quota, Store,
+};
 
 /// What a scenario does next.
 #[derive(Debug, Clone)]
@@ -253,6 +255,7 @@ pub(crate) async fn run<S: Store>(
                             quota: *quota,
                             algorithm: *algorithm,
                             cost,
+                            failure: FailurePolicy::Local,
                         }
                     })
                     .collect();

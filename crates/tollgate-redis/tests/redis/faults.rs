@@ -64,6 +64,7 @@ impl Load {
                             quota: quota(),
                             algorithm: Algorithm::Gcra,
                             cost: 1,
+                            failure: FailurePolicy::Local,
                         };
                         let outcome = store
                             .check_limits(&[limit])
@@ -323,42 +324,54 @@ async fn a_cluster_master_killed_keeps_checks_answering() {
 }
 
 #[tokio::test]
-async fn fail_open_and_fail_closed_answer_without_redis() {
+async fn each_limit_falls_back_by_its_own_failure_policy() {
     let mut server = RedisServer::start();
     let clock = conformance::clock();
-    let open = manual_store_with(&server.url(), &clock, |c| {
-        fast(100)(c);
-        c.failure = FailurePolicy::FailOpen;
-    })
-    .await;
-    let closed = manual_store_with(&server.url(), &clock, |c| {
-        fast(100)(c);
-        c.failure = FailurePolicy::FailClosed;
-    })
-    .await;
-    let l = Limit {
-        key: "policy",
+    let store = manual_store_with(&server.url(), &clock, fast(100)).await;
+    let limit = |key, failure| Limit {
+        key,
         quota: Quota::per_second(1).unwrap(),
         algorithm: Algorithm::Gcra,
         cost: 1,
+        failure,
     };
-    assert!(open.check_limits(&[l]).await.unwrap().allowed());
-    assert!(
-        !closed.check_limits(&[l]).await.unwrap().allowed(),
-        "Redis already counted one"
-    );
+    let open = limit("open", FailurePolicy::FailOpen);
+    let closed = limit("closed", FailurePolicy::FailClosed);
+    let local = limit("local", FailurePolicy::Local);
+    for l in [open, closed, local] {
+        assert!(store.check_limits(&[l]).await.unwrap().allowed());
+        assert!(
+            !store.check_limits(&[l]).await.unwrap().allowed(),
+            "Redis counted the first"
+        );
+    }
     server.kill();
-    for _ in 0..10 {
-        let o = open.check_limits(&[l]).await.expect("no error");
+    // Redis is gone: fail_open admits without counting, fail_closed refuses
+    // with the breaker's cool-down, local counts afresh on this instance.
+    for _ in 0..5 {
+        let o = store.check_limits(&[open]).await.expect("no error");
         assert!(o.allowed());
         assert_eq!(o.decisions[0].remaining, 1);
-        let c = closed.check_limits(&[l]).await.expect("no error");
+        let c = store.check_limits(&[closed]).await.expect("no error");
         assert!(!c.allowed());
         assert_eq!(c.decisions[0].retry_after, Some(Duration::from_millis(100)));
     }
-    assert_eq!(open.stats().fallbacks, 10);
-    assert_eq!(closed.stats().fallbacks, 10);
-    assert_eq!(open.stats().breaker, BreakerState::Open);
+    assert!(store.check_limits(&[local]).await.unwrap().allowed());
+    assert!(!store.check_limits(&[local]).await.unwrap().allowed());
+    // One request mixing them stays all-or-nothing: the fail_closed limit
+    // refuses it, and the local limit beside it is not charged.
+    let fresh = limit("fresh", FailurePolicy::Local);
+    let mixed = store.check_limits(&[fresh, closed, open]).await.unwrap();
+    assert!(!mixed.allowed());
+    assert!(mixed.decisions[0].allowed && mixed.decisions[2].allowed);
+    assert!(!mixed.decisions[1].allowed);
+    assert!(store.check_limits(&[fresh, open]).await.unwrap().allowed());
+    assert!(
+        !store.check_limits(&[fresh, open]).await.unwrap().allowed(),
+        "the local limit counted only the admitted request"
+    );
+    assert_eq!(store.stats().fallbacks, 15);
+    assert_eq!(store.stats().breaker, BreakerState::Open);
 }
 
 #[tokio::test]
@@ -371,6 +384,7 @@ async fn permits_taken_in_the_fallback_are_given_back_to_it() {
         quota: Quota::per_minute(1).unwrap(),
         algorithm: Algorithm::Concurrency,
         cost: 1,
+        failure: FailurePolicy::Local,
     };
     server.kill();
     assert!(store.check_limits(&[slots]).await.unwrap().allowed());

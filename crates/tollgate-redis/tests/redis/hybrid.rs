@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Limit, ManualClock, Quota};
+use tollgate_core::{Algorithm, FailurePolicy, Limit, ManualClock, Quota};
 use tollgate_redis::{HybridConfig, HybridStore};
 
 use crate::conformance;
@@ -29,6 +29,7 @@ fn limit(key: &str, quota: Quota, algorithm: Algorithm) -> Limit<'_> {
         quota,
         algorithm,
         cost: 1,
+        failure: FailurePolicy::Local,
     }
 }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Limit, Quota, Store, StoreError};
+use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store, StoreError};
 use tollgate_redis::{ConnectError, RedisConfig, RedisStore};
 use tollgate_store::{MemoryConfig, MemoryStore};
 
@@ -17,6 +17,7 @@ fn limit(key: &str, quota: Quota, algorithm: Algorithm, cost: u64) -> Limit<'_> 
         quota,
         algorithm,
         cost,
+        failure: FailurePolicy::Local,
     }
 }
 

@@ -2,7 +2,7 @@
 //! Redis / Redis Cluster with `--redis`.
 
 use tollgate_core::{Limit, Outcome, Store, StoreError, SystemClock};
-use tollgate_redis::{RedisConfig, RedisStore};
+use tollgate_redis::{RedisConfig, RedisStats, RedisStore};
 use tollgate_store::{MemoryConfig, MemoryStore};
 
 /// One of the stores `tollgate serve` can run on.
@@ -31,6 +31,14 @@ impl Backend {
         })
     }
 
+    /// The Redis store's counters and breaker state; `None` in memory.
+    pub(crate) fn redis_stats(&self) -> Option<RedisStats> {
+        match self {
+            Backend::Memory(_) => None,
+            Backend::Redis(r) => Some(r.stats()),
+        }
+    }
+
     /// Which store this is, for the start-up log.
     pub(crate) fn describe(&self) -> &'static str {
         match self {
@@ -56,6 +64,13 @@ impl Store for Backend {
         match self {
             Backend::Memory(m) => m.release(limits).await,
             Backend::Redis(r) => Box::pin(r.release(limits)).await,
+        }
+    }
+
+    async fn ready(&self) -> bool {
+        match self {
+            Backend::Memory(_) => true,
+            Backend::Redis(r) => r.reachable().await,
         }
     }
 }

@@ -37,6 +37,9 @@ pub(crate) struct AppState<S> {
     pub(crate) limiter: Arc<RateLimiter<S>>,
     /// Renders `/metrics`.
     pub(crate) metrics: PrometheusHandle,
+    /// Records the store's own counters (Redis calls, fallbacks, the breaker)
+    /// just before `/metrics` renders; `None` for a store that keeps none.
+    pub(crate) store_metrics: Option<Box<dyn Fn() + Send + Sync>>,
     /// The bearer token of the admin API; `None` disables it.
     pub(crate) admin_token: Option<AdminToken>,
     /// The `--config` path that `POST /admin/reload` reads; `None` when the
@@ -150,6 +153,9 @@ impl<S: Store + 'static> tower_service::Service<Request> for HttpService<S> {
 }
 
 async fn render_metrics<S: Store + 'static>(State(state): State<Arc<AppState<S>>>) -> Response {
+    if let Some(record) = &state.store_metrics {
+        record();
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         metrics::render(&state.metrics),
@@ -190,6 +196,7 @@ mod tests {
         let state = AppState {
             limiter: Arc::new(RateLimiter::new(Policy::builtin(), store)),
             metrics: metrics::recorder().expect("valid buckets").handle(),
+            store_metrics: None,
             admin_token: admin_token.map(|t| t.parse().expect("a token")),
             config: None,
         };
@@ -264,6 +271,7 @@ mod tests {
             Arc::new(AppState {
                 limiter: Arc::new(RateLimiter::new(Policy::builtin(), store)),
                 metrics: metrics::recorder().expect("valid buckets").handle(),
+                store_metrics: None,
                 admin_token: None,
                 config: None,
             })

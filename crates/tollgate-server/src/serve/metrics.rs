@@ -10,9 +10,10 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use metrics::{counter, describe_counter, histogram};
+use metrics::{counter, describe_counter, describe_gauge, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use tollgate_policy::{FailurePolicy, Rule};
+use tollgate_redis::{BreakerState, RedisStats};
 
 mod hot;
 
@@ -35,6 +36,19 @@ const STORE_DURATION: &str = "tollgate_store_duration_seconds";
 const CHECKS_HELP: &str = "Requests answered, by API and result.";
 const CHECK_DURATION_HELP: &str = "Time to answer a request, by API.";
 const STORE_DURATION_HELP: &str = "Time a store call takes.";
+/// The Redis store's counters (with `--redis`), copied from its own at each
+/// scrape: checks Redis decided, deny-cache answers, calls that erred or timed
+/// out, cross-slot refunds, breaker openings; and the breaker's state.
+const REDIS_CHECKS: &str = "tollgate_redis_checks_total";
+const REDIS_DENY_CACHE_HITS: &str = "tollgate_redis_deny_cache_hits_total";
+const REDIS_ERRORS: &str = "tollgate_redis_errors_total";
+const REDIS_TIMEOUTS: &str = "tollgate_redis_timeouts_total";
+const REDIS_REFUNDS: &str = "tollgate_redis_refunds_total";
+const REDIS_BREAKER_OPENS: &str = "tollgate_redis_breaker_opens_total";
+/// Limits decided without Redis, by failure policy.
+const REDIS_FALLBACKS: &str = "tollgate_redis_fallbacks_total";
+/// 0 closed (checks go to Redis), 1 half-open (one probe out), 2 open.
+const REDIS_BREAKER: &str = "tollgate_redis_breaker_state";
 /// Config reloads by result (`ok`, `error`) and trigger (`watch`, `admin`).
 const CONFIG_RELOADS: &str = "tollgate_config_reloads_total";
 
@@ -125,6 +139,29 @@ pub(crate) fn install(
         "Limits decided by their failure policy because the store failed."
     );
     describe_counter!(CONFIG_RELOADS, "Config reloads by result and trigger.");
+    describe_counter!(REDIS_CHECKS, "Checks decided by Redis.");
+    describe_counter!(
+        REDIS_DENY_CACHE_HITS,
+        "Checks answered by the local deny cache without a Redis call."
+    );
+    describe_counter!(REDIS_ERRORS, "Redis calls that failed.");
+    describe_counter!(REDIS_TIMEOUTS, "Redis calls that timed out.");
+    describe_counter!(
+        REDIS_REFUNDS,
+        "Cross-slot checks refunded after a later slot denied."
+    );
+    describe_counter!(
+        REDIS_BREAKER_OPENS,
+        "Times the Redis circuit breaker opened."
+    );
+    describe_counter!(
+        REDIS_FALLBACKS,
+        "Limits decided without Redis, by their failure policy."
+    );
+    describe_gauge!(
+        REDIS_BREAKER,
+        "The Redis circuit breaker: 0 closed, 1 half-open, 2 open."
+    );
     Ok(handle)
 }
 
@@ -224,4 +261,28 @@ pub(crate) fn config_reload(trigger: Trigger, ok: bool) {
     };
     let result = if ok { "ok" } else { "error" };
     counter!(CONFIG_RELOADS, "result" => result, "trigger" => trigger).increment(1);
+}
+
+/// Copies the Redis store's counters into the registry (they are monotonic
+/// in the store, so each scrape sets them to its latest totals).
+pub(crate) fn redis(stats: &RedisStats) {
+    counter!(REDIS_CHECKS).absolute(stats.redis_checks);
+    counter!(REDIS_DENY_CACHE_HITS).absolute(stats.deny_cache_hits);
+    counter!(REDIS_ERRORS).absolute(stats.errors);
+    counter!(REDIS_TIMEOUTS).absolute(stats.timeouts);
+    counter!(REDIS_REFUNDS).absolute(stats.refunds);
+    counter!(REDIS_BREAKER_OPENS).absolute(stats.breaker_opens);
+    for (policy, n) in [
+        (FailurePolicy::FailOpen, stats.fallback_fail_open),
+        (FailurePolicy::FailClosed, stats.fallback_fail_closed),
+        (FailurePolicy::Local, stats.fallback_local),
+    ] {
+        counter!(REDIS_FALLBACKS, "failure" => policy.name()).absolute(n);
+    }
+    let state = match stats.breaker {
+        BreakerState::Closed => 0.0,
+        BreakerState::HalfOpen => 1.0,
+        BreakerState::Open => 2.0,
+    };
+    gauge!(REDIS_BREAKER).set(state);
 }

@@ -304,9 +304,7 @@ impl<S: Store> RateLimiter<S> {
     }
 
     /// Checks an ad-hoc limit. Its key is namespaced so that it cannot touch a
-    /// policy's state. A store failure lets the request through (the default
-    /// failure policy, `local`, falls back to allowing until the Redis store
-    /// brings a local limiter).
+    /// policy's state. It has the default failure policy, `local`.
     pub(crate) async fn check_adhoc(&self, adhoc: &AdHoc) -> Verdict {
         let started_at = SystemClock.now();
         let key = adhoc_key(&adhoc.key);
@@ -315,6 +313,7 @@ impl<S: Store> RateLimiter<S> {
             quota: adhoc.quota,
             algorithm: adhoc.algorithm,
             cost: adhoc.cost,
+            failure: FailurePolicy::Local,
         };
         let mut verdict = DescriptorVerdict {
             applied: Some((adhoc.quota, adhoc.algorithm)),
@@ -349,15 +348,22 @@ impl<S: Store> RateLimiter<S> {
             quota,
             algorithm,
             cost: 0,
+            failure: FailurePolicy::Local,
         };
         let outcome = self.timed_check(&[limit]).await?;
         Ok(outcome.decisions.first().copied())
     }
 
-    /// Whether the store answers a check (of a probe key, at cost 0).
+    /// Whether the store reaches its state (Redis answers) and answers a
+    /// check (of a probe key, at cost 0).
     pub(crate) async fn ready(&self) -> bool {
         let quota = Quota::per_second(1).expect("1 per second is a valid quota");
-        self.read(PROBE_KEY, quota, Algorithm::Gcra).await.is_ok()
+        self.store.ready().await && self.read(PROBE_KEY, quota, Algorithm::Gcra).await.is_ok()
+    }
+
+    /// The store the limits live in.
+    pub(crate) fn store(&self) -> &S {
+        &self.store
     }
 
     async fn timed_check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
@@ -383,6 +389,10 @@ impl<S: Store> Store for Shared<S> {
 
     fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.0.store.release(limits)
+    }
+
+    fn ready(&self) -> impl Future<Output = bool> + Send {
+        self.0.store.ready()
     }
 }
 
@@ -423,9 +433,11 @@ fn blocked(unit: Unit, now: Nanos) -> Decision {
     }
 }
 
-/// What a failure policy decides when the store cannot: `fail_closed` denies
-/// (with no retry time, since none is known); `fail_open` and, until the Redis
-/// store brings its local in-memory fallback, `local` let the request through.
+/// What a failure policy decides when the store returns an error. The stores
+/// `serve` runs on do not for an unreachable Redis (the Redis store applies each
+/// limit's policy itself, `local` included); this covers any other error:
+/// `fail_closed` denies (with no retry time, since none is known), `fail_open`
+/// and `local` (which has no local state to decide from here) let it through.
 fn fail(failure: FailurePolicy, quota: Quota) -> Option<Decision> {
     match failure {
         FailurePolicy::FailClosed => Some(Decision {
