@@ -43,7 +43,7 @@ mod token_bucket;
 
 pub use algorithm::{Algorithm, ParseAlgorithmError, StateMachine, Visitor};
 pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, SystemClock};
-pub use concurrency::{Concurrency, ConcurrencyLimiter, Permit};
+pub use concurrency::{Concurrency, ConcurrencyLimiter, Leases, Permit};
 pub use decision::Decision;
 pub use duration::{ParseDurationError, format_duration, parse_duration};
 pub use fixed_window::{FixedWindow, WindowCount};

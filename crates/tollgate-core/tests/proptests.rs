@@ -26,8 +26,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
 use tollgate_core::{
     Algorithm, Concurrency, ConcurrencyLimiter, Decision, FixedWindow, Gcra, LeakyBucket,
-    LeakyBucketShaping, Nanos, Quota, SlidingCounter, SlidingLog, StateMachine, TokenBucket,
-    Visitor,
+    LeakyBucketShaping, Leases, Nanos, Quota, SlidingCounter, SlidingLog, StateMachine,
+    TokenBucket, Visitor,
 };
 
 /// A quota, the shaping bucket's `delay_after`, and `(now, cost)` arrivals.
@@ -603,22 +603,41 @@ proptest! {
     #[test]
     fn concurrency_keeps_in_flight_within_the_limit(
         limit in 1u64..=6,
-        ops in prop::collection::vec((any::<bool>(), 0u64..=8, any::<u64>()), 1..60),
+        ops in prop::collection::vec((any::<bool>(), 0u64..=8, 0u64..=1_500), 1..60),
     ) {
+        // Leases of 1 s; the model keeps every live lease and, on a release,
+        // drops the oldest of that cost (else units from the oldest on).
         let quota = Quota::new(limit, Duration::from_secs(1)).unwrap();
-        let mut in_flight = 0;
-        for (acquire, cost, now) in ops {
+        let mut leases = Leases::default();
+        let mut model: Vec<(u64, u64)> = Vec::new();
+        let mut now = 0u64;
+        for (acquire, cost, step_ms) in ops {
+            now += step_ms * 1_000_000;
             if !acquire {
-                Concurrency::release(&mut in_flight, cost);
+                Concurrency::release(&mut leases, cost);
+                if let Some(i) = model.iter().position(|&(_, c)| c == cost) {
+                    model.remove(i);
+                } else {
+                    let mut left = cost;
+                    for lease in model.iter_mut() {
+                        let taken = lease.1.min(left);
+                        lease.1 -= taken;
+                        left -= taken;
+                    }
+                    model.retain(|&(_, c)| c > 0);
+                }
+                prop_assert_eq!(leases.in_flight(), model.iter().map(|&(_, c)| c).sum::<u64>());
                 continue;
             }
-            let before = in_flight;
-            // Time plays no part.
-            let elsewhere = Concurrency.step(&quota, &mut before.clone(), now / 2, cost);
-            let d = Concurrency.step(&quota, &mut in_flight, now, cost);
-            prop_assert_eq!(d, elsewhere);
+            model.retain(|&(at, _)| at > now);
+            let before: u64 = model.iter().map(|&(_, c)| c).sum();
+            let d = Concurrency.step(&quota, &mut leases, now, cost);
             prop_assert_eq!(d.allowed, before + cost <= limit);
-            prop_assert_eq!(in_flight, if d.allowed { before + cost } else { before });
+            if d.allowed && cost > 0 {
+                model.push((now + 1_000_000_000, cost));
+            }
+            let in_flight = leases.in_flight();
+            prop_assert_eq!(in_flight, model.iter().map(|&(_, c)| c).sum::<u64>());
             prop_assert!(in_flight <= limit);
             prop_assert_eq!(d.limit, limit);
             prop_assert_eq!(d.remaining, limit - in_flight);

@@ -6,7 +6,7 @@ use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 use tollgate_core::{
     Algorithm, Clock, Concurrency, Decision, FixedWindow, Gcra, LeakyBucket, LeakyBucketShaping,
-    Limit, Nanos, Outcome, SlidingCounter, SlidingLog, StateMachine, Store, StoreError,
+    Leases, Limit, Nanos, Outcome, SlidingCounter, SlidingLog, StateMachine, Store, StoreError,
     TokenBucket,
 };
 
@@ -18,7 +18,7 @@ use crate::shard::{Entry, Shard, Slot};
 pub struct MemoryConfig {
     /// The most keys held at once, split evenly across the shards. When a
     /// shard is full, a new key evicts the entry that is closest to full among
-    /// a few; concurrency permits are never evicted (live requests bound them).
+    /// a few; concurrency leases are never evicted (they go when released or lapsed).
     pub max_keys: usize,
     /// Number of shards, rounded up to a power of two (and down to no more
     /// than `max_keys`). More shards, less contention.
@@ -172,10 +172,10 @@ impl<C: Clock> MemoryStore<C> {
         {
             let (key, shard) = self.locate(limit);
             let mut guard = self.lock(shard, now);
-            let table = u64::table(&mut guard);
+            let table = Leases::table(&mut guard);
             if let Some(entry) = table.get_mut(key) {
                 Concurrency::release(&mut entry.state, limit.cost);
-                if entry.state == 0 {
+                if entry.state.is_empty() {
                     table.remove(key);
                 }
             }
@@ -286,16 +286,6 @@ fn tag(algorithm: Algorithm) -> u8 {
     }
 }
 
-/// When an entry whose latest decision is `decision` can be forgotten.
-fn expiry(decision: &Decision, now: Nanos, concurrency: bool) -> Nanos {
-    if concurrency {
-        // Held until released, however long that takes.
-        return Nanos::MAX;
-    }
-    let reset = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
-    now.saturating_add(reset)
-}
-
 /// One limit alone: write what it decides, with none of [`step`]'s undo and
 /// peek machinery. The path of most checks.
 #[inline]
@@ -304,12 +294,11 @@ where
     M: StateMachine,
     M::State: Slot,
 {
-    let concurrency = limit.algorithm == Algorithm::Concurrency;
     let table = M::State::table(shard);
     if let Some(entry) = table.get_mut(key) {
         let decision = machine.step(&limit.quota, &mut entry.state, now, limit.cost);
         if decision.allowed && limit.cost > 0 {
-            entry.expires_at = expiry(&decision, now, concurrency);
+            entry.expires_at = entry.state.expires_at(&decision, now);
         }
         return decision;
     }
@@ -317,8 +306,8 @@ where
     let decision = machine.step(&limit.quota, &mut state, now, limit.cost);
     if decision.allowed && limit.cost > 0 {
         let entry = Entry {
+            expires_at: state.expires_at(&decision, now),
             state,
-            expires_at: expiry(&decision, now, concurrency),
         };
         shard.insert_new(key, entry);
     }
@@ -337,7 +326,6 @@ where
     M: StateMachine,
     M::State: Slot,
 {
-    let concurrency = limit.algorithm == Algorithm::Concurrency;
     let writes = |d: &Decision| d.allowed && limit.cost > 0 && mode != Mode::Peek;
     let table = M::State::table(shard);
     if let Some(entry) = table.get_mut(key) {
@@ -356,7 +344,7 @@ where
         if !writes(&decision) {
             return (decision, None);
         }
-        entry.expires_at = expiry(&decision, now, concurrency);
+        entry.expires_at = entry.state.expires_at(&decision, now);
         let undo = saved.map(|saved| -> Undo {
             Box::new(move |shard: &mut Shard| {
                 M::State::table(shard).insert(key, saved);
@@ -370,8 +358,8 @@ where
         return (decision, None);
     }
     let entry = Entry {
+        expires_at: state.expires_at(&decision, now),
         state,
-        expires_at: expiry(&decision, now, concurrency),
     };
     shard.insert_new(key, entry);
     let undo = (mode == Mode::Undoable).then(|| -> Undo {

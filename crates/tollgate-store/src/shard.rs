@@ -4,7 +4,7 @@
 //! GCRA key costs its 128-bit key hash, one `u64` TAT and one `u64` expiry.
 
 use hashbrown::HashTable;
-use tollgate_core::{Level, Log, Nanos, Tat, Tokens, WindowCount, WindowPair};
+use tollgate_core::{Decision, Leases, Level, Log, Nanos, Tat, Tokens, WindowCount, WindowPair};
 
 pub(crate) struct Entry<S> {
     pub(crate) state: S,
@@ -89,6 +89,10 @@ impl<S> Table<S> {
 /// A state kind and the shard table that holds it.
 pub(crate) trait Slot: Default + Clone + Send + 'static {
     fn table(shard: &mut Shard) -> &mut Table<Self>;
+
+    /// When an entry in this state, just written with `decision` at `now`,
+    /// can be forgotten.
+    fn expires_at(&self, decision: &Decision, now: Nanos) -> Nanos;
 }
 
 /// What the shard needs of a table without knowing its state type.
@@ -151,10 +155,21 @@ macro_rules! tables {
             fn table(shard: &mut Shard) -> &mut Table<Self> {
                 &mut shard.tables.$field
             }
+
+            // Once back to full, the state is the same as a new one.
+            fn expires_at(&self, decision: &Decision, now: Nanos) -> Nanos {
+                let reset = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
+                now.saturating_add(reset)
+            }
         })*
         $(impl Slot for $kept_state {
             fn table(shard: &mut Shard) -> &mut Table<Self> {
                 &mut shard.tables.$kept
+            }
+
+            // Held until the last lease is released or lapses.
+            fn expires_at(&self, _: &Decision, now: Nanos) -> Nanos {
+                self.last_lapse().unwrap_or(now)
             }
         })*
 
@@ -174,11 +189,11 @@ macro_rules! tables {
     };
 }
 
-// Concurrency permits are never evicted: forgetting one would let more requests
-// be in flight than the limit allows. Live requests bound their number.
+// Concurrency leases are never evicted: forgetting one would let more requests
+// be in flight than the limit allows. They go when released or lapsed.
 tables! {
     evictable { tat: Tat, tokens: Tokens, level: Level, window: WindowCount, pair: WindowPair, log: Log }
-    kept { in_flight: u64 }
+    kept { leases: Leases }
 }
 
 pub(crate) struct Shard {

@@ -159,7 +159,7 @@ fn a_flood_fills_the_key_cap_exactly_and_no_further() {
 }
 
 #[test]
-fn concurrency_permits_are_held_until_released_and_never_evicted() {
+fn concurrency_permits_are_held_until_released_or_lapsed_and_never_evicted() {
     let (store, clock) = store(MemoryConfig {
         max_keys: 8,
         shards: 1,
@@ -175,8 +175,9 @@ fn concurrency_permits_are_held_until_released_and_never_evicted() {
     let denied = store.check_now(&[slots]);
     assert!(!denied.allowed());
     assert_eq!(denied.decisions[0].retry_after, None);
-    // Neither time nor a flood of other keys frees a permit.
-    clock.advance(Duration::from_secs(3600));
+    // Neither a sweep nor a flood of other keys frees a permit before its
+    // lease (the quota's period, a minute) lapses.
+    clock.advance(Duration::from_secs(59));
     store.sweep();
     for i in 0..100 {
         let key = format!("k{i}");
@@ -184,6 +185,13 @@ fn concurrency_permits_are_held_until_released_and_never_evicted() {
     }
     assert!(!store.check_now(&[slots]).allowed());
     store.release_now(&[slots]);
+    assert!(store.check_now(&[slots]).allowed());
+    assert!(!store.check_now(&[slots]).allowed());
+    // A holder that never releases loses its permit a period after taking it.
+    clock.advance(Duration::from_secs(1));
+    store.sweep();
+    assert!(store.check_now(&[slots]).allowed(), "the 0 s lease lapsed");
+    store.release_now(&[slots, slots]);
     assert!(store.check_now(&[slots]).allowed());
     store.release_now(&[slots, slots]);
     store.release_now(&[slots]);

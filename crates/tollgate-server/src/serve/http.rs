@@ -5,6 +5,7 @@
 //! | --- | --- |
 //! | `POST /json` | envoyproxy/ratelimit's JSON shape (see `envoy_json`) |
 //! | `POST /v1/check` | Tollgate's JSON shape (see `native`) |
+//! | `POST /v1/release` | gives back a checked request's concurrency permits |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200 when the store answers a probe check, 503 otherwise |
@@ -81,6 +82,7 @@ pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>) -> Router {
     Router::new()
         .route("/json", post(envoy_json::json::<S>))
         .route("/v1/check", post(native::check::<S>))
+        .route("/v1/release", post(native::release::<S>))
         .route("/metrics", get(render_metrics::<S>))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz::<S>))

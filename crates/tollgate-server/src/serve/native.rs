@@ -212,13 +212,6 @@ pub(crate) fn quota_of(
         .unwrap_or("gcra")
         .parse()
         .map_err(|e: tollgate_core::ParseAlgorithmError| bad("algorithm", e.to_string()))?;
-    if algorithm == Algorithm::Concurrency {
-        return Err(bad(
-            "algorithm",
-            "concurrency limits need a release when the request ends, which this API has no call for"
-                .into(),
-        ));
-    }
     let period = parse_duration(period).map_err(|e| bad("period", e.to_string()))?;
     let quota = Quota::new(limit, period).map_err(|e| bad("limit", e.to_string()))?;
     let quota = match burst {
@@ -340,7 +333,32 @@ pub(crate) async fn check<S: Store + 'static>(
     }
 }
 
-async fn answer<S: Store>(limiter: &RateLimiter<S>, body: &[u8]) -> Result<Verdict, ApiError> {
+/// A request body of `/v1/check` or `/v1/release`, validated.
+enum Checked {
+    AdHoc(AdHoc),
+    Policy {
+        domain: String,
+        descriptors: Vec<Descriptor>,
+        hits_addend: u64,
+    },
+}
+
+impl Checked {
+    /// The request a policy check resolves.
+    fn request<'a>(
+        domain: &'a str,
+        descriptors: &'a [Descriptor],
+        hits_addend: u64,
+    ) -> Request<'a> {
+        Request {
+            domain,
+            descriptors,
+            hits_addend,
+        }
+    }
+}
+
+fn parse(body: &[u8]) -> Result<Checked, ApiError> {
     // The fast path: one typed parse. A body that parses as an ad-hoc check
     // has `key` and no `domain` (unknown fields are refused), and one that
     // parses as a policy check has `domain` and no `key`, so both are what
@@ -348,10 +366,10 @@ async fn answer<S: Store>(limiter: &RateLimiter<S>, body: &[u8]) -> Result<Verdi
     // every malformed body, takes the careful path, which names the field at
     // fault.
     if let Ok(check) = serde_json::from_slice::<AdHocCheckRef<'_>>(body) {
-        return Ok(limiter.check_adhoc(&check.validate()?).await);
+        return Ok(Checked::AdHoc(check.validate()?));
     }
     if let Ok(check) = serde_json::from_slice::<PolicyCheck>(body) {
-        return policy_check(limiter, check).await;
+        return check.validate();
     }
     let shape: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
@@ -363,11 +381,11 @@ async fn answer<S: Store>(limiter: &RateLimiter<S>, body: &[u8]) -> Result<Verdi
     match (object.contains_key("domain"), object.contains_key("key")) {
         (true, false) => {
             let Json(check) = Json::<PolicyCheck>::from_bytes(body).map_err(rejection)?;
-            policy_check(limiter, check).await
+            check.validate()
         }
         (false, true) => {
             let Json(check) = Json::<AdHocCheck>::from_bytes(body).map_err(rejection)?;
-            Ok(limiter.check_adhoc(&check.validate()?).await)
+            Ok(Checked::AdHoc(check.validate()?))
         }
         (true, true) => Err(ApiError::bad_request(
             "a check has either `domain` (a policy check) or `key` (an ad-hoc check), not both",
@@ -378,25 +396,61 @@ async fn answer<S: Store>(limiter: &RateLimiter<S>, body: &[u8]) -> Result<Verdi
     }
 }
 
-async fn policy_check<S: Store>(
-    limiter: &RateLimiter<S>,
-    check: PolicyCheck,
-) -> Result<Verdict, ApiError> {
-    let descriptors = check
-        .descriptors
-        .into_iter()
-        .enumerate()
-        .map(|(index, d)| d.into_descriptor(index))
-        .collect::<Result<Vec<_>, _>>()?;
-    let request = Request {
-        domain: &check.domain,
-        descriptors: &descriptors,
-        hits_addend: check.hits_addend,
+async fn answer<S: Store>(limiter: &RateLimiter<S>, body: &[u8]) -> Result<Verdict, ApiError> {
+    match parse(body)? {
+        Checked::AdHoc(adhoc) => Ok(limiter.check_adhoc(&adhoc).await),
+        Checked::Policy {
+            domain,
+            descriptors,
+            hits_addend,
+        } => limiter
+            .check(&Checked::request(&domain, &descriptors, hits_addend))
+            .await
+            .map_err(|e| ApiError::bad_request(e.to_string())),
+    }
+}
+
+impl PolicyCheck {
+    fn validate(self) -> Result<Checked, ApiError> {
+        let descriptors = self
+            .descriptors
+            .into_iter()
+            .enumerate()
+            .map(|(index, d)| d.into_descriptor(index))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Checked::Policy {
+            domain: self.domain,
+            descriptors,
+            hits_addend: self.hits_addend,
+        })
+    }
+}
+
+/// `POST /v1/release`: the body of the `/v1/check` that admitted a request,
+/// sent when that request ends; gives back the permits its concurrency limits
+/// took (other algorithms have nothing to give back). Answers
+/// `{"released": N}`, the number of concurrency limits released.
+pub(crate) async fn release<S: Store + 'static>(
+    State(state): State<Arc<AppState<S>>>,
+    body: Bytes,
+) -> Response {
+    let released = match parse(&body) {
+        Ok(Checked::AdHoc(adhoc)) => Ok(state.limiter.release_adhoc(&adhoc).await),
+        Ok(Checked::Policy {
+            domain,
+            descriptors,
+            hits_addend,
+        }) => state
+            .limiter
+            .release(&Checked::request(&domain, &descriptors, hits_addend))
+            .await
+            .map_err(|e| ApiError::bad_request(e.to_string())),
+        Err(error) => Err(error),
     };
-    limiter
-        .check(&request)
-        .await
-        .map_err(|e| ApiError::bad_request(e.to_string()))
+    match released {
+        Ok(released) => Json(serde_json::json!({ "released": released })).into_response(),
+        Err(error) => error.into_response(),
+    }
 }
 
 fn render(verdict: &Verdict) -> Response {

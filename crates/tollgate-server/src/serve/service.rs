@@ -335,6 +335,54 @@ impl<S: Store> RateLimiter<S> {
         }
     }
 
+    /// Gives back the concurrency permits that `request`, admitted earlier,
+    /// holds: the limits of its enforced (or shadow) concurrency rules.
+    /// Returns how many limits were released. A release the store cannot
+    /// make is logged; the lease then lapses after its period.
+    pub(crate) async fn release(&self, request: &Request<'_>) -> Result<usize, RequestError> {
+        let resolved = self.policy.load().resolve(request)?;
+        let limits: Vec<Limit<'_>> = resolved
+            .iter()
+            .filter_map(|r| match r {
+                Resolved::Limit(applied)
+                    if applied.algorithm == Algorithm::Concurrency
+                        && self.kill_switch.enforced(request.domain, applied.rule.id()) =>
+                {
+                    Some(applied.limit())
+                }
+                _ => None,
+            })
+            .collect();
+        self.give_back(&limits).await;
+        Ok(limits.len())
+    }
+
+    /// [`RateLimiter::release`] for an ad-hoc limit.
+    pub(crate) async fn release_adhoc(&self, adhoc: &AdHoc) -> usize {
+        if adhoc.algorithm != Algorithm::Concurrency {
+            return 0;
+        }
+        let key = adhoc_key(&adhoc.key);
+        let limit = Limit {
+            key: &key,
+            quota: adhoc.quota,
+            algorithm: adhoc.algorithm,
+            cost: adhoc.cost,
+            failure: FailurePolicy::Local,
+        };
+        self.give_back(&[limit]).await;
+        1
+    }
+
+    async fn give_back(&self, limits: &[Limit<'_>]) {
+        if limits.is_empty() {
+            return;
+        }
+        if let Err(error) = self.store.release(limits).await {
+            tracing::warn!(%error, "release failed; the permits lapse after their period");
+        }
+    }
+
     /// Reads the state of the store key `key` under `quota` and `algorithm`
     /// without consuming anything (a check at cost 0).
     pub(crate) async fn read(
