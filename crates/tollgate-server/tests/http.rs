@@ -515,3 +515,42 @@ async fn v1_release_gives_back_concurrency_permits() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn detailed_metric_labels_decisions_by_descriptor_value() {
+    let config = "
+domain: detailed
+descriptors:
+  - key: user
+    detailed_metric: true
+    rate_limit: { unit: day, requests_per_unit: 1 }
+  - key: plan
+    rate_limit: { unit: day, requests_per_unit: 1 }
+";
+    let server = Server::with_config(&[("detailed.yaml", config)], &[]);
+    for (key, value) in [
+        ("user", "alice"),
+        ("user", "alice"),
+        ("user", "bob"),
+        ("plan", "pro"),
+    ] {
+        let body = json!({"domain": "detailed",
+            "descriptors": [{"entries": [{"key": key, "value": value}]}]});
+        post_json(&server, "/json", body).await;
+    }
+    let metrics = reqwest::get(server.url("/metrics"))
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("text");
+    for needle in [
+        r#"tollgate_decisions_total{domain="detailed",rule="user_alice",result="ok"} 1"#,
+        r#"tollgate_decisions_total{domain="detailed",rule="user_alice",result="over_limit"} 1"#,
+        r#"tollgate_decisions_total{domain="detailed",rule="user_bob",result="ok"} 1"#,
+        // Without `detailed_metric`, the rule's id: one series for every value.
+        r#"tollgate_decisions_total{domain="detailed",rule="plan",result="ok"} 1"#,
+    ] {
+        assert!(metrics.contains(needle), "missing {needle}:\n{metrics}");
+    }
+}

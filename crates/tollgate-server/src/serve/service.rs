@@ -17,7 +17,8 @@ use tollgate_core::{
     Algorithm, Clock, Decision, Limit, Nanos, Outcome, Quota, Store, StoreError, SystemClock,
 };
 use tollgate_policy::{
-    Applied, FailurePolicy, KillSwitch, Policy, Request, RequestError, Resolved, Rule, Unit,
+    Applied, Descriptor, FailurePolicy, KillSwitch, Policy, Request, RequestError, Resolved, Rule,
+    Unit,
 };
 
 use super::metrics;
@@ -264,7 +265,7 @@ impl<S: Store> RateLimiter<S> {
 
         self.decide(&mut descriptors, &enforce, false).await;
         self.decide(&mut descriptors, &shadow, true).await;
-        record(domain, &descriptors);
+        record(request, &descriptors);
         Ok(Verdict {
             descriptors,
             started_at,
@@ -445,17 +446,40 @@ impl<S: Store> Store for Shared<S> {
 }
 
 /// Counts each matched descriptor's decision (unmatched ones carry no
-/// config-bounded labels).
-fn record(domain: &str, descriptors: &[DescriptorVerdict]) {
-    for descriptor in descriptors {
+/// config-bounded labels). A rule with envoyproxy/ratelimit's
+/// `detailed_metric: true` is labelled by the request's descriptor, entry by
+/// entry (`key_value.key2_value2`, as that service names its stats), so each
+/// value gets its own series: the rule's author opted into that label set.
+fn record(request: &Request<'_>, descriptors: &[DescriptorVerdict]) {
+    for (index, descriptor) in descriptors.iter().enumerate() {
         if let Some(rule) = &descriptor.rule {
-            let rule = metrics::rule_label(rule);
-            metrics::decision(domain, rule, descriptor.result());
+            let detailed = rule
+                .detailed_metric()
+                .then(|| request.descriptors.get(index).map(detailed_label))
+                .flatten();
+            let rule = detailed
+                .as_deref()
+                .unwrap_or_else(|| metrics::rule_label(rule));
+            metrics::decision(request.domain, rule, descriptor.result());
             if descriptor.shadow_denied() {
-                metrics::shadow_denial(domain, rule);
+                metrics::shadow_denial(request.domain, rule);
             }
         }
     }
+}
+
+/// A descriptor as envoyproxy/ratelimit's detailed stats name it.
+fn detailed_label(descriptor: &Descriptor) -> String {
+    let mut label = String::new();
+    for (i, entry) in descriptor.entries.iter().enumerate() {
+        if i > 0 {
+            label.push('.');
+        }
+        label.push_str(&entry.key);
+        label.push('_');
+        label.push_str(&entry.value);
+    }
+    label
 }
 
 /// The store key of an ad-hoc limit named `key` by the caller.
