@@ -84,6 +84,17 @@ pub(crate) struct Args {
     #[arg(long, env = "TOLLGATE_REDIS", value_name = "URL")]
     redis: Option<RedisUrl>,
 
+    /// How long a check may wait for Redis before each rule's failure policy
+    /// decides it (`fail_open`, `fail_closed`, or `local`, the default).
+    #[arg(
+        long,
+        env = "TOLLGATE_REDIS_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "10ms",
+        value_parser = redis_timeout
+    )]
+    redis_timeout: Duration,
+
     /// The bearer token of the admin API (`/admin/...`). Without it, the admin
     /// API is off.
     #[arg(
@@ -96,6 +107,15 @@ pub(crate) struct Args {
 
     #[command(flatten, next_help_heading = "Gateway")]
     gateway: gateway::Args,
+}
+
+/// A Redis timeout: a duration such as `10ms`, above zero and at most a minute.
+fn redis_timeout(s: &str) -> Result<Duration, String> {
+    let timeout = tollgate_policy::parse_duration(s).map_err(|e| e.to_string())?;
+    if timeout.is_zero() || timeout > Duration::from_secs(60) {
+        return Err("must be above 0 and at most 1m".into());
+    }
+    Ok(timeout)
 }
 
 /// A Redis URL whose scheme has been checked. Its `Debug` shows no password.
@@ -172,7 +192,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let recorder = metrics::recorder().context("cannot set up metrics")?;
     let metrics_handle =
         metrics::install(recorder).map_err(|e| anyhow::anyhow!("cannot set up metrics: {e}"))?;
-    let store = Backend::open(args.redis.as_ref().map(|url| url.0.as_str())).await?;
+    let store = Backend::open(
+        args.redis.as_ref().map(|url| url.0.as_str()),
+        args.redis_timeout,
+    )
+    .await?;
     tracing::info!(store = store.describe(), "store ready");
     let limiter: Arc<RateLimiter<Backend>> = Arc::new(RateLimiter::new(policy, store));
     let (stop, stopped) = watch::channel(());

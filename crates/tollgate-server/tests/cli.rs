@@ -65,6 +65,9 @@ fn help_shows_every_flag_its_default_and_its_variable() {
         "--grpc <ADDR>",
         "--redis <URL>",
         "--admin-token <TOKEN>",
+        "--redis-timeout <DURATION>",
+        "[default: 10ms]",
+        "TOLLGATE_REDIS_TIMEOUT",
         "[default: 127.0.0.1:8080]",
         "[default: 127.0.0.1:8081]",
         "TOLLGATE_CONFIG",
@@ -147,6 +150,15 @@ fn a_bad_redis_url_is_refused() {
     let (status, stderr) = run_to_exit(&["serve", "--redis", "http://localhost:6379"]);
     assert!(!status.success());
     assert!(stderr.contains("redis://"), "{stderr}");
+}
+
+#[test]
+fn a_bad_redis_timeout_is_refused() {
+    for bad in ["0ms", "soon", "2m"] {
+        let (status, stderr) = run_to_exit(&["serve", "--redis-timeout", bad]);
+        assert!(!status.success(), "{bad}");
+        assert!(stderr.contains("--redis-timeout"), "{bad}: {stderr}");
+    }
 }
 
 #[tokio::test]

@@ -1,6 +1,8 @@
 //! The store the service runs on, chosen at start-up: in memory by default, or
 //! Redis / Redis Cluster with `--redis`.
 
+use std::time::Duration;
+
 use tollgate_core::{Limit, Outcome, Store, StoreError, SystemClock};
 use tollgate_redis::{RedisConfig, RedisStats, RedisStore};
 use tollgate_store::{MemoryConfig, MemoryStore};
@@ -15,18 +17,24 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
-    /// Connects to `redis` (a `redis://` or `redis+cluster://` URL) or, without
-    /// one, makes a memory store.
-    pub(crate) async fn open(redis: Option<&str>) -> anyhow::Result<Self> {
+    /// Connects to `redis` (a `redis://` or `redis+cluster://` URL), whose
+    /// checks wait at most `timeout`, or, without one, makes a memory store.
+    pub(crate) async fn open(redis: Option<&str>, timeout: Duration) -> anyhow::Result<Self> {
         Ok(match redis {
             None => Backend::Memory(MemoryStore::with_clock(
                 MemoryConfig::default(),
                 SystemClock,
             )),
             Some(url) => Backend::Redis(Box::new(
-                RedisStore::connect(url, RedisConfig::default())
-                    .await
-                    .map_err(|e| anyhow::anyhow!("cannot connect to Redis: {e}"))?,
+                RedisStore::connect(
+                    url,
+                    RedisConfig {
+                        timeout,
+                        ..RedisConfig::default()
+                    },
+                )
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot connect to Redis: {e}"))?,
             )),
         })
     }
