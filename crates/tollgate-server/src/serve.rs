@@ -229,6 +229,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         admin_token: args.admin_token,
         config: args.config.clone(),
     });
+    // On the shared multi-threaded runtime, not the gateway's per-CPU
+    // workers: measured both ways (`scripts/bench-http`), per-CPU workers
+    // gave the same throughput and a worse p99, since a check is too short
+    // to amortize connections unevenly spread over the workers.
     let http_server = axum::serve(
         http_listener,
         axum::ServiceExt::<axum::extract::Request>::into_make_service(http::service(state)),

@@ -15,23 +15,17 @@
 //! `Transfer-Encoding` is read by its chunked coding, without the length, and
 //! its connection closed after the answer (RFC 9112 §6.3, hyper's parser), so
 //! nothing smuggled after the body is read as a request. It runs on one
-//! worker thread per CPU ([`workers`]). See `docs/gateway.md`.
+//! worker thread per CPU (`workers`). See `docs/gateway.md`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::Context;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tollgate_core::Store;
 use tollgate_http::{
@@ -46,6 +40,7 @@ mod config;
 mod pool;
 mod proxy;
 mod routes;
+mod workers;
 
 use super::metrics::{self, Api, CheckResult};
 use super::service::{RateLimiter, Shared};
@@ -53,20 +48,8 @@ use actions::RateLimitSpec;
 use config::{Cidr, GatewayFile};
 use proxy::{Proxy, ProxyBody, Upstream};
 use routes::Routes;
+use workers::Listeners;
 
-/// The most bytes a request's start line and headers may take (`431` beyond).
-pub(crate) const MAX_HEADER_SIZE: usize = 32 * 1024;
-/// The largest read buffer of a connection.
-pub(crate) const MAX_BUF_SIZE: usize = 64 * 1024;
-/// How long a client may take to send a request's headers, and so how long
-/// an idle keep-alive connection stays open (hyper starts the timer when it
-/// waits for the next request's head).
-pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// Connections waiting to be accepted, per worker.
-const LISTEN_BACKLOG: u32 = 1024;
-/// How long to wait before accepting again after `accept` failed (e.g. out
-/// of file descriptors).
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// The domain the gateway checks requests in unless told otherwise.
 const DEFAULT_DOMAIN: &str = "gateway";
 /// IPv6 clients are keyed by their network of this many bits unless told otherwise.
@@ -200,34 +183,20 @@ impl Settings {
 /// A gateway whose listeners are bound, ready to serve.
 pub(crate) struct Gateway {
     settings: Settings,
-    /// One per worker, all on the same address (`SO_REUSEPORT`: the kernel
-    /// spreads new connections over them).
-    listeners: Vec<std::net::TcpListener>,
+    listeners: Listeners,
 }
 
-/// Reads the gateway's options and binds its listeners; `None` when no
-/// gateway is asked for. `policy` is only looked at, to warn when it has no
-/// rules for the gateway's domain.
+/// Reads the gateway's options and binds its listeners (one per worker, see
+/// `workers`); `None` when no gateway is asked for. `policy` is only looked
+/// at, to warn when it has no rules for the gateway's domain.
 pub(crate) async fn bind(args: Args, policy: &Policy) -> anyhow::Result<Option<Gateway>> {
     let Some(settings) = Settings::resolve(args)? else {
         return Ok(None);
     };
-    let cannot = || format!("cannot listen for the gateway on {}", settings.listen);
-    let addr = tokio::net::lookup_host(&settings.listen)
-        .await
-        .with_context(cannot)?
-        .next()
-        .with_context(|| format!("{}: the name has no address", cannot()))?;
-    let first = listen(addr).with_context(cannot)?;
-    let bound = first
-        .local_addr()
-        .context("cannot read the gateway listener's address")?;
-    let mut listeners = vec![first];
-    for _ in 1..workers() {
-        listeners.push(listen(bound).with_context(cannot)?);
-    }
+    let listeners = workers::bind("the gateway", &settings.listen).await?;
     tracing::info!(
-        "listening for the gateway on {bound} with upstream {}",
+        "listening for the gateway on {} with upstream {}",
+        listeners.local_addr(),
         settings.upstream
     );
     if policy.rules(&settings.domain).is_empty() {
@@ -240,33 +209,6 @@ pub(crate) async fn bind(args: Args, policy: &Policy) -> anyhow::Result<Option<G
         settings,
         listeners,
     }))
-}
-
-/// How many threads serve the gateway: one per CPU, each with a runtime of
-/// its own, its listener and its pool of upstream connections, as NGINX runs
-/// one worker process per CPU. A request never leaves the thread that read
-/// it, so no task is handed between threads on the way through.
-fn workers() -> usize {
-    if cfg!(unix) {
-        std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
-    } else {
-        // One listener per address without SO_REUSEPORT.
-        1
-    }
-}
-
-/// A listening socket on `addr`, shareable with the other workers'.
-fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let socket = match addr {
-        SocketAddr::V4(_) => TcpSocket::new_v4()?,
-        SocketAddr::V6(_) => TcpSocket::new_v6()?,
-    };
-    socket.set_reuseaddr(true)?;
-    #[cfg(unix)]
-    socket.set_reuseport(true)?;
-    socket.set_nodelay(true)?;
-    socket.bind(addr)?;
-    socket.listen(LISTEN_BACKLOG)?.into_std()
 }
 
 /// The layer around the proxy: what every gateway request goes through.
@@ -286,33 +228,14 @@ impl Gateway {
         stopped: watch::Receiver<()>,
     ) -> JoinHandle<anyhow::Result<()>> {
         let layer = layer(&self.settings, limiter);
-        let mut finished = Vec::with_capacity(self.listeners.len());
-        for (index, listener) in self.listeners.into_iter().enumerate() {
-            let (done, result) = oneshot::channel();
-            let service = layer.layer(Proxy::new(
-                self.settings.upstream.clone(),
-                self.settings.client_ip.clone(),
-            ));
-            let routes = Arc::clone(&self.settings.routes);
-            let stopped = stopped.clone();
-            let started = std::thread::Builder::new()
-                .name(format!("tollgate-gateway-{index}"))
-                .spawn(move || {
-                    let _ = done.send(worker(listener, service, routes, stopped));
-                });
-            if let Err(error) = started {
-                // The workers already started stop with the shutdown signal.
-                return tokio::spawn(async move {
-                    Err(error).context("cannot start a gateway worker thread")
-                });
-            }
-            finished.push(result);
-        }
-        tokio::spawn(async move {
-            for result in finished {
-                result.await.context("a gateway worker panicked")??;
-            }
-            Ok(())
+        let (upstream, client_ip) = (self.settings.upstream, self.settings.client_ip);
+        let routes = self.settings.routes;
+        // Each worker gets a proxy, and so a pool of upstream connections, of
+        // its own.
+        self.listeners.serve("gateway", stopped, move || {
+            let service = layer.layer(Proxy::new(upstream.clone(), client_ip.clone()));
+            let routes = Arc::clone(&routes);
+            move |peer, request| handle(&service, &routes, peer, request)
         })
     }
 }
@@ -332,74 +255,6 @@ fn layer<S: Store + 'static>(settings: &Settings, limiter: &Arc<RateLimiter<S>>)
         builder = builder.descriptor(spec.source(&settings.client_ip));
     }
     builder.build()
-}
-
-/// One worker thread: a single-threaded runtime serving `listener`.
-fn worker(
-    listener: std::net::TcpListener,
-    service: GatewayService,
-    routes: Arc<Routes>,
-    stopped: watch::Receiver<()>,
-) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start a gateway worker's runtime")?;
-    runtime.block_on(async move {
-        listener
-            .set_nonblocking(true)
-            .context("cannot set up the gateway listener")?;
-        let listener =
-            TcpListener::from_std(listener).context("cannot set up the gateway listener")?;
-        serve_connections(listener, service, routes, stopped).await;
-        Ok(())
-    })
-}
-
-/// Accepts connections until `stopped` changes, then lets the open ones
-/// finish their requests in flight (the caller bounds how long).
-async fn serve_connections(
-    listener: TcpListener,
-    service: GatewayService,
-    routes: Arc<Routes>,
-    mut stopped: watch::Receiver<()>,
-) {
-    let mut http = http1::Builder::new();
-    // At most 100 header fields (`431` beyond): hyper's default, left
-    // unset because setting it moves the parser's array to the heap.
-    http.timer(TokioTimer::new())
-        .keep_alive(true)
-        .half_close(false)
-        .max_header_size(MAX_HEADER_SIZE)
-        .max_buf_size(MAX_BUF_SIZE)
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    let graceful = GracefulShutdown::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "the gateway cannot accept a connection");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            },
-            _ = stopped.changed() => break,
-        };
-        let (service, routes) = (service.clone(), Arc::clone(&routes));
-        let connection = http.serve_connection(
-            TokioIo::new(stream),
-            service_fn(move |request| handle(&service, &routes, peer, request)),
-        );
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, %peer, "gateway connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    graceful.shutdown().await;
 }
 
 /// One request of a connection from `peer`: the peer address (which

@@ -1,0 +1,220 @@
+//! The gateway's worker threads: one per CPU, each with a single-threaded
+//! runtime and a listener of its own on the shared address (`SO_REUSEPORT`:
+//! the kernel spreads new connections over them), as NGINX runs one worker
+//! process per CPU. A connection never leaves the thread that accepted it, so
+//! no task or wake-up crosses threads on the way through a proxied request;
+//! on a small machine, those hand-offs cost more than the rate limit check
+//! itself. (The HTTP API, whose requests are much shorter, measured no
+//! better this way: see `serve.rs`.)
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use http::{Request, Response};
+use hyper::body::{Body, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+/// The most bytes a request's start line and headers may take (`431` beyond).
+pub(crate) const MAX_HEADER_SIZE: usize = 32 * 1024;
+/// The largest read buffer of a connection.
+pub(crate) const MAX_BUF_SIZE: usize = 64 * 1024;
+/// How long a client may take to send a request's headers, and so how long
+/// an idle keep-alive connection stays open (hyper starts the timer when it
+/// waits for the next request's head).
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections waiting to be accepted, per worker.
+const LISTEN_BACKLOG: u32 = 1024;
+/// How long to wait before accepting again after `accept` failed (e.g. out
+/// of file descriptors).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// One listening socket per worker, all on one address.
+pub(crate) struct Listeners {
+    listeners: Vec<std::net::TcpListener>,
+    addr: SocketAddr,
+}
+
+/// Resolves `addr` and binds it once per worker (port 0 picks a free port,
+/// the same for every worker). `what` names the listener in errors.
+pub(crate) async fn bind(what: &str, addr: &str) -> anyhow::Result<Listeners> {
+    let cannot = || format!("cannot listen for {what} on {addr}");
+    let resolved = tokio::net::lookup_host(addr)
+        .await
+        .with_context(cannot)?
+        .next()
+        .with_context(|| format!("{}: the name has no address", cannot()))?;
+    let first = listen(resolved).with_context(cannot)?;
+    let bound = first
+        .local_addr()
+        .with_context(|| format!("cannot read the {what} listener's address"))?;
+    let mut listeners = vec![first];
+    for _ in 1..workers() {
+        listeners.push(listen(bound).with_context(cannot)?);
+    }
+    Ok(Listeners {
+        listeners,
+        addr: bound,
+    })
+}
+
+/// How many workers serve each listener: one per CPU. Without
+/// `SO_REUSEPORT` (outside Unix), one.
+fn workers() -> usize {
+    if cfg!(unix) {
+        std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+    } else {
+        1
+    }
+}
+
+/// A listening socket on `addr`, shareable with the other workers'.
+fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    #[cfg(unix)]
+    socket.set_reuseport(true)?;
+    socket.set_nodelay(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)?.into_std()
+}
+
+impl Listeners {
+    /// The address every worker listens on.
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves HTTP/1.1 on every worker until `stopped` changes, then lets
+    /// the open connections finish their requests in flight (the caller
+    /// bounds how long). `make` builds each worker's request handler, called
+    /// on that worker's thread: `handler(peer, request)`. The task ends when
+    /// every worker has finished.
+    pub(crate) fn serve<M, H, F, B>(
+        self,
+        name: &'static str,
+        stopped: watch::Receiver<()>,
+        make: M,
+    ) -> JoinHandle<anyhow::Result<()>>
+    where
+        M: Fn() -> H + Clone + Send + 'static,
+        H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + 'static,
+        F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+        B: Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let mut finished = Vec::with_capacity(self.listeners.len());
+        for (index, listener) in self.listeners.into_iter().enumerate() {
+            let (done, result) = oneshot::channel();
+            let (stopped, make) = (stopped.clone(), make.clone());
+            let started = std::thread::Builder::new()
+                .name(format!("tollgate-{name}-{index}"))
+                .spawn(move || {
+                    let _ = done.send(worker(listener, stopped, make));
+                });
+            if let Err(error) = started {
+                // The workers already started stop with the shutdown signal.
+                return tokio::spawn(async move {
+                    Err(error).with_context(|| format!("cannot start a {name} worker thread"))
+                });
+            }
+            finished.push(result);
+        }
+        tokio::spawn(async move {
+            for result in finished {
+                result
+                    .await
+                    .with_context(|| format!("a {name} worker panicked"))??;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// One worker thread: a single-threaded runtime serving `listener`.
+fn worker<M, H, F, B>(
+    listener: std::net::TcpListener,
+    stopped: watch::Receiver<()>,
+    make: M,
+) -> anyhow::Result<()>
+where
+    M: Fn() -> H,
+    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + 'static,
+    F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start a worker's runtime")?;
+    runtime.block_on(async move {
+        listener
+            .set_nonblocking(true)
+            .context("cannot set up a listener")?;
+        let listener = TcpListener::from_std(listener).context("cannot set up a listener")?;
+        accept(listener, stopped, make()).await;
+        Ok(())
+    })
+}
+
+/// Accepts connections until `stopped` changes, then waits for the open
+/// ones to finish their requests in flight.
+async fn accept<H, F, B>(listener: TcpListener, mut stopped: watch::Receiver<()>, handler: H)
+where
+    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + 'static,
+    F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut http = http1::Builder::new();
+    // At most 100 header fields (`431` beyond): hyper's default, left
+    // unset because setting it moves the parser's array to the heap.
+    http.timer(TokioTimer::new())
+        .keep_alive(true)
+        .half_close(false)
+        .max_header_size(MAX_HEADER_SIZE)
+        .max_buf_size(MAX_BUF_SIZE)
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot accept a connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+            _ = stopped.changed() => break,
+        };
+        let handler = handler.clone();
+        let connection = http.serve_connection(
+            TokioIo::new(stream),
+            service_fn(move |request| handler(peer, request)),
+        );
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, %peer, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
