@@ -11,8 +11,9 @@
 //! keys picked pseudo-randomly. Quota: 100 per second, burst 100. Each cell runs
 //! for `SECONDS` after a warm-up, sides alternating, `REPETITIONS` times; the
 //! median decisions/s is reported with Redis's CPU time per decision (`INFO
-//! cpu`) and the bytes one key takes in Redis (`MEMORY USAGE`, averaged over
-//! sampled keys).
+//! cpu`), this process's (the callers and the client side of either store,
+//! from `/proc/self/stat`), and the bytes one key takes in Redis (`MEMORY
+//! USAGE`, averaged over sampled keys).
 //!
 //! Run with `cargo bench -p tollgate-redis --bench classic` (needs
 //! `redis-server` on the PATH; it starts its own on a free loopback port);
@@ -147,19 +148,41 @@ async fn redis_cpu(conn: &mut MultiplexedConnection) -> f64 {
         .sum()
 }
 
-/// Runs one cell: decisions per second and Redis CPU seconds per decision.
+/// This process's CPU time (user + system) so far, in seconds, from
+/// `/proc/self/stat` (Linux, like `redis-server` here).
+fn own_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // Fields after the command name (which may hold spaces) closed by ')'.
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("a stat line") + 2..]
+        .split(' ')
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // USER_HZ is 100 on every Linux platform Redis runs on.
+    ticks / 100.0
+}
+
+/// What one cell measured, per second and per decision.
+struct Measured {
+    rate: f64,
+    redis_cpu: f64,
+    client_cpu: f64,
+}
+
+/// Runs one cell: decisions per second, and Redis's and this process's CPU
+/// seconds per decision.
 async fn cell(
     side: Side,
     keys: u64,
     prefix: &str,
     conn: &MultiplexedConnection,
     store: &Arc<RedisStore>,
-) -> (f64, f64) {
+) -> Measured {
     let script = Arc::new(redis::Script::new(CLASSIC));
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let mut admin = conn.clone();
     let cpu_before = redis_cpu(&mut admin).await;
+    let own_before = own_cpu();
     let start = Instant::now();
     let tasks: Vec<_> = (0..CALLERS as u64)
         .map(|c| {
@@ -214,9 +237,14 @@ async fn cell(
         t.await.unwrap();
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let own = own_cpu() - own_before;
     let cpu = redis_cpu(&mut admin).await - cpu_before;
     let n = done.load(Ordering::Relaxed) as f64;
-    (n / elapsed, cpu / n)
+    Measured {
+        rate: n / elapsed,
+        redis_cpu: cpu / n,
+        client_cpu: own / n,
+    }
 }
 
 /// Hybrid mode on one hot key whose budget covers every request (1,000,000
@@ -361,7 +389,7 @@ fn main() {
             "{CALLERS} callers, token bucket 100/s burst 100, {SECONDS} s per run, median of {REPETITIONS}\n"
         );
         println!(
-            "| keys | side | decisions/s | Redis CPU µs/decision | ratio |\n| --- | --- | ---: | ---: | ---: |"
+            "| keys | side | decisions/s | Redis CPU µs/decision | client CPU µs/decision | ratio |\n| --- | --- | ---: | ---: | ---: | ---: |"
         );
         // TOLLGATE_BENCH_KEYS=1 or =100000 runs one workload only (profiling).
         let only: Option<u64> = std::env::var("TOLLGATE_BENCH_KEYS")
@@ -371,23 +399,22 @@ fn main() {
             // Warm-up: scripts loaded, keys created.
             cell(Side::Classic, keys, "c:", &conn, &store).await;
             cell(Side::Tollgate, keys, "", &conn, &store).await;
-            let mut results = [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
+            let mut results: [Vec<Measured>; 2] = [Vec::new(), Vec::new()];
             for _ in 0..REPETITIONS {
                 for (s, side) in [Side::Classic, Side::Tollgate].into_iter().enumerate() {
                     let prefix = if side == Side::Classic { "c:" } else { "" };
-                    let (rate, cpu) = cell(side, keys, prefix, &conn, &store).await;
-                    results[s].0.push(rate);
-                    results[s].1.push(cpu);
+                    results[s].push(cell(side, keys, prefix, &conn, &store).await);
                 }
             }
-            let classic = median(results[0].0.clone());
+            let of = |s: usize, f: fn(&Measured) -> f64| median(results[s].iter().map(f).collect());
+            let classic = of(0, |m| m.rate);
             for (s, side) in [Side::Classic, Side::Tollgate].into_iter().enumerate() {
-                let rate = median(results[s].0.clone());
-                let cpu = median(results[s].1.clone());
+                let rate = of(s, |m| m.rate);
                 println!(
-                    "| {keys} | {} | {rate:.0} | {:.2} | {:.2}× |",
+                    "| {keys} | {} | {rate:.0} | {:.2} | {:.2} | {:.2}× |",
                     side.name(),
-                    cpu * 1e6,
+                    of(s, |m| m.redis_cpu) * 1e6,
+                    of(s, |m| m.client_cpu) * 1e6,
                     rate / classic
                 );
             }

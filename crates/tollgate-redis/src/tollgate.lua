@@ -28,7 +28,7 @@
 
 local END = 9007199254740992 -- 2^53 us: the end of time on this side
 local B = 16777216 -- 2^24, the limb base
-local floor = math.floor
+local floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
 
 -- Integers print exactly with %d (a C long: 64 bits on every Redis platform),
 -- and faster than with %.0f.
@@ -101,21 +101,24 @@ local function muldiv_ceil(a, b, d)
   return q + 1
 end
 
+-- A decision as five numbers: allowed (1/0), remaining, reset_after,
+-- retry_after (-1: never), delay. Returned as values, not a table: a table
+-- per limit is a measurable share of a check's time in Redis.
 local function decision(allowed, remaining, reset, retry, delay)
-  return { allowed and 1 or 0, remaining, reset, retry or -1, delay or 0 }
+  return allowed and 1 or 0, remaining, reset, retry or -1, delay or 0
 end
 
 -- The mechanism shared by the token bucket, GCRA and both leaky buckets
 -- (tollgate-core's meter.rs): `used` is how much of the capacity is taken, in
--- microseconds of draining. Returns the decision and, on an admission, the new
--- `used` (nil when nothing is to be written).
+-- microseconds of draining. Returns, on an admission, the new `used` (nil
+-- when nothing is to be written), then the decision.
 local function meter(q, now, used, cost)
   local t = q.emission
   local capacity = q.burst * t
-  local top = math.min(capacity, END - now)
+  local top = min(capacity, END - now)
   local need = cost * t
   if cost > q.burst or used + need > END - now then
-    return decision(false, floor(math.max(top - used, 0) / t), used, nil), nil
+    return nil, decision(false, floor(max(top - used, 0) / t), used, nil)
   end
   local room = capacity - need
   if used <= room then
@@ -124,9 +127,9 @@ local function meter(q, now, used, cost)
     if cost > 0 then
       newused = after
     end
-    return decision(true, floor((top - after) / t), after, nil), newused
+    return newused, decision(true, floor((top - after) / t), after, nil)
   end
-  return decision(false, floor(math.max(top - used, 0) / t), used, used - room), nil
+  return nil, decision(false, floor(max(top - used, 0) / t), used, used - room)
 end
 
 -- String states are one, two or three little-endian doubles (struct.pack
@@ -242,7 +245,7 @@ local function load_leases(key, aux, now)
   for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, '-inf', fmt(now))) do
     expired = expired + cost_of(m)
   end
-  s.count = math.max(s.count - expired, 0)
+  s.count = max(s.count - expired, 0)
   s.expired = expired
   states[key] = s
   return s
@@ -254,44 +257,45 @@ end
 
 -- Steps one limit. `write` says whether its admission is to be kept (false
 -- once another limit of the request has denied: a peek, as in the memory
--- store). Returns the decision and the TTL (us) to set when it wrote.
+-- store). Returns the TTL (us) to set when it wrote (else nil), then the
+-- decision.
 local function step(alg, q, key, aux, now, cost, write, lease, index)
   if alg == 0 then
     local s = load_simple(key, alg, q)
     local capacity = q.burst * q.emission
-    local n = math.max(now, s.b)
-    local tokens = math.min(s.a + (n - s.b), capacity)
-    local d, used = meter(q, n, capacity - tokens, cost)
+    local n = max(now, s.b)
+    local tokens = min(s.a + (n - s.b), capacity)
+    local used, a, r, reset, retry, delay = meter(q, n, capacity - tokens, cost)
     if used and write then
       s.a, s.b, s.dirty = capacity - used, n, true
-      return d, d[3]
+      return reset, a, r, reset, retry, delay
     end
-    return d
+    return nil, a, r, reset, retry, delay
   elseif alg == 1 or alg == 3 then
     local s = load_simple(key, alg, q)
-    local wait = math.max(s.a - now, 0)
-    local d, used = meter(q, now, wait, cost)
-    if d[1] == 1 and alg == 3 then
-      d[5] = math.max(wait - math.min(q.delay_after, q.burst) * q.emission, 0)
+    local wait = max(s.a - now, 0)
+    local used, a, r, reset, retry, delay = meter(q, now, wait, cost)
+    if a == 1 and alg == 3 then
+      delay = max(wait - min(q.delay_after, q.burst) * q.emission, 0)
     end
     if used and write then
       s.a, s.dirty = now + used, true
-      return d, d[3]
+      return reset, a, r, reset, retry, delay
     end
-    return d
+    return nil, a, r, reset, retry, delay
   elseif alg == 2 then
     local s = load_simple(key, alg, q)
-    local n = math.max(now, s.b)
-    local d, used = meter(q, n, math.max(s.a - (n - s.b), 0), cost)
+    local n = max(now, s.b)
+    local used, a, r, reset, retry, delay = meter(q, n, max(s.a - (n - s.b), 0), cost)
     if used and write then
       s.a, s.b, s.dirty = used, n, true
-      return d, d[3]
+      return reset, a, r, reset, retry, delay
     end
-    return d
+    return nil, a, r, reset, retry, delay
   elseif alg == 4 then
     local s = load_simple(key, alg, q)
     local p, l = q.period, q.limit
-    local n = math.max(now, s.a)
+    local n = max(now, s.a)
     local count = 0
     if floor(n / p) == floor(s.a / p) then
       count = s.b
@@ -305,22 +309,22 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
     end
     if count + cost <= l then
       local after = count + cost
-      local d = decision(true, l - after, reset(after))
+      local reset_after = reset(after)
       if cost > 0 and write then
         s.a, s.b, s.dirty = n, after, true
-        return d, d[3]
+        return reset_after, decision(true, l - after, reset_after)
       end
-      return d
+      return nil, decision(true, l - after, reset_after)
     end
     local retry = nil
     if cost <= l and n + until_end <= END then
       retry = until_end
     end
-    return decision(false, math.max(l - count, 0), reset(count), retry)
+    return nil, decision(false, max(l - count, 0), reset(count), retry)
   elseif alg == 6 then
     local s = load_simple(key, alg, q)
     local p, l = q.period, q.limit
-    local n = math.max(now, s.a)
+    local n = max(now, s.a)
     local prev, cur = 0, 0
     local ahead = floor(n / p) - floor(s.a / p)
     if ahead == 0 then
@@ -332,7 +336,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
     -- previous * (p - e) / p rounded up is prev - k: the weighted estimate.
     local k = muldiv(prev, e, p)
     local function remaining(c)
-      return math.max(l - c - prev + k, 0)
+      return max(l - c - prev + k, 0)
     end
     local function reset(c)
       if prev == 0 and c == 0 then
@@ -344,12 +348,12 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
     end
     local after = cur + cost
     if after <= l and l - after - prev + k >= 0 then
-      local d = decision(true, remaining(after), reset(after))
+      local reset_after = reset(after)
       if cost > 0 and write then
         s.a, s.b, s.c, s.dirty = n, prev, after, true
-        return d, d[3]
+        return reset_after, decision(true, remaining(after), reset_after)
       end
-      return d
+      return nil, decision(true, remaining(after), reset_after)
     end
     -- First offset in a window, from `from`, at which the cost fits.
     local function first_fit(pv, c, from)
@@ -361,7 +365,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       if excess > 0 then
         at = muldiv_ceil(excess, p, pv)
       end
-      at = math.max(at, from)
+      at = max(at, from)
       if at < p then
         return at
       end
@@ -384,7 +388,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
     if retry_at then
       retry = retry_at - n
     end
-    return decision(false, remaining(cur), reset(cur), retry)
+    return nil, decision(false, remaining(cur), reset(cur), retry)
   elseif alg == 5 then
     local s = load_log(key, aux)
     local p, l = q.period, q.limit
@@ -396,7 +400,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
     -- Live total: what is stored, less what has left the window (or was
     -- drained by an earlier limit of this request), plus this request's own
     -- tentative admissions (at `now`, always live).
-    local gone = log_sum(key, math.max(threshold, s.drained))
+    local gone = log_sum(key, max(threshold, s.drained))
     local total = s.total - gone + s.pending
     local newest_live = nil
     if s.pending > 0 then
@@ -415,20 +419,19 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       if cost > 0 then
         reset_after = p
       end
-      local d = decision(true, l - (total + cost), reset_after)
       if cost > 0 and write then
-        s.drained = math.max(s.drained, threshold)
+        s.drained = max(s.drained, threshold)
         s.pending = s.pending + cost
         s.at = n
         s.dirty = true
-        return d, p
+        return p, decision(true, l - (total + cost), reset_after)
       end
-      return d
+      return nil, decision(true, l - (total + cost), reset_after)
     end
     local retry = nil
     if cost <= l then
       local live = {}
-      for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. fmt(math.max(threshold, s.drained)), '+inf', 'WITHSCORES')) do
+      for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. fmt(max(threshold, s.drained)), '+inf', 'WITHSCORES')) do
         live[#live + 1] = m
       end
       local left = total
@@ -455,32 +458,31 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
         end
       end
     end
-    return decision(false, math.max(l - total, 0), reset(newest_live), retry)
+    return nil, decision(false, max(l - total, 0), reset(newest_live), retry)
   elseif alg == 7 then
     local s = load_leases(key, aux, now)
     local l = q.limit
     if s.count + cost <= l then
       local after = s.count + cost
-      local d = decision(true, l - after, 0)
       if cost > 0 and write then
         s.count, s.dirty = after, true
         s.added[#s.added + 1] = { fmt(cost) .. '|' .. lease .. '#' .. index, now + q.period }
-        return d, q.period
+        return q.period, decision(true, l - after, 0)
       end
-      return d
+      return nil, decision(true, l - after, 0)
     end
-    return decision(false, math.max(l - s.count, 0), 0, nil)
+    return nil, decision(false, max(l - s.count, 0), 0, nil)
   end
   error('unknown algorithm ' .. tostring(alg))
 end
 
 local function expire(key, ttl_us, extra_ms)
-  local ms = math.max(math.ceil(ttl_us / 1000), 1) + extra_ms
+  local ms = max(ceil(ttl_us / 1000), 1) + extra_ms
   redis.call('PEXPIRE', key, fmt(ms))
 end
 
 local function expire_at_least(key, ttl_us, extra_ms)
-  local ms = math.max(math.ceil(ttl_us / 1000), 1) + extra_ms
+  local ms = max(ceil(ttl_us / 1000), 1) + extra_ms
   if redis.call('PTTL', key) < ms then
     redis.call('PEXPIRE', key, fmt(ms))
   end
@@ -489,7 +491,7 @@ end
 local function write(key, s, ttl, extra)
   if s.kind == 'simple' then
     local v = pack(s.a, s.b, s.c)
-    redis.call('SET', key, v, 'PX', fmt(math.max(math.ceil(ttl / 1000), 1) + extra))
+    redis.call('SET', key, v, 'PX', fmt(max(ceil(ttl / 1000), 1) + extra))
     committed[key] = v
   elseif s.kind == 'log' then
     local gone = log_sum(key, s.drained)
@@ -549,7 +551,7 @@ end
 local function packed(out)
   local parts = {}
   for i = 1, #out, 100 do
-    local j = math.min(i + 99, #out)
+    local j = min(i + 99, #out)
     parts[#parts + 1] = struct.pack('<' .. string.rep('d', j - i + 1), unpack(out, i, j))
   end
   return table.concat(parts)
@@ -560,35 +562,35 @@ end
 -- limit} to `reply`; writes only when every limit admits and `commit`.
 local function check_request(reply, keys_at, args_at, count, commit, t, lease)
   states = {}
-  local first = #reply + 1
-  reply[first] = t
-  reply[first + 1] = 1
-  local ttls = {}
+  local o = #reply
+  reply[o + 1] = t
+  reply[o + 2] = 1
+  local first = o + 2
+  o = first
   local all = true
   for i = 1, count do
     local alg, q, cost = quota(args_at, i)
     local key, aux = KEYS[keys_at + 2 * i - 1], KEYS[keys_at + 2 * i]
-    local d, ttl = step(alg, q, key, aux, t, cost, all and commit, lease, i)
-    if d[1] == 0 then
+    local ttl, a, r, reset, retry, delay = step(alg, q, key, aux, t, cost, all and commit, lease, i)
+    if a == 0 then
       all = false
     end
     if ttl then
-      ttls[key] = ttl
+      states[key].ttl = ttl
     end
-    for j = 1, 5 do
-      reply[#reply + 1] = d[j]
-    end
+    reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4], reply[o + 5] = a, r, reset, retry, delay
+    o = o + 5
   end
   if all and commit then
     for key, s in pairs(states) do
       if s.dirty then
         s.now = t
-        write(key, s, ttls[key], extra)
+        write(key, s, s.ttl, extra)
       end
     end
   end
   if not all then
-    reply[first + 1] = 0
+    reply[first] = 0
   end
 end
 
@@ -619,7 +621,7 @@ elseif op == 'b' then
     pos = pos + 3 + count
   end
   for from = 1, #simple, 500 do
-    local upto = math.min(from + 499, #simple)
+    local upto = min(from + 499, #simple)
     local values = redis.call('MGET', unpack(simple, from, upto))
     for i = from, upto do
       committed[simple[i]] = values[i - from + 1]
@@ -646,25 +648,25 @@ elseif op == 'r' then
     if alg == 0 and v then
       local tokens, last = parse2(v, 0, 0)
       local capacity = q.burst * q.emission
-      tokens = math.min(tokens + cost * q.emission, capacity)
+      tokens = min(tokens + cost * q.emission, capacity)
       redis.call('SET', key, pack(tokens, last), 'KEEPTTL')
     elseif (alg == 1 or alg == 3) and v then
-      redis.call('SET', key, pack(math.max(parse1(v, 0) - cost * q.emission, 0)), 'KEEPTTL')
+      redis.call('SET', key, pack(max(parse1(v, 0) - cost * q.emission, 0)), 'KEEPTTL')
     elseif alg == 2 and v then
       local level, last = parse2(v, 0, 0)
-      redis.call('SET', key, pack(math.max(level - cost * q.emission, 0), last), 'KEEPTTL')
+      redis.call('SET', key, pack(max(level - cost * q.emission, 0), last), 'KEEPTTL')
     elseif alg == 4 and v then
       local last, count = parse2(v, 0, 0)
       if floor(last / q.period) == floor(now / q.period) then
-        redis.call('SET', key, pack(last, math.max(count - cost, 0)), 'KEEPTTL')
+        redis.call('SET', key, pack(last, max(count - cost, 0)), 'KEEPTTL')
       end
     elseif alg == 6 and v then
       local last, prev, cur = parse3(v)
       local ahead = floor(last / q.period) - floor(now / q.period)
       if ahead == 0 then
-        cur = math.max(cur - cost, 0)
+        cur = max(cur - cost, 0)
       elseif ahead == 1 then
-        prev = math.max(prev - cost, 0)
+        prev = max(prev - cost, 0)
       end
       redis.call('SET', key, pack(last, prev, cur), 'KEEPTTL')
     elseif alg == 5 then
@@ -672,18 +674,18 @@ elseif op == 'r' then
       if member[1] then
         local c = tonumber(string.match(member[1], ':(%d+)$'))
         redis.call('ZREM', key, member[1])
-        local taken = math.min(c, cost)
+        local taken = min(c, cost)
         if c > taken then
           redis.call('ZADD', key, fmt(now), fmt(now) .. ':' .. fmt(c - taken))
         end
         local total = tonumber(redis.call('GET', aux) or '0')
-        redis.call('SET', aux, fmt(math.max(total - taken, 0)), 'KEEPTTL')
+        redis.call('SET', aux, fmt(max(total - taken, 0)), 'KEEPTTL')
       end
     elseif alg == 7 then
       local member = fmt(cost) .. '|' .. lease_base .. '#' .. i
       if redis.call('ZREM', key, member) == 1 then
         local count = tonumber(redis.call('GET', aux) or '0')
-        redis.call('SET', aux, fmt(math.max(count - cost, 0)), 'KEEPTTL')
+        redis.call('SET', aux, fmt(max(count - cost, 0)), 'KEEPTTL')
       end
     end
   end
@@ -695,7 +697,7 @@ elseif op == 'l' then
     local member = ARGV[4 + i]
     if redis.call('ZREM', key, member) == 1 then
       local count = tonumber(redis.call('GET', aux) or '0')
-      redis.call('SET', aux, fmt(math.max(count - cost_of(member), 0)), 'KEEPTTL')
+      redis.call('SET', aux, fmt(max(count - cost_of(member), 0)), 'KEEPTTL')
     end
   end
   return { now }
