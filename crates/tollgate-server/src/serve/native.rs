@@ -136,14 +136,15 @@ impl CheckResponse<'_> {
     fn write_json(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"allowed\":");
         bool_json(out, self.allowed);
-        out.extend_from_slice(b",\"limit\":");
-        u64_json(out, self.limit);
-        out.extend_from_slice(b",\"remaining\":");
-        u64_json(out, self.remaining);
-        out.extend_from_slice(b",\"reset_after_ms\":");
-        u64_json(out, self.reset_after_ms);
-        out.extend_from_slice(b",\"retry_after_ms\":");
-        u64_json(out, self.retry_after_ms);
+        decision_json(
+            out,
+            [
+                self.limit,
+                self.remaining,
+                self.reset_after_ms,
+                self.retry_after_ms,
+            ],
+        );
         out.extend_from_slice(b",\"delay_ms\":");
         u64_json(out, Some(self.delay_ms));
         out.extend_from_slice(b",\"descriptors\":[");
@@ -160,17 +161,27 @@ impl CheckResponse<'_> {
                 Some(rule) => str_json(out, rule),
                 None => out.extend_from_slice(b"null"),
             }
-            out.extend_from_slice(b",\"limit\":");
-            u64_json(out, d.limit);
-            out.extend_from_slice(b",\"remaining\":");
-            u64_json(out, d.remaining);
-            out.extend_from_slice(b",\"reset_after_ms\":");
-            u64_json(out, d.reset_after_ms);
-            out.extend_from_slice(b",\"retry_after_ms\":");
-            u64_json(out, d.retry_after_ms);
+            decision_json(
+                out,
+                [d.limit, d.remaining, d.reset_after_ms, d.retry_after_ms],
+            );
             out.push(b'}');
         }
         out.extend_from_slice(b"]}");
+    }
+}
+
+/// The fields a decision has at the top and in each descriptor, in order.
+fn decision_json(out: &mut Vec<u8>, values: [Option<u64>; 4]) {
+    let names: [&[u8]; 4] = [
+        b",\"limit\":",
+        b",\"remaining\":",
+        b",\"reset_after_ms\":",
+        b",\"retry_after_ms\":",
+    ];
+    for (name, value) in names.into_iter().zip(values) {
+        out.extend_from_slice(name);
+        u64_json(out, value);
     }
 }
 
@@ -336,24 +347,22 @@ pub(crate) async fn check<S: Store + 'static>(
 /// A request body of `/v1/check` or `/v1/release`, validated.
 enum Checked {
     AdHoc(AdHoc),
-    Policy {
-        domain: String,
-        descriptors: Vec<Descriptor>,
-        hits_addend: u64,
-    },
+    Policy(PolicyRequest),
 }
 
-impl Checked {
-    /// The request a policy check resolves.
-    fn request<'a>(
-        domain: &'a str,
-        descriptors: &'a [Descriptor],
-        hits_addend: u64,
-    ) -> Request<'a> {
+/// A policy check's request, owning what [`Request`] borrows.
+struct PolicyRequest {
+    domain: String,
+    descriptors: Vec<Descriptor>,
+    hits_addend: u64,
+}
+
+impl PolicyRequest {
+    fn request(&self) -> Request<'_> {
         Request {
-            domain,
-            descriptors,
-            hits_addend,
+            domain: &self.domain,
+            descriptors: &self.descriptors,
+            hits_addend: self.hits_addend,
         }
     }
 }
@@ -399,12 +408,8 @@ fn parse(body: &[u8]) -> Result<Checked, ApiError> {
 async fn answer<S: Store>(limiter: &RateLimiter<S>, body: &[u8]) -> Result<Verdict, ApiError> {
     match parse(body)? {
         Checked::AdHoc(adhoc) => Ok(limiter.check_adhoc(&adhoc).await),
-        Checked::Policy {
-            domain,
-            descriptors,
-            hits_addend,
-        } => limiter
-            .check(&Checked::request(&domain, &descriptors, hits_addend))
+        Checked::Policy(policy) => limiter
+            .check(&policy.request())
             .await
             .map_err(|e| ApiError::bad_request(e.to_string())),
     }
@@ -418,11 +423,11 @@ impl PolicyCheck {
             .enumerate()
             .map(|(index, d)| d.into_descriptor(index))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Checked::Policy {
+        Ok(Checked::Policy(PolicyRequest {
             domain: self.domain,
             descriptors,
             hits_addend: self.hits_addend,
-        })
+        }))
     }
 }
 
@@ -436,13 +441,9 @@ pub(crate) async fn release<S: Store + 'static>(
 ) -> Response {
     let released = match parse(&body) {
         Ok(Checked::AdHoc(adhoc)) => Ok(state.limiter.release_adhoc(&adhoc).await),
-        Ok(Checked::Policy {
-            domain,
-            descriptors,
-            hits_addend,
-        }) => state
+        Ok(Checked::Policy(policy)) => state
             .limiter
-            .release(&Checked::request(&domain, &descriptors, hits_addend))
+            .release(&policy.request())
             .await
             .map_err(|e| ApiError::bad_request(e.to_string())),
         Err(error) => Err(error),

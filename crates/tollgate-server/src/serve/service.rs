@@ -55,6 +55,14 @@ pub(crate) struct AdHoc {
     pub(crate) cost: u64,
 }
 
+impl AdHoc {
+    /// The limit to check, under its namespaced store key `key` (see
+    /// [`adhoc_key`]), with the default failure policy, `local`.
+    fn limit<'a>(&self, key: &'a str) -> Limit<'a> {
+        Limit::new(key, self.quota, self.algorithm).with_cost(self.cost)
+    }
+}
+
 /// What happened to one descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
@@ -309,13 +317,7 @@ impl<S: Store> RateLimiter<S> {
     pub(crate) async fn check_adhoc(&self, adhoc: &AdHoc) -> Verdict {
         let started_at = SystemClock.now();
         let key = adhoc_key(&adhoc.key);
-        let limit = Limit {
-            key: &key,
-            quota: adhoc.quota,
-            algorithm: adhoc.algorithm,
-            cost: adhoc.cost,
-            failure: FailurePolicy::Local,
-        };
+        let limit = adhoc.limit(&key);
         let mut verdict = DescriptorVerdict {
             applied: Some((adhoc.quota, adhoc.algorithm)),
             ..DescriptorVerdict::new(State::Limited, None)
@@ -364,13 +366,7 @@ impl<S: Store> RateLimiter<S> {
             return 0;
         }
         let key = adhoc_key(&adhoc.key);
-        let limit = Limit {
-            key: &key,
-            quota: adhoc.quota,
-            algorithm: adhoc.algorithm,
-            cost: adhoc.cost,
-            failure: FailurePolicy::Local,
-        };
+        let limit = adhoc.limit(&key);
         self.give_back(&[limit]).await;
         1
     }
