@@ -26,7 +26,9 @@ use std::time::Duration;
 use bytes::BytesMut;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
+use smallvec::SmallVec;
 use tollgate_core::{Algorithm, Decision, Nanos, Outcome, Quota};
+use tollgate_policy::Verdict;
 
 /// The version of the IETF draft whose `RateLimit-Policy` and `RateLimit`
 /// syntax these headers follow. Draft -11 (May 2026) keeps the same syntax and
@@ -211,6 +213,43 @@ pub fn most_restrictive<'r, 'a>(limits: &'r [LimitReport<'a>]) -> Option<&'r Lim
         .iter()
         .position(|d| std::ptr::eq(d, chosen))?;
     limits.get(index)
+}
+
+/// How a limit checked without a rule (an ad-hoc limit) is named in
+/// `RateLimit-Policy`: its key is the caller's and may be anything.
+pub const ADHOC_NAME: &str = "adhoc";
+
+/// What the headers of an answer to `verdict` describe: every enforcing limit
+/// that was decided, named by its shared bucket, else its rule. The same for
+/// every door that answers with these headers.
+pub fn reports(verdict: &Verdict) -> SmallVec<[LimitReport<'_>; 4]> {
+    verdict
+        .descriptors
+        .iter()
+        .filter(|d| d.enforcing())
+        .filter_map(|d| {
+            let decision = d.decision?;
+            let rule = d.rule.as_deref();
+            let bucket = rule.and_then(|r| r.bucket());
+            let name = bucket.or(rule.map(|r| r.id())).unwrap_or(ADHOC_NAME);
+            let report = match (d.applied, d.envoy_limit) {
+                (Some((quota, algorithm)), _) => {
+                    LimitReport::new(name, &quota, algorithm, decision)
+                }
+                // A rule that blocks everything: a quota of zero per unit.
+                (None, Some((_, unit))) => LimitReport {
+                    name,
+                    quota: 0,
+                    window: Some(unit.duration()),
+                    concurrency: false,
+                    bucket: None,
+                    decision,
+                },
+                (None, None) => return None,
+            };
+            Some(report.with_bucket(bucket))
+        })
+        .collect()
 }
 
 /// `Retry-After` for a denied decision, in whole seconds: its `retry_after`

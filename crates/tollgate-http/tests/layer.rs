@@ -192,9 +192,12 @@ async fn failure_policies_decide_when_the_store_is_down() {
 
     let closed = PER_IP.replace("limit:", "failure: fail_closed\n    limit:");
     let app_closed = limited(RateLimitLayer::builder("api", policy(&closed), Down).build());
-    let (status, _, body) = send(&app_closed, from("192.0.2.1:1")).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(body.contains("rate_limiter_unavailable"));
+    // Denied as over limit, as through every door (DESIGN §3), and the body
+    // says why.
+    let (status, headers, body) = send(&app_closed, from("192.0.2.1:1")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(headers.contains_key("retry-after"));
+    assert!(body.contains("rate_limiter_unavailable"), "{body}");
 
     // With a pre-check, a store that is down leaves the local decision in force.
     let guarded = limited(

@@ -18,19 +18,26 @@
 
 mod config;
 mod descriptor;
+mod enforcer;
 mod envoy;
 mod error;
 mod kill_switch;
 mod native;
 mod policy;
+mod policy_handle;
 mod rule;
 mod tree;
 
 pub use config::parse_yaml;
 pub use descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
+pub use enforcer::{
+    AdHoc, Check, Decided, DescriptorVerdict, Enforcer, InvalidToken, NoObserver, Observer, Permit,
+    State, Verdict, adhoc_key,
+};
 pub use error::{ConfigError, RequestError};
 pub use kill_switch::KillSwitch;
 pub use policy::{Applied, Policy, Resolved};
+pub use policy_handle::PolicyHandle;
 pub use rule::Rule;
 pub use tollgate_core::FailurePolicy;
 pub use tollgate_core::{ParseDurationError, parse_duration};

@@ -33,13 +33,12 @@ mod http;
 mod metrics;
 mod native;
 mod reload;
-mod service;
 
 use backend::Backend;
 use grpc::{RateLimitGrpc, RateLimitServiceServer};
 use http::AppState;
 use reload::Fingerprint;
-use service::RateLimiter;
+use tollgate_policy::Enforcer;
 
 /// How long requests in flight may take to finish once a shutdown starts.
 const GRACE: Duration = Duration::from_secs(10);
@@ -198,14 +197,15 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     )
     .await?;
     tracing::info!(store = store.describe(), "store ready");
-    let limiter: Arc<RateLimiter<Backend>> = Arc::new(RateLimiter::new(policy, store));
+    let enforcer: Arc<Enforcer<Backend>> =
+        Arc::new(Enforcer::new(policy, store).with_observer(Arc::new(metrics::Observe)));
     let (stop, stopped) = watch::channel(());
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RlsServer>().await;
     let grpc_server = tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(RlsServer::new(RateLimitGrpc::new(Arc::clone(&limiter))))
+        .add_service(RlsServer::new(RateLimitGrpc::new(Arc::clone(&enforcer))))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(grpc_listener),
             signalled(stopped.clone()),
@@ -214,16 +214,16 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         tokio::spawn(async move { grpc_server.await.context("the gRPC server failed") });
 
     let store_metrics: Option<Box<dyn Fn() + Send + Sync>> =
-        limiter.store().redis_stats().is_some().then(|| {
-            let limiter = Arc::clone(&limiter);
+        enforcer.store().redis_stats().is_some().then(|| {
+            let enforcer = Arc::clone(&enforcer);
             Box::new(move || {
-                if let Some(stats) = limiter.store().redis_stats() {
+                if let Some(stats) = enforcer.store().redis_stats() {
                     metrics::redis(&stats);
                 }
             }) as Box<dyn Fn() + Send + Sync>
         });
     let state = Arc::new(AppState {
-        limiter: Arc::clone(&limiter),
+        enforcer: Arc::clone(&enforcer),
         metrics: metrics_handle.clone(),
         store_metrics,
         admin_token: args.admin_token,
@@ -240,11 +240,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     .with_graceful_shutdown(signalled(stopped.clone()));
     let mut http_task: JoinHandle<anyhow::Result<()>> =
         tokio::spawn(async move { http_server.await.context("the HTTP server failed") });
-    let mut gateway_task = gateway.map(|g| g.spawn(&limiter, stopped.clone()));
+    let mut gateway_task = gateway.map(|g| g.spawn(&enforcer, stopped.clone()));
 
     if let (Some(path), Some(fingerprint)) = (args.config, fingerprint) {
         tokio::spawn(reload::watch(
-            Arc::clone(&limiter),
+            Arc::clone(&enforcer),
             path,
             fingerprint,
             stopped.clone(),

@@ -490,28 +490,45 @@ async fn v1_release_gives_back_concurrency_permits() {
         let server = &server;
         async move { post_json(server, "/v1/check", b).await.0 }
     };
-    assert_eq!(status(body.clone()).await, StatusCode::OK);
+    let (code, first, _) = post_json(&server, "/v1/check", body.clone()).await;
+    assert_eq!(code, StatusCode::OK);
+    let lease = first["lease"]
+        .as_str()
+        .expect("a concurrency rule admitted: a lease")
+        .to_owned();
     assert_eq!(status(body.clone()).await, StatusCode::OK);
     assert_eq!(status(body.clone()).await, StatusCode::TOO_MANY_REQUESTS);
-    // One request ends: its permit comes back, the rate rule has nothing to
-    // give back and is not counted.
-    let (code, released, _) = post_json(&server, "/v1/release", body.clone()).await;
+    // One request ends: its lease comes back; the rate rule beside it has
+    // nothing to give back and is not in the lease.
+    let (code, released, _) = post_json(&server, "/v1/release", json!({"lease": lease})).await;
     assert_eq!((code, released), (StatusCode::OK, json!({"released": 1})));
     assert_eq!(status(body.clone()).await, StatusCode::OK);
     assert_eq!(status(body.clone()).await, StatusCode::TOO_MANY_REQUESTS);
 
-    // Ad-hoc concurrency limits work the same way.
+    // Ad-hoc concurrency limits work the same way; a rate limit takes no lease.
     let adhoc = json!({"key": "jobs", "limit": 1, "period": "10m", "algorithm": "concurrency"});
-    assert_eq!(status(adhoc.clone()).await, StatusCode::OK);
+    let (code, first, _) = post_json(&server, "/v1/check", adhoc.clone()).await;
+    assert_eq!(code, StatusCode::OK);
     assert_eq!(status(adhoc.clone()).await, StatusCode::TOO_MANY_REQUESTS);
-    let (code, released, _) = post_json(&server, "/v1/release", adhoc.clone()).await;
+    let lease = json!({"lease": first["lease"]});
+    let (code, released, _) = post_json(&server, "/v1/release", lease).await;
     assert_eq!((code, released), (StatusCode::OK, json!({"released": 1})));
     assert_eq!(status(adhoc).await, StatusCode::OK);
+    let rate = json!({"key": "r", "limit": 1, "period": "10m"});
+    let (_, answer, _) = post_json(&server, "/v1/check", rate).await;
+    assert!(answer.get("lease").is_none(), "{answer}");
 
-    let (code, error, _) = post_json(&server, "/v1/release", json!({"domain": "inflight"})).await;
+    // Describing the request again releases nothing: it is not a lease.
+    let (code, error, _) = post_json(&server, "/v1/release", body).await;
     assert_eq!(code, StatusCode::BAD_REQUEST);
     assert!(
-        error["error"].as_str().unwrap().contains("descriptors"),
+        error["error"].as_str().unwrap().contains("lease"),
+        "{error}"
+    );
+    let (code, error, _) = post_json(&server, "/v1/release", json!({"lease": "1:2:3"})).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert!(
+        error["error"].as_str().unwrap().contains("invalid lease"),
         "{error}"
     );
 }

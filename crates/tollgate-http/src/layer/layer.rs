@@ -4,12 +4,12 @@ use std::fmt;
 use std::sync::Arc;
 
 use tollgate_core::{Clock, Store, SystemClock};
-use tollgate_policy::KillSwitch;
+use tollgate_policy::{Enforcer, KillSwitch, Observer, PolicyHandle};
 use tollgate_store::MemoryStore;
 use tower_layer::Layer;
 
-use super::check::{Check, Limiter, LocalCheck};
-use super::{ClientIpKey, DescriptorSource, PolicyHandle, RateLimit};
+use super::check::{Check, Limiter};
+use super::{ClientIpKey, DescriptorSource, RateLimit};
 use crate::HeaderStyle;
 
 /// Applies a Tollgate policy to every request of the services it wraps: see
@@ -54,15 +54,36 @@ impl RateLimitLayer {
         policy: impl Into<PolicyHandle>,
         store: St,
     ) -> Builder<St> {
+        Self::with(
+            domain,
+            Source::Parts {
+                policy: policy.into(),
+                store,
+                kill_switch: None,
+                observer: None,
+                clock: Arc::new(SystemClock),
+            },
+        )
+    }
+
+    /// Starts a layer that asks `enforcer` (shared with other doors, such as
+    /// `tollgate serve`'s APIs) about `domain`: its policy, kill switch, store
+    /// and observer decide, so a request gets the same answer, and is counted
+    /// the same, as through any other door.
+    pub fn shared<St: Store + 'static>(
+        domain: impl Into<String>,
+        enforcer: Arc<Enforcer<St>>,
+    ) -> Builder<St> {
+        Self::with(domain, Source::Shared(enforcer))
+    }
+
+    fn with<St>(domain: impl Into<String>, source: Source<St>) -> Builder<St> {
         Builder {
             domain: domain.into(),
-            policy: policy.into(),
-            store,
+            source,
             local: None,
             sources: Vec::new(),
-            kill_switch: None,
             style: HeaderStyle::default(),
-            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -75,22 +96,41 @@ impl<S> Layer<S> for RateLimitLayer {
     }
 }
 
-/// Configures a [`RateLimitLayer`]; made by [`RateLimitLayer::builder`].
+/// Where a layer's enforcer comes from.
+enum Source<St> {
+    /// Made by the builder from these parts.
+    Parts {
+        policy: PolicyHandle,
+        store: St,
+        kill_switch: Option<Arc<KillSwitch>>,
+        observer: Option<Arc<dyn Observer>>,
+        clock: Arc<dyn Clock>,
+    },
+    /// Shared with its owner.
+    Shared(Arc<Enforcer<St>>),
+}
+
+/// The local pre-check's store, and its own policy if it has one.
+struct LocalCheck<L> {
+    store: L,
+    policy: Option<PolicyHandle>,
+}
+
+/// Configures a [`RateLimitLayer`]; made by [`RateLimitLayer::builder`] or
+/// [`RateLimitLayer::shared`].
 pub struct Builder<St, L = MemoryStore> {
     domain: String,
-    policy: PolicyHandle,
-    store: St,
+    source: Source<St>,
     local: Option<LocalCheck<L>>,
     sources: Vec<Box<dyn DescriptorSource>>,
-    kill_switch: Option<Arc<KillSwitch>>,
     style: HeaderStyle,
-    clock: Arc<dyn Clock>,
 }
 
 impl<St, L> fmt::Debug for Builder<St, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Builder")
             .field("domain", &self.domain)
+            .field("shared", &matches!(self.source, Source::Shared(_)))
             .field("sources", &self.sources.len())
             .field("local", &self.local.is_some())
             .field("style", &self.style)
@@ -114,16 +154,30 @@ impl<St: Store + 'static, L: Store + 'static> Builder<St, L> {
     }
 
     /// Honours `kill_switch`: switched-off rules (or the whole domain) are
-    /// neither counted nor enforced.
+    /// neither counted nor enforced. A shared enforcer has its own.
     pub fn kill_switch(mut self, kill_switch: Arc<KillSwitch>) -> Self {
-        self.kill_switch = Some(kill_switch);
+        if let Source::Parts { kill_switch: k, .. } = &mut self.source {
+            *k = Some(kill_switch);
+        }
+        self
+    }
+
+    /// Reports every decision to `observer` (metrics, logs). A shared
+    /// enforcer has its own.
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        if let Source::Parts { observer: o, .. } = &mut self.source {
+            *o = Some(observer);
+        }
         self
     }
 
     /// The wall clock `X-RateLimit-Reset` is computed from (nanoseconds since
-    /// the Unix epoch; default [`SystemClock`]). Tests pass a manual one.
+    /// the Unix epoch; default [`SystemClock`]). Tests pass a manual one. A
+    /// shared enforcer has its own.
     pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
-        self.clock = Arc::new(clock);
+        if let Source::Parts { clock: c, .. } = &mut self.source {
+            *c = Arc::new(clock);
+        }
         self
     }
 
@@ -161,13 +215,10 @@ impl<St: Store + 'static, L: Store + 'static> Builder<St, L> {
     fn with_local<L2>(self, local: LocalCheck<L2>) -> Builder<St, L2> {
         Builder {
             domain: self.domain,
-            policy: self.policy,
-            store: self.store,
+            source: self.source,
             local: Some(local),
             sources: self.sources,
-            kill_switch: self.kill_switch,
             style: self.style,
-            clock: self.clock,
         }
     }
 
@@ -176,16 +227,44 @@ impl<St: Store + 'static, L: Store + 'static> Builder<St, L> {
         if self.sources.is_empty() {
             self.sources.push(Box::new(ClientIpKey::default()));
         }
+        let enforcer = match self.source {
+            Source::Shared(enforcer) => enforcer,
+            Source::Parts {
+                policy,
+                store,
+                kill_switch,
+                observer,
+                clock,
+            } => {
+                let mut enforcer = Enforcer::new(policy, store).with_clock(clock);
+                if let Some(kill_switch) = kill_switch {
+                    enforcer = enforcer.with_kill_switch(kill_switch);
+                }
+                if let Some(observer) = observer {
+                    enforcer = enforcer.with_observer(observer);
+                }
+                Arc::new(enforcer)
+            }
+        };
+        // The pre-check obeys the same kill switch and clock, and is not
+        // observed: the store of record's decision is the one that counts.
+        let precheck = self.local.map(|local| {
+            let policy = local
+                .policy
+                .unwrap_or_else(|| enforcer.policy_handle().clone());
+            Arc::new(
+                Enforcer::new(policy, local.store)
+                    .with_kill_switch(Arc::clone(enforcer.kill_switch()))
+                    .with_clock(enforcer.clock()),
+            )
+        });
         RateLimitLayer {
             limiter: Arc::new(Limiter {
                 domain: self.domain,
-                policy: self.policy,
-                store: self.store,
-                local: self.local,
+                enforcer,
+                precheck,
                 sources: self.sources,
-                kill_switch: self.kill_switch,
                 style: self.style,
-                clock: self.clock,
             }),
         }
     }

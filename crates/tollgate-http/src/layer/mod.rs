@@ -11,7 +11,6 @@ pub mod future;
     reason = "tower's file names: layer.rs, service.rs, future.rs"
 )]
 mod layer;
-mod policy_handle;
 mod service;
 
 pub use body::ResponseBody;
@@ -21,5 +20,5 @@ pub use descriptors::{
 };
 pub use fields::{HeaderMatcher, InvalidField, RequestField, ValueTest};
 pub use layer::{Builder, RateLimitLayer};
-pub use policy_handle::PolicyHandle;
 pub use service::RateLimit;
+pub use tollgate_policy::PolicyHandle;

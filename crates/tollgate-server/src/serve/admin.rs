@@ -112,7 +112,7 @@ async fn reload_now<S: Store + 'static>(State(state): State<Arc<AppState<S>>>) -
         )
         .into_response();
     };
-    match reload::reload(&state.limiter, path, Trigger::Admin).await {
+    match reload::reload(&state.enforcer, path, Trigger::Admin).await {
         Ok(domains) => Json(serde_json::json!({ "domains": domains })).into_response(),
         Err(e) => {
             let body = serde_json::json!({
@@ -152,7 +152,7 @@ struct KillSwitchChange {
 
 fn kill_switch_list<S: Store>(state: &AppState<S>) -> Json<KillSwitchList> {
     let disabled = state
-        .limiter
+        .enforcer
         .kill_switch()
         .disabled()
         .into_iter()
@@ -179,7 +179,7 @@ async fn set_kill_switch<S: Store + 'static>(
     if !change.enforce {
         // Switching off something that does not exist is most likely a typo
         // that would leave the intended rule enforced.
-        let policy = state.limiter.policy();
+        let policy = state.enforcer.policy();
         if !policy.domains().any(|d| d == change.domain) {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -201,7 +201,7 @@ async fn set_kill_switch<S: Store + 'static>(
         }
     }
     state
-        .limiter
+        .enforcer
         .kill_switch()
         .set(&change.domain, change.rule.as_deref(), change.enforce);
     tracing::info!(
@@ -247,7 +247,7 @@ async fn read_key<S: Store + 'static>(
         query.algorithm.as_deref(),
     )?;
     let decision = state
-        .limiter
+        .enforcer
         .read(&key, quota, algorithm)
         .await
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")))?

@@ -233,7 +233,7 @@ pub(crate) async fn json<S: Store + 'static>(
 ) -> Response {
     let started = Instant::now();
     let answer = match Json::<JsonRequest>::from_bytes(&body) {
-        Ok(Json(request)) => grpc::should_rate_limit(&state.limiter, request.into_proto()).await,
+        Ok(Json(request)) => grpc::should_rate_limit(&state.enforcer, request.into_proto()).await,
         Err(rejection) => Err(Status::invalid_argument(rejection.body_text())),
     };
     metrics::check(Api::Json, grpc::result_of(&answer), started.elapsed());

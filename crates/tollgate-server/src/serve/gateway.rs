@@ -28,10 +28,8 @@ use hyper::body::Incoming;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tollgate_core::Store;
-use tollgate_http::{
-    ClientIpConfig, ClientIpKey, PolicyHandle, RateLimit, RateLimitLayer, ResponseBody,
-};
-use tollgate_policy::{ConfigError, Policy};
+use tollgate_http::{ClientIpConfig, ClientIpKey, RateLimit, RateLimitLayer, ResponseBody};
+use tollgate_policy::{ConfigError, Enforcer, Policy};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -43,7 +41,6 @@ mod routes;
 mod workers;
 
 use super::metrics::{self, Api, CheckResult};
-use super::service::{RateLimiter, Shared};
 use actions::RateLimitSpec;
 use config::{Cidr, GatewayFile};
 use proxy::{Proxy, ProxyBody, Upstream};
@@ -220,14 +217,14 @@ type GatewayBody = ResponseBody<ProxyBody>;
 
 impl Gateway {
     /// Serves, on the worker threads, until `stopped` changes, checking
-    /// requests with `limiter`'s policy, kill switch and store. The task
+    /// requests with `enforcer`'s policy, kill switch and store. The task
     /// ends when every worker has finished its requests in flight.
     pub(crate) fn spawn<S: Store + 'static>(
         self,
-        limiter: &Arc<RateLimiter<S>>,
+        enforcer: &Arc<Enforcer<S>>,
         stopped: watch::Receiver<()>,
     ) -> JoinHandle<anyhow::Result<()>> {
-        let layer = layer(&self.settings, limiter);
+        let layer = layer(&self.settings, enforcer);
         let (upstream, client_ip) = (self.settings.upstream, self.settings.client_ip);
         let routes = self.settings.routes;
         // Each worker gets a proxy, and so a pool of upstream connections, of
@@ -240,14 +237,10 @@ impl Gateway {
     }
 }
 
-/// The layer with the service's policy, kill switch and store.
-fn layer<S: Store + 'static>(settings: &Settings, limiter: &Arc<RateLimiter<S>>) -> RateLimitLayer {
-    let mut builder = RateLimitLayer::builder(
-        settings.domain.clone(),
-        PolicyHandle::from(limiter.policy_cell()),
-        Shared(Arc::clone(limiter)),
-    )
-    .kill_switch(Arc::clone(limiter.kill_switch()));
+/// The layer, deciding with the service's enforcer (its policy, kill
+/// switch, store and metrics).
+fn layer<S: Store + 'static>(settings: &Settings, enforcer: &Arc<Enforcer<S>>) -> RateLimitLayer {
+    let mut builder = RateLimitLayer::shared(settings.domain.clone(), Arc::clone(enforcer));
     if settings.rate_limits.is_empty() {
         builder = builder.descriptor(ClientIpKey::new(settings.client_ip.clone()));
     }

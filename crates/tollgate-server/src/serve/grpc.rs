@@ -23,19 +23,19 @@ use tonic::{Response, Status};
 
 use super::headers;
 use super::metrics::{self, Api, CheckResult};
-use super::service::{DescriptorVerdict, RateLimiter, State, Verdict};
+use tollgate_policy::{Check, DescriptorVerdict, Enforcer, State, Verdict};
 
 pub(crate) use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 
-/// The gRPC service over a shared [`RateLimiter`].
+/// The gRPC service over the shared [`Enforcer`].
 pub(crate) struct RateLimitGrpc<S> {
-    limiter: Arc<RateLimiter<S>>,
+    enforcer: Arc<Enforcer<S>>,
 }
 
 impl<S> RateLimitGrpc<S> {
-    /// Serves `limiter`.
-    pub(crate) fn new(limiter: Arc<RateLimiter<S>>) -> Self {
-        Self { limiter }
+    /// Serves `enforcer`.
+    pub(crate) fn new(enforcer: Arc<Enforcer<S>>) -> Self {
+        Self { enforcer }
     }
 }
 
@@ -46,7 +46,7 @@ impl<S: Store + 'static> RateLimitService for RateLimitGrpc<S> {
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
-        let answer = should_rate_limit(&self.limiter, request.into_inner()).await;
+        let answer = should_rate_limit(&self.enforcer, request.into_inner()).await;
         metrics::check(Api::Grpc, result_of(&answer), started.elapsed());
         answer.map(Response::new)
     }
@@ -64,16 +64,18 @@ pub(crate) fn result_of(answer: &Result<RateLimitResponse, Status>) -> CheckResu
 /// Answers one `ShouldRateLimit` request; a malformed one is
 /// `INVALID_ARGUMENT` with the reason.
 pub(crate) async fn should_rate_limit<S: Store>(
-    limiter: &RateLimiter<S>,
+    enforcer: &Enforcer<S>,
     mut request: RateLimitRequest,
 ) -> Result<RateLimitResponse, Status> {
     let descriptors = descriptors(std::mem::take(&mut request.descriptors))?;
-    let verdict = limiter
-        .check(&Request {
+    // Envoy's protocol has no release call: a concurrency permit lapses
+    // after its rule's period.
+    let verdict = enforcer
+        .enforce(Check::Policy(Request {
             domain: &request.domain,
             descriptors: &descriptors,
             hits_addend: u64::from(request.hits_addend),
-        })
+        }))
         .await
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(response(&verdict))

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::service::Verdict;
+use tollgate_policy::Verdict;
 
 /// The most restrictive limit's `requests_per_unit`.
 const LIMIT: &str = "X-RateLimit-Limit";

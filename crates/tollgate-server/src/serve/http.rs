@@ -29,13 +29,13 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tollgate_core::Store;
 
 use super::admin::{self, AdminToken};
-use super::service::RateLimiter;
 use super::{envoy_json, metrics, native};
+use tollgate_policy::Enforcer;
 
 /// What every handler shares.
 pub(crate) struct AppState<S> {
     /// The shared check path.
-    pub(crate) limiter: Arc<RateLimiter<S>>,
+    pub(crate) enforcer: Arc<Enforcer<S>>,
     /// Renders `/metrics`.
     pub(crate) metrics: PrometheusHandle,
     /// Records the store's own counters (Redis calls, fallbacks, the breaker)
@@ -170,7 +170,7 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz<S: Store + 'static>(State(state): State<Arc<AppState<S>>>) -> Response {
-    if state.limiter.ready().await {
+    if state.enforcer.ready().await {
         "ready\n".into_response()
     } else {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the store does not answer").into_response()
@@ -196,7 +196,7 @@ mod tests {
     fn app(admin_token: Option<&str>) -> Router {
         let store = MemoryStore::with_clock(MemoryConfig::default(), SystemClock);
         let state = AppState {
-            limiter: Arc::new(RateLimiter::new(Policy::builtin(), store)),
+            enforcer: Arc::new(Enforcer::new(Policy::builtin(), store)),
             metrics: metrics::recorder().expect("valid buckets").handle(),
             store_metrics: None,
             admin_token: admin_token.map(|t| t.parse().expect("a token")),
@@ -271,7 +271,7 @@ mod tests {
         let state = || {
             let store = MemoryStore::with_clock(MemoryConfig::default(), SystemClock);
             Arc::new(AppState {
-                limiter: Arc::new(RateLimiter::new(Policy::builtin(), store)),
+                enforcer: Arc::new(Enforcer::new(Policy::builtin(), store)),
                 metrics: metrics::recorder().expect("valid buckets").handle(),
                 store_metrics: None,
                 admin_token: None,

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use metrics::{counter, describe_counter, describe_gauge, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
-use tollgate_policy::{FailurePolicy, Rule};
+use tollgate_core::StoreError;
+use tollgate_policy::{Decided, Descriptor, FailurePolicy, Observer, Rule, State};
 use tollgate_redis::{BreakerState, RedisStats};
 
 mod hot;
@@ -166,7 +167,7 @@ pub(crate) fn install(
 }
 
 /// The label a rule's metrics carry.
-pub(crate) fn rule_label(rule: &Rule) -> &str {
+fn rule_label(rule: &Rule) -> &str {
     // Rules made from a request's limit override are named `override:<values>`.
     if rule.id().starts_with("override:") {
         OVERRIDE_LABEL
@@ -203,8 +204,71 @@ pub(crate) fn render(handle: &PrometheusHandle) -> String {
     text
 }
 
+/// The service's [`Observer`]: every decision of the enforcer, whatever the
+/// door (gRPC, `/json`, `/v1/check`, the gateway), counted the same way, and
+/// store failures logged.
+pub(crate) struct Observe;
+
+impl Observer for Observe {
+    /// Counts each matched descriptor's decision (unmatched ones carry no
+    /// config-bounded labels). A rule with envoyproxy/ratelimit's
+    /// `detailed_metric: true` is labelled by the request's descriptor, entry
+    /// by entry (`key_value.key2_value2`, as that service names its stats), so
+    /// each value gets its own series: the rule's author opted into that
+    /// label set.
+    fn decided(&self, decided: &Decided<'_>) {
+        for (index, descriptor) in decided.verdict.descriptors.iter().enumerate() {
+            if let State::StoreFailed(failure) = descriptor.state {
+                store_fallback(failure);
+            }
+            let (Some(domain), Some(rule)) = (decided.domain, &descriptor.rule) else {
+                continue;
+            };
+            let detailed = rule
+                .detailed_metric()
+                .then(|| decided.descriptors.get(index).map(detailed_label))
+                .flatten();
+            let rule = detailed.as_deref().unwrap_or_else(|| rule_label(rule));
+            decision(domain, rule, descriptor.result());
+            if descriptor.shadow_denied() {
+                shadow_denial(domain, rule);
+            }
+        }
+    }
+
+    fn store_failed(&self, error: &StoreError, shadow: bool) {
+        if shadow {
+            tracing::warn!(%error, "store check of shadow limits failed");
+        } else {
+            tracing::warn!(%error, "store check failed; the rules' failure policies decide");
+        }
+    }
+
+    fn store_call(&self, elapsed: Duration, ok: bool) {
+        store_call(elapsed, ok);
+    }
+
+    fn release_failed(&self, error: &StoreError) {
+        tracing::warn!(%error, "release failed; the permits lapse after their period");
+    }
+}
+
+/// A descriptor as envoyproxy/ratelimit's detailed stats name it.
+fn detailed_label(descriptor: &Descriptor) -> String {
+    let mut label = String::new();
+    for (i, entry) in descriptor.entries.iter().enumerate() {
+        if i > 0 {
+            label.push('.');
+        }
+        label.push_str(&entry.key);
+        label.push('_');
+        label.push_str(&entry.value);
+    }
+    label
+}
+
 /// Records one descriptor's decision.
-pub(crate) fn decision(domain: &str, rule: &str, result: &'static str) {
+fn decision(domain: &str, rule: &str, result: &'static str) {
     // The handle of each label set is looked up once per thread: a registry
     // lookup allocates the labels and costs more than the check it counts.
     DECISION_COUNTERS.with_borrow_mut(|by_domain| {
@@ -236,12 +300,12 @@ thread_local! {
 }
 
 /// Records a shadow limit that would have denied.
-pub(crate) fn shadow_denial(domain: &str, rule: &str) {
+fn shadow_denial(domain: &str, rule: &str) {
     counter!(SHADOW_DENIALS, "domain" => domain.to_owned(), "rule" => rule.to_owned()).increment(1);
 }
 
 /// Records one store call.
-pub(crate) fn store_call(elapsed: Duration, ok: bool) {
+fn store_call(elapsed: Duration, ok: bool) {
     hot::store_call(elapsed);
     if !ok {
         counter!(STORE_ERRORS).increment(1);
@@ -249,7 +313,7 @@ pub(crate) fn store_call(elapsed: Duration, ok: bool) {
 }
 
 /// Records a limit decided by its failure policy.
-pub(crate) fn store_fallback(failure: FailurePolicy) {
+fn store_fallback(failure: FailurePolicy) {
     counter!(STORE_FALLBACKS, "failure" => failure.name()).increment(1);
 }
 

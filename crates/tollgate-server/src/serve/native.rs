@@ -39,15 +39,15 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use smallvec::SmallVec;
 use tollgate_core::{Algorithm, Decision, Quota, Store};
-use tollgate_http::{HeaderStyle, LimitReport};
+use tollgate_http::HeaderStyle;
+use tollgate_http::headers::reports;
 use tollgate_policy::{Descriptor, Entry, LimitOverride, Request, Unit, parse_duration};
 
 use super::headers::ceil_millis;
 use super::http::{ApiError, AppState};
 use super::metrics::{self, Api, CheckResult};
-use super::service::{AdHoc, DescriptorVerdict, RateLimiter, State as DescriptorState, Verdict};
+use tollgate_policy::{AdHoc, Check, DescriptorVerdict, Enforcer, Permit, Verdict};
 
 /// A check against the policy.
 #[derive(Debug, Deserialize)]
@@ -103,10 +103,6 @@ fn one() -> u64 {
     1
 }
 
-/// How `RateLimit-Policy` names an ad-hoc limit (its key is the caller's and
-/// may be anything).
-const ADHOC_NAME: &str = "adhoc";
-
 /// The answer.
 #[derive(Debug, Serialize)]
 struct CheckResponse<'a> {
@@ -117,6 +113,10 @@ struct CheckResponse<'a> {
     retry_after_ms: Option<u64>,
     delay_ms: u64,
     descriptors: Vec<DescriptorResponse<'a>>,
+    /// The token `POST /v1/release` takes to give back the concurrency
+    /// permits this check took; absent when it took none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -167,7 +167,12 @@ impl CheckResponse<'_> {
             );
             out.push(b'}');
         }
-        out.extend_from_slice(b"]}");
+        out.push(b']');
+        if let Some(lease) = &self.lease {
+            out.extend_from_slice(b",\"lease\":");
+            str_json(out, lease);
+        }
+        out.push(b'}');
     }
 }
 
@@ -331,7 +336,7 @@ pub(crate) async fn check<S: Store + 'static>(
     body: Bytes,
 ) -> Response {
     let started = Instant::now();
-    let answer = answer(&state.limiter, &body).await;
+    let answer = answer(&state.enforcer, &body).await;
     let result = match &answer {
         Ok(verdict) if verdict.allowed() => CheckResult::Ok,
         Ok(_) => CheckResult::OverLimit,
@@ -405,14 +410,16 @@ fn parse(body: &[u8]) -> Result<Checked, ApiError> {
     }
 }
 
-async fn answer<S: Store>(limiter: &RateLimiter<S>, body: &[u8]) -> Result<Verdict, ApiError> {
-    match parse(body)? {
-        Checked::AdHoc(adhoc) => Ok(limiter.check_adhoc(&adhoc).await),
-        Checked::Policy(policy) => limiter
-            .check(&policy.request())
-            .await
-            .map_err(|e| ApiError::bad_request(e.to_string())),
-    }
+async fn answer<S: Store>(enforcer: &Enforcer<S>, body: &[u8]) -> Result<Verdict, ApiError> {
+    let checked = parse(body)?;
+    let check = match &checked {
+        Checked::AdHoc(adhoc) => Check::AdHoc(adhoc),
+        Checked::Policy(policy) => Check::Policy(policy.request()),
+    };
+    enforcer
+        .enforce(check)
+        .await
+        .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 impl PolicyCheck {
@@ -431,25 +438,35 @@ impl PolicyCheck {
     }
 }
 
-/// `POST /v1/release`: the body of the `/v1/check` that admitted a request,
-/// sent when that request ends; gives back the permits its concurrency limits
-/// took (other algorithms have nothing to give back). Answers
-/// `{"released": N}`, the number of concurrency limits released.
+/// The body of `POST /v1/release`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReleaseRequest {
+    /// The `lease` of the `/v1/check` answer that admitted the request.
+    lease: String,
+}
+
+/// `POST /v1/release`: `{"lease": "..."}`, the `lease` of the `/v1/check`
+/// answer that admitted a request, sent when that request ends; gives back
+/// the permits its concurrency limits took, whatever the policy says now.
+/// Answers `{"released": N}`, the number of concurrency limits released.
 pub(crate) async fn release<S: Store + 'static>(
     State(state): State<Arc<AppState<S>>>,
     body: Bytes,
 ) -> Response {
-    let released = match parse(&body) {
-        Ok(Checked::AdHoc(adhoc)) => Ok(state.limiter.release_adhoc(&adhoc).await),
-        Ok(Checked::Policy(policy)) => state
-            .limiter
-            .release(&policy.request())
-            .await
-            .map_err(|e| ApiError::bad_request(e.to_string())),
-        Err(error) => Err(error),
-    };
-    match released {
-        Ok(released) => Json(serde_json::json!({ "released": released })).into_response(),
+    let permit = Json::<ReleaseRequest>::from_bytes(&body)
+        .map_err(|r| ApiError::bad_request(r.body_text()))
+        .and_then(|Json(request)| {
+            request
+                .lease
+                .parse::<Permit>()
+                .map_err(|e| ApiError::bad_request(format!("lease: {e}")))
+        });
+    match permit {
+        Ok(permit) => {
+            let released = state.enforcer.release(permit).await;
+            Json(serde_json::json!({ "released": released })).into_response()
+        }
         Err(error) => error.into_response(),
     }
 }
@@ -457,13 +474,8 @@ pub(crate) async fn release<S: Store + 'static>(
 fn render(verdict: &Verdict) -> Response {
     let allowed = verdict.allowed();
     let top: Option<Decision> = verdict.most_restrictive().and_then(|d| d.decision);
-    let delay = verdict
-        .descriptors
-        .iter()
-        .filter(|d| allowed && d.state == DescriptorState::Limited)
-        .filter_map(|d| d.decision.map(|decision| decision.delay))
-        .max()
-        .unwrap_or_default();
+    let delay = verdict.delay();
+    let lease = (!verdict.permit.is_empty()).then(|| verdict.permit.to_string());
     let body = CheckResponse {
         allowed,
         limit: top.map(|d| d.limit),
@@ -472,6 +484,7 @@ fn render(verdict: &Verdict) -> Response {
         retry_after_ms: top.and_then(|d| d.retry_after).map(ceil_millis),
         delay_ms: ceil_millis(delay),
         descriptors: verdict.descriptors.iter().map(descriptor).collect(),
+        lease,
     };
     let status = if allowed {
         StatusCode::OK
@@ -499,37 +512,6 @@ const RESPONSE_CAPACITY: usize = 256;
 const RESPONSE_HEADERS: usize = 12;
 /// The answer's content type.
 const JSON: &str = "application/json";
-
-/// What the headers describe: every enforcing limit that was decided.
-fn reports(verdict: &Verdict) -> SmallVec<[LimitReport<'_>; 4]> {
-    verdict
-        .descriptors
-        .iter()
-        .filter(|d| d.enforcing())
-        .filter_map(|d| {
-            let decision = d.decision?;
-            let rule = d.rule.as_deref();
-            let bucket = rule.and_then(|r| r.bucket());
-            let name = bucket.or(rule.map(|r| r.id())).unwrap_or(ADHOC_NAME);
-            let report = match (d.applied, d.envoy_limit) {
-                (Some((quota, algorithm)), _) => {
-                    LimitReport::new(name, &quota, algorithm, decision)
-                }
-                // A rule that blocks everything: a quota of zero per unit.
-                (None, Some((_, unit))) => LimitReport {
-                    name,
-                    quota: 0,
-                    window: Some(unit.duration()),
-                    concurrency: false,
-                    bucket: None,
-                    decision,
-                },
-                (None, None) => return None,
-            };
-            Some(report.with_bucket(bucket))
-        })
-        .collect()
-}
 
 fn descriptor(d: &DescriptorVerdict) -> DescriptorResponse<'_> {
     DescriptorResponse {
@@ -567,6 +549,7 @@ mod tests {
                 retry_after_ms: None,
                 delay_ms: 0,
                 descriptors: vec![descriptor(None, Some(20))],
+                lease: None,
             },
             CheckResponse {
                 allowed: false,
@@ -579,6 +562,7 @@ mod tests {
                     descriptor(Some("per-ip"), Some(3)),
                     descriptor(Some("say \"hi\" \\ \u{1}\u{7f} caf\u{e9}"), None),
                 ],
+                lease: Some("1:5:1000000000:l:6b".into()),
             },
             CheckResponse {
                 allowed: true,
@@ -588,6 +572,7 @@ mod tests {
                 retry_after_ms: None,
                 delay_ms: 0,
                 descriptors: vec![],
+                lease: None,
             },
         ];
         for response in responses {

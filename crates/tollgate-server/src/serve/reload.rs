@@ -23,7 +23,7 @@ use tollgate_core::Store;
 use tollgate_policy::{ConfigError, Policy};
 
 use super::metrics::{self, Trigger};
-use super::service::RateLimiter;
+use tollgate_policy::Enforcer;
 
 /// How often the watcher looks at the config.
 const POLL: Duration = Duration::from_millis(500);
@@ -70,7 +70,7 @@ impl Fingerprint {
 /// the domains loaded, or the error (logged and counted; the old config
 /// stays).
 pub(crate) async fn reload<S: Store>(
-    limiter: &RateLimiter<S>,
+    enforcer: &Enforcer<S>,
     path: &Path,
     trigger: Trigger,
 ) -> Result<Vec<String>, ConfigError> {
@@ -89,7 +89,7 @@ pub(crate) async fn reload<S: Store>(
     match loaded {
         Ok(policy) => {
             let domains: Vec<String> = policy.domains().map(str::to_owned).collect();
-            limiter.set_policy(policy);
+            enforcer.policy_handle().store(policy);
             metrics::config_reload(trigger, true);
             tracing::info!(path = %path.display(), ?domains, "config reloaded");
             Ok(domains)
@@ -105,7 +105,7 @@ pub(crate) async fn reload<S: Store>(
 /// Watches `path` until `stop` fires, reloading on change. `loaded` is what
 /// the config looked like when it was last loaded.
 pub(crate) async fn watch<S: Store + 'static>(
-    limiter: Arc<RateLimiter<S>>,
+    enforcer: Arc<Enforcer<S>>,
     path: PathBuf,
     loaded: Fingerprint,
     mut stop: watch::Receiver<()>,
@@ -125,7 +125,7 @@ pub(crate) async fn watch<S: Store + 'static>(
         };
         if now != attempted && now == previous {
             // Errors are logged and counted by `reload`.
-            let _ = reload(&limiter, &path, Trigger::Watch).await;
+            let _ = reload(&enforcer, &path, Trigger::Watch).await;
             attempted = now.clone();
         }
         previous = now;

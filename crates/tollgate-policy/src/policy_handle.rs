@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
+use crate::Policy;
 use arc_swap::ArcSwap;
-use tollgate_policy::Policy;
 
 /// A shared, atomically replaceable [`Policy`]: keep a clone to reload the
 /// policy of running layers (every request that starts after

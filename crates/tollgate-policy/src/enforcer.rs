@@ -1,0 +1,771 @@
+//! The one place that decides: descriptors in, a [`Verdict`] out.
+//!
+//! Every door (Envoy's gRPC API, `POST /json`, `POST /v1/check`, the gateway
+//! and the tower layer) hands its request to [`Enforcer::enforce`] and only
+//! translates the [`Verdict`] to its wire format. Nothing else resolves rules,
+//! applies shadow, blocked, kill-switch and failure-policy rules, or asks the
+//! store, so the same request gets the same answer through every door. What
+//! watches decisions (metrics, logs) attaches as an [`Observer`], which the
+//! enforcer calls once per decision, so every door counts alike.
+//!
+//! The semantics every door shares (DESIGN §3):
+//!
+//! - **Layers are all-or-nothing.** Every enforcing limit of a request is
+//!   checked in one store call: a deny by one consumes nothing from the others.
+//! - **Shadow limits see every request.** They are checked in a second store
+//!   call after the enforcing ones, whether those admitted the request or not
+//!   (envoyproxy/ratelimit charges every descriptor of a request), so a shadow
+//!   rule counts the traffic it would count if it were enforcing, and never
+//!   denies.
+//! - **A blocked rule** (a limit of zero) denies without asking the store; a
+//!   blocked shadow rule is a would-be denial on every request.
+//! - **Kill switch**: a switched-off rule or domain is reported as `disabled`
+//!   and neither counted nor enforced.
+//! - **A store that cannot answer** leaves each enforcing limit to its
+//!   [`FailurePolicy`]: `fail_closed` denies the request (an over-limit answer
+//!   at every door, since Envoy's protocol has no other), `fail_open` and
+//!   `local` admit it. Stores with a local fallback apply `local` themselves
+//!   and do not err for an unreachable backend.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::{
+    Algorithm, Clock, Decision, Limit, Nanos, Outcome, Quota, Store, StoreError, SystemClock,
+};
+
+use crate::{
+    Applied, Descriptor, FailurePolicy, KillSwitch, Policy, PolicyHandle, Request, RequestError,
+    Resolved, Rule, Unit,
+};
+
+/// Ad-hoc keys live under this prefix. Policy storage keys start with a
+/// length and a colon (`7:default|…`), so the two namespaces cannot meet.
+const ADHOC_PREFIX: &str = "adhoc:";
+
+/// The key readiness probes read (at cost 0, so it stores nothing).
+const PROBE_KEY: &str = "probe:readyz";
+
+/// What to check: a request against the policy, or a limit the caller names.
+#[derive(Debug, Clone, Copy)]
+pub enum Check<'a> {
+    /// Descriptors resolved against the policy in force.
+    Policy(Request<'a>),
+    /// A limit given in the request itself rather than by a policy.
+    AdHoc(&'a AdHoc),
+}
+
+/// A limit given in the request itself rather than by a policy (Tollgate's
+/// `POST /v1/check` with `key`). Its key is namespaced apart from every
+/// policy's, and it has the default failure policy, `local`.
+#[derive(Debug, Clone)]
+pub struct AdHoc {
+    /// The caller's key, before namespacing.
+    pub key: String,
+    /// How much may pass.
+    pub quota: Quota,
+    /// How it is counted.
+    pub algorithm: Algorithm,
+    /// What this request costs; 0 only reads.
+    pub cost: u64,
+}
+
+impl AdHoc {
+    /// The store key of this ad-hoc limit.
+    pub fn store_key(&self) -> String {
+        adhoc_key(&self.key)
+    }
+}
+
+/// The store key of an ad-hoc limit the caller named `key`.
+pub fn adhoc_key(key: &str) -> String {
+    // Not `format!`: this runs on every ad-hoc check.
+    let mut namespaced = String::with_capacity(ADHOC_PREFIX.len() + key.len());
+    namespaced.push_str(ADHOC_PREFIX);
+    namespaced.push_str(key);
+    namespaced
+}
+
+/// What happened to one descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// No rule matched: not limited.
+    NoRule,
+    /// The matched rule is unlimited.
+    Unlimited,
+    /// The matched rule was replaced by another rule of the same request.
+    Replaced,
+    /// The rule or its domain is switched off by the kill switch.
+    Disabled,
+    /// The rule refuses everything (a limit of zero).
+    Blocked,
+    /// Checked against the store and enforced.
+    Limited,
+    /// Checked against the store (or blocked), reported, never denied.
+    Shadow,
+    /// The store failed; the rule's failure policy decided.
+    StoreFailed(FailurePolicy),
+}
+
+impl State {
+    /// The name the native API and the metrics use.
+    pub fn name(self) -> &'static str {
+        match self {
+            State::NoRule => "no_rule",
+            State::Unlimited => "unlimited",
+            State::Replaced => "replaced",
+            State::Disabled => "disabled",
+            State::Blocked => "blocked",
+            State::Limited => "limited",
+            State::Shadow => "shadow",
+            State::StoreFailed(_) => "store_error",
+        }
+    }
+}
+
+/// The answer for one descriptor.
+#[derive(Debug, Clone)]
+pub struct DescriptorVerdict {
+    /// What happened.
+    pub state: State,
+    /// The rule that matched, if any (none for ad-hoc limits).
+    pub rule: Option<Arc<Rule>>,
+    /// The limit as Envoy names it, when a rule's limit applies.
+    pub envoy_limit: Option<(u64, Unit)>,
+    /// The quota and algorithm checked (after tiers and priority reserves).
+    pub applied: Option<(Quota, Algorithm)>,
+    /// The store's decision (or a synthesized one for blocked and fail-closed
+    /// descriptors). `None` when nothing was checked.
+    pub decision: Option<Decision>,
+}
+
+impl DescriptorVerdict {
+    fn new(state: State, rule: Option<&Arc<Rule>>) -> Self {
+        Self {
+            state,
+            rule: rule.cloned(),
+            envoy_limit: None,
+            applied: None,
+            decision: None,
+        }
+    }
+
+    /// Whether this descriptor's answer can deny the request.
+    pub fn enforcing(&self) -> bool {
+        matches!(
+            self.state,
+            State::Limited | State::Blocked | State::StoreFailed(_)
+        )
+    }
+
+    /// Whether this descriptor lets the request through (shadow limits always do).
+    pub fn allowed(&self) -> bool {
+        !self.enforcing() || self.decision.is_none_or(|d| d.allowed)
+    }
+
+    /// Whether a shadow limit would have denied the request.
+    pub fn shadow_denied(&self) -> bool {
+        self.state == State::Shadow && self.decision.is_some_and(|d| !d.allowed)
+    }
+
+    /// The `result` label of the decision metrics: `ok`, `over_limit`,
+    /// `shadow_over_limit`, or the state's name when nothing was enforced.
+    pub fn result(&self) -> &'static str {
+        match self.state {
+            State::Shadow if self.shadow_denied() => "shadow_over_limit",
+            State::Limited | State::Blocked | State::Shadow if self.allowed() => "ok",
+            State::Limited | State::Blocked => "over_limit",
+            State::StoreFailed(_) if !self.allowed() => "over_limit",
+            other => other.name(),
+        }
+    }
+}
+
+/// The answer for one request.
+#[derive(Debug)]
+#[must_use = "an admitted request's permit must be released (or dropped into a guard)"]
+pub struct Verdict {
+    /// One per descriptor, in request order.
+    pub descriptors: Vec<DescriptorVerdict>,
+    /// When the check started, in nanoseconds since the Unix epoch (read before
+    /// the store, so `started_at + reset_after` never passes the true reset).
+    pub started_at: Nanos,
+    /// The concurrency permits the request took; give them back with
+    /// [`Enforcer::release`] when it ends. Empty unless a concurrency limit
+    /// admitted it.
+    pub permit: Permit,
+}
+
+impl Verdict {
+    /// Whether every descriptor lets the request through.
+    pub fn allowed(&self) -> bool {
+        self.descriptors.iter().all(DescriptorVerdict::allowed)
+    }
+
+    /// The descriptor that headers report: on a deny, the denying one that asks
+    /// the client to wait longest; on an allow, the one with the fewest units
+    /// left. Only enforcing descriptors with a decision take part.
+    pub fn most_restrictive(&self) -> Option<&DescriptorVerdict> {
+        let candidates: Vec<&DescriptorVerdict> = self
+            .descriptors
+            .iter()
+            .filter(|d| d.enforcing() && d.decision.is_some())
+            .collect();
+        let outcome = Outcome {
+            decisions: candidates.iter().filter_map(|d| d.decision).collect(),
+        };
+        let chosen = outcome.most_restrictive()?;
+        let index = outcome
+            .decisions
+            .iter()
+            .position(|d| std::ptr::eq(d, chosen))?;
+        candidates.get(index).copied()
+    }
+
+    /// How long to hold an admitted request before forwarding it (a shaping
+    /// rule's delay); zero for a denied one.
+    pub fn delay(&self) -> Duration {
+        if !self.allowed() {
+            return Duration::ZERO;
+        }
+        self.descriptors
+            .iter()
+            .filter(|d| d.state == State::Limited)
+            .filter_map(|d| d.decision.map(|decision| decision.delay))
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Whether a `fail_closed` rule denied because the store could not answer.
+    pub fn store_unavailable(&self) -> bool {
+        self.descriptors
+            .iter()
+            .any(|d| matches!(d.state, State::StoreFailed(_)) && !d.allowed())
+    }
+}
+
+/// One concurrency limit's permit: what was taken, from which budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    key: String,
+    quota: Quota,
+    cost: u64,
+    failure: FailurePolicy,
+}
+
+impl Held {
+    fn limit(&self) -> Limit<'_> {
+        Limit::new(&self.key, self.quota, Algorithm::Concurrency)
+            .with_cost(self.cost)
+            .with_failure(self.failure)
+    }
+}
+
+/// The concurrency permits one admitted request holds: a value, given back by
+/// handing it to [`Enforcer::release`] (which consumes it). It names the
+/// budgets it was taken from, so a reload of the policy in between changes
+/// nothing. A permit never given back lapses after its rule's period.
+///
+/// Over HTTP it travels as an opaque token ([`fmt::Display`] and
+/// [`FromStr`]) that `POST /v1/release` takes back.
+#[derive(Debug, Default, PartialEq, Eq)]
+#[must_use = "a permit holds concurrency until it is released"]
+pub struct Permit {
+    held: Vec<Held>,
+}
+
+impl Permit {
+    /// Whether the permit holds nothing (no concurrency limit admitted).
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// The permits of the concurrency limits among `limits`, which a store
+    /// admitted.
+    fn of(limits: &[Limit<'_>]) -> Self {
+        Self {
+            held: limits
+                .iter()
+                .filter(|l| l.algorithm == Algorithm::Concurrency && l.cost > 0)
+                .map(|l| Held {
+                    key: l.key.to_owned(),
+                    quota: l.quota,
+                    cost: l.cost,
+                    failure: l.failure,
+                })
+                .collect(),
+        }
+    }
+
+    fn extend(&mut self, other: Permit) {
+        self.held.extend(other.held);
+    }
+}
+
+/// A token that is not one [`Permit`]'s text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid lease token: {0}")]
+pub struct InvalidToken(&'static str);
+
+/// `cost:limit:period_ns:failure:hex(key)` per held limit, joined by `.`:
+/// only ASCII letters, digits, `:` and `.`, so it needs no escaping in JSON,
+/// a header or a URL.
+impl fmt::Display for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, held) in self.held.iter().enumerate() {
+            if i > 0 {
+                f.write_str(".")?;
+            }
+            let failure = match held.failure {
+                FailurePolicy::FailOpen => 'o',
+                FailurePolicy::FailClosed => 'c',
+                FailurePolicy::Local => 'l',
+            };
+            write!(
+                f,
+                "{}:{}:{}:{failure}:",
+                held.cost,
+                held.quota.limit(),
+                held.quota.period_ns()
+            )?;
+            for byte in held.key.bytes() {
+                write!(f, "{byte:02x}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Permit {
+    type Err = InvalidToken;
+
+    fn from_str(token: &str) -> Result<Self, Self::Err> {
+        if token.is_empty() {
+            return Ok(Permit::default());
+        }
+        let held = token
+            .split('.')
+            .map(|part| {
+                let mut fields = part.split(':');
+                let mut number = |what| {
+                    fields
+                        .next()
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .ok_or(InvalidToken(what))
+                };
+                let cost = number("cost")?;
+                let limit = number("limit")?;
+                let period = number("period")?;
+                let failure = match fields.next() {
+                    Some("o") => FailurePolicy::FailOpen,
+                    Some("c") => FailurePolicy::FailClosed,
+                    Some("l") => FailurePolicy::Local,
+                    _ => return Err(InvalidToken("failure policy")),
+                };
+                let hex = fields.next().ok_or(InvalidToken("key"))?;
+                if fields.next().is_some() || hex.len() % 2 != 0 {
+                    return Err(InvalidToken("key"));
+                }
+                let bytes = (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
+                    .collect::<Result<Vec<u8>, _>>()
+                    .map_err(|_| InvalidToken("key"))?;
+                let key = String::from_utf8(bytes).map_err(|_| InvalidToken("key"))?;
+                let quota = Quota::new(limit, Duration::from_nanos(period))
+                    .map_err(|_| InvalidToken("quota"))?;
+                if cost == 0 {
+                    return Err(InvalidToken("cost"));
+                }
+                Ok(Held {
+                    key,
+                    quota,
+                    cost,
+                    failure,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Permit { held })
+    }
+}
+
+/// One decision, as observers see it.
+#[derive(Debug, Clone, Copy)]
+pub struct Decided<'a> {
+    /// The request's domain (`None` for an ad-hoc check).
+    pub domain: Option<&'a str>,
+    /// The request's descriptors, in the order of the verdict's (empty for an
+    /// ad-hoc check).
+    pub descriptors: &'a [Descriptor],
+    /// What was decided.
+    pub verdict: &'a Verdict,
+}
+
+/// Watches every decision the enforcer makes, whatever the door: metrics,
+/// logs, live pages. Called on the request's task, after the decision and
+/// before the door answers, so it must be quick.
+pub trait Observer: Send + Sync + 'static {
+    /// One request was decided.
+    fn decided(&self, decided: &Decided<'_>);
+
+    /// The store could not check a request's limits (enforcing ones, or only
+    /// `shadow` ones); the failure policies decided.
+    fn store_failed(&self, error: &StoreError, shadow: bool) {
+        let _ = (error, shadow);
+    }
+
+    /// A store check took `elapsed` (`ok`: it answered).
+    fn store_call(&self, elapsed: Duration, ok: bool) {
+        let _ = (elapsed, ok);
+    }
+
+    /// A permit could not be given back; it lapses after its period.
+    fn release_failed(&self, error: &StoreError) {
+        let _ = error;
+    }
+}
+
+/// An observer that watches nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+
+impl Observer for NoObserver {
+    fn decided(&self, _: &Decided<'_>) {}
+}
+
+/// The one evaluator: owns the policy handle, the kill switch and the store,
+/// and turns every door's requests into [`Verdict`]s. See the module docs.
+pub struct Enforcer<S> {
+    policy: PolicyHandle,
+    kill_switch: Arc<KillSwitch>,
+    store: S,
+    observer: Arc<dyn Observer>,
+    clock: Arc<dyn Clock>,
+}
+
+impl<S> fmt::Debug for Enforcer<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Enforcer")
+            .field("kill_switch", &self.kill_switch)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which store call a batch of limits goes in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Batch {
+    Enforce,
+    Shadow,
+}
+
+impl<S: Store> Enforcer<S> {
+    /// An enforcer of `policy` (a [`Policy`], or a [`PolicyHandle`] that a
+    /// reloader swaps) with state in `store`, observed by nobody, reading the
+    /// wall clock for the verdicts' `started_at`.
+    pub fn new(policy: impl Into<PolicyHandle>, store: S) -> Self {
+        Self {
+            policy: policy.into(),
+            kill_switch: Arc::new(KillSwitch::default()),
+            store,
+            observer: Arc::new(NoObserver),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The same enforcer, reporting every decision to `observer`.
+    #[must_use]
+    pub fn with_observer(self, observer: Arc<dyn Observer>) -> Self {
+        Self { observer, ..self }
+    }
+
+    /// The same enforcer, obeying `kill_switch` (shared with an admin API).
+    #[must_use]
+    pub fn with_kill_switch(self, kill_switch: Arc<KillSwitch>) -> Self {
+        Self {
+            kill_switch,
+            ..self
+        }
+    }
+
+    /// The same enforcer, reading `started_at` (epoch nanoseconds) from `clock`.
+    #[must_use]
+    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
+        Self { clock, ..self }
+    }
+
+    /// The handle the policy lives in: store a new policy there to reload.
+    pub fn policy_handle(&self) -> &PolicyHandle {
+        &self.policy
+    }
+
+    /// The policy in force now.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy.load()
+    }
+
+    /// The run-time switch that turns enforcement off and on.
+    pub fn kill_switch(&self) -> &Arc<KillSwitch> {
+        &self.kill_switch
+    }
+
+    /// The wall clock the verdicts' `started_at` is read from.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
+    }
+
+    /// The store the limits live in.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Decides `check`: the entry of every evaluation, at every door. A
+    /// policy request the policy cannot take is an error (a bad request);
+    /// ad-hoc checks always get a verdict.
+    pub async fn enforce(&self, check: Check<'_>) -> Result<Verdict, RequestError> {
+        match check {
+            Check::Policy(request) => self.enforce_policy(&request).await,
+            Check::AdHoc(adhoc) => Ok(self.enforce_adhoc(adhoc).await),
+        }
+    }
+
+    async fn enforce_policy(&self, request: &Request<'_>) -> Result<Verdict, RequestError> {
+        let policy = self.policy.load();
+        let resolved = policy.resolve(request)?;
+        let started_at = self.clock.now();
+        let domain = request.domain;
+        let mut enforce: Vec<(usize, &Applied)> = Vec::new();
+        let mut shadow: Vec<(usize, &Applied)> = Vec::new();
+        let mut descriptors: Vec<DescriptorVerdict> = Vec::with_capacity(resolved.len());
+        for (index, resolved) in resolved.iter().enumerate() {
+            let verdict = match resolved {
+                Resolved::NoRule => DescriptorVerdict::new(State::NoRule, None),
+                Resolved::Unlimited(rule) => DescriptorVerdict::new(State::Unlimited, Some(rule)),
+                Resolved::Replaced(rule) => DescriptorVerdict::new(State::Replaced, Some(rule)),
+                Resolved::Blocked(rule, _) | Resolved::Limit(Applied { rule, .. })
+                    if !self.kill_switch.enforced(domain, rule.id()) =>
+                {
+                    DescriptorVerdict::new(State::Disabled, Some(rule))
+                }
+                Resolved::Blocked(rule, unit) => {
+                    let state = if rule.shadow() {
+                        State::Shadow
+                    } else {
+                        State::Blocked
+                    };
+                    DescriptorVerdict {
+                        envoy_limit: Some((0, *unit)),
+                        decision: Some(blocked(*unit, started_at)),
+                        ..DescriptorVerdict::new(state, Some(rule))
+                    }
+                }
+                Resolved::Limit(applied) => {
+                    let state = if applied.shadow {
+                        shadow.push((index, applied));
+                        State::Shadow
+                    } else {
+                        enforce.push((index, applied));
+                        State::Limited
+                    };
+                    DescriptorVerdict {
+                        envoy_limit: Some(applied.envoy_limit),
+                        applied: Some((applied.quota, applied.algorithm)),
+                        ..DescriptorVerdict::new(state, Some(&applied.rule))
+                    }
+                }
+            };
+            descriptors.push(verdict);
+        }
+
+        // A blocked rule denies without a store call, so the enforcing limits
+        // beside it are not charged (all-or-nothing).
+        let blocked = descriptors
+            .iter()
+            .any(|d| d.state == State::Blocked && !d.allowed());
+        let mut permit = Permit::default();
+        if blocked {
+            self.peek(&mut descriptors, &enforce).await;
+        } else {
+            permit = self
+                .decide(&mut descriptors, &enforce, Batch::Enforce)
+                .await;
+        }
+        permit.extend(self.decide(&mut descriptors, &shadow, Batch::Shadow).await);
+        let verdict = Verdict {
+            descriptors,
+            started_at,
+            permit,
+        };
+        self.observer.decided(&Decided {
+            domain: Some(domain),
+            descriptors: request.descriptors,
+            verdict: &verdict,
+        });
+        Ok(verdict)
+    }
+
+    async fn enforce_adhoc(&self, adhoc: &AdHoc) -> Verdict {
+        let started_at = self.clock.now();
+        let key = adhoc.store_key();
+        let limit = Limit::new(&key, adhoc.quota, adhoc.algorithm).with_cost(adhoc.cost);
+        let mut descriptor = DescriptorVerdict {
+            applied: Some((adhoc.quota, adhoc.algorithm)),
+            ..DescriptorVerdict::new(State::Limited, None)
+        };
+        let mut permit = Permit::default();
+        match self.timed_check(&[limit]).await {
+            Ok(outcome) => {
+                if outcome.allowed() {
+                    permit = Permit::of(&[limit]);
+                }
+                descriptor.decision = outcome.decisions.first().copied();
+            }
+            Err(error) => {
+                self.observer.store_failed(&error, false);
+                descriptor.state = State::StoreFailed(limit.failure);
+                descriptor.decision = fail(limit.failure, adhoc.quota);
+            }
+        }
+        let verdict = Verdict {
+            descriptors: vec![descriptor],
+            started_at,
+            permit,
+        };
+        self.observer.decided(&Decided {
+            domain: None,
+            descriptors: &[],
+            verdict: &verdict,
+        });
+        verdict
+    }
+
+    /// Checks the limits of `batch` in one store call, writes the decisions
+    /// into their descriptors, and returns the permits an admitting check took.
+    async fn decide(
+        &self,
+        descriptors: &mut [DescriptorVerdict],
+        batch: &[(usize, &Applied)],
+        kind: Batch,
+    ) -> Permit {
+        if batch.is_empty() {
+            return Permit::default();
+        }
+        let limits: Vec<Limit<'_>> = batch.iter().map(|(_, a)| a.limit()).collect();
+        match self.timed_check(&limits).await {
+            Ok(outcome) => {
+                let permit = if outcome.allowed() {
+                    Permit::of(&limits)
+                } else {
+                    Permit::default()
+                };
+                for ((index, _), decision) in batch.iter().zip(outcome.decisions) {
+                    descriptors[*index].decision = Some(decision);
+                }
+                permit
+            }
+            Err(error) => {
+                self.observer.store_failed(&error, kind == Batch::Shadow);
+                // A shadow limit never denies, so a failure leaves it undecided.
+                if kind == Batch::Enforce {
+                    for (index, applied) in batch {
+                        let descriptor = &mut descriptors[*index];
+                        descriptor.state = State::StoreFailed(applied.failure);
+                        descriptor.decision = fail(applied.failure, applied.quota);
+                    }
+                }
+                Permit::default()
+            }
+        }
+    }
+
+    /// Reads the limits of `batch` at cost 0: what each has left, for the
+    /// answer of a request that a blocked rule denied.
+    async fn peek(&self, descriptors: &mut [DescriptorVerdict], batch: &[(usize, &Applied)]) {
+        if batch.is_empty() {
+            return;
+        }
+        let limits: Vec<Limit<'_>> = batch.iter().map(|(_, a)| a.limit().with_cost(0)).collect();
+        if let Ok(outcome) = self.timed_check(&limits).await {
+            for ((index, _), decision) in batch.iter().zip(outcome.decisions) {
+                descriptors[*index].decision = Some(decision);
+            }
+        }
+    }
+
+    /// Gives back what `permit` holds (consuming it). A release the store
+    /// cannot make is reported to the observer; those permits then lapse
+    /// after their period. Returns how many limits were released.
+    pub async fn release(&self, permit: Permit) -> usize {
+        if permit.is_empty() {
+            return 0;
+        }
+        let limits: Vec<Limit<'_>> = permit.held.iter().map(Held::limit).collect();
+        match self.store.release(&limits).await {
+            Ok(()) => limits.len(),
+            Err(error) => {
+                self.observer.release_failed(&error);
+                0
+            }
+        }
+    }
+
+    /// Reads the state of the store key `key` under `quota` and `algorithm`
+    /// without consuming anything (a check at cost 0).
+    pub async fn read(
+        &self,
+        key: &str,
+        quota: Quota,
+        algorithm: Algorithm,
+    ) -> Result<Option<Decision>, StoreError> {
+        let limit = Limit::new(key, quota, algorithm).with_cost(0);
+        let outcome = self.timed_check(&[limit]).await?;
+        Ok(outcome.decisions.first().copied())
+    }
+
+    /// Whether the store reaches its state (e.g. Redis answers) and answers a
+    /// check (of a probe key, at cost 0): for readiness probes.
+    pub async fn ready(&self) -> bool {
+        let quota = Quota::per_second(1).expect("1 per second is a valid quota");
+        self.store.ready().await && self.read(PROBE_KEY, quota, Algorithm::Gcra).await.is_ok()
+    }
+
+    async fn timed_check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
+        let started = std::time::Instant::now();
+        let result = self.store.check(limits).await;
+        self.observer.store_call(started.elapsed(), result.is_ok());
+        result
+    }
+}
+
+/// The decision of a rule that refuses everything: nothing left until the
+/// current `unit` window (aligned to the epoch) ends, and no retry helps.
+pub(crate) fn blocked(unit: Unit, now: Nanos) -> Decision {
+    let unit_ns = u64::try_from(unit.duration().as_nanos()).unwrap_or(u64::MAX);
+    Decision {
+        allowed: false,
+        limit: 0,
+        remaining: 0,
+        reset_after: Duration::from_nanos(unit_ns - now % unit_ns),
+        retry_after: None,
+        delay: Duration::ZERO,
+    }
+}
+
+/// What a failure policy decides when the store returns an error:
+/// `fail_closed` denies (with no retry time, since none is known);
+/// `fail_open` and `local` (which has no local state to decide from here: a
+/// store with a local fallback decides `local` itself) let it through.
+fn fail(failure: FailurePolicy, quota: Quota) -> Option<Decision> {
+    match failure {
+        FailurePolicy::FailClosed => Some(Decision {
+            allowed: false,
+            limit: quota.burst(),
+            remaining: 0,
+            reset_after: Duration::ZERO,
+            retry_after: None,
+            delay: Duration::ZERO,
+        }),
+        FailurePolicy::FailOpen | FailurePolicy::Local => None,
+    }
+}
