@@ -1,0 +1,355 @@
+//! The enforcer's semantics, door-independent: the same decisions the
+//! server's doors and the tower layer turn into their wire formats (each door
+//! is tested on the wire in tollgate-server and tollgate-http).
+
+use std::future::{Future, ready};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tollgate_core::{Algorithm, Limit, ManualClock, Outcome, Quota, Store, StoreError};
+use tollgate_policy::{
+    AdHoc, Check, Decided, Descriptor, Enforcer, Entry, FailurePolicy, Observer, Permit, Policy,
+    Request, State, Verdict,
+};
+use tollgate_store::{MemoryConfig, MemoryStore};
+
+/// A store that is always down.
+struct DownStore;
+
+impl Store for DownStore {
+    fn check(&self, _: &[Limit<'_>]) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
+        ready(Err(StoreError::Timeout(Duration::from_millis(5))))
+    }
+
+    fn release(&self, _: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        ready(Err(StoreError::Timeout(Duration::from_millis(5))))
+    }
+}
+
+const POLICY: &str = "
+domain: api
+rules:
+  - name: open
+    match: [{ key: open }]
+    limit: { requests: 1, per: 1h }
+    failure: fail_open
+  - name: closed
+    match: [{ key: closed }]
+    limit: { requests: 1, per: 1h }
+    failure: fail_closed
+  - name: user
+    match: [{ key: user }]
+    limit: { requests: 2, per: 1h }
+  - name: global
+    match: [{ key: global }]
+    limit: { requests: 100, per: 1h }
+  - name: dark
+    match: [{ key: dark }]
+    limit: { requests: 1, per: 1h }
+    shadow: true
+  - name: inflight
+    match: [{ key: job }]
+    algorithm: concurrency
+    limit: { requests: 1, per: 1h }
+";
+
+/// envoyproxy/ratelimit's way to block: `requests_per_unit: 0`, here also
+/// marked shadow.
+const BLOCKED: &str = "
+domain: blocked
+descriptors:
+  - key: banned
+    rate_limit: { unit: minute, requests_per_unit: 0 }
+  - key: dark_banned
+    shadow_mode: true
+    rate_limit: { unit: minute, requests_per_unit: 0 }
+  - key: user
+    rate_limit: { unit: hour, requests_per_unit: 10 }
+";
+
+fn descriptor(key: &str, value: &str) -> Descriptor {
+    Descriptor {
+        entries: vec![Entry::new(key, value)],
+        ..Descriptor::default()
+    }
+}
+
+fn policy(text: &str) -> Policy {
+    Policy::parse("test.yaml", text).expect("valid test policy")
+}
+
+fn memory(text: &str) -> Enforcer<MemoryStore<ManualClock>> {
+    let clock = ManualClock::new(1_000_000_000);
+    Enforcer::new(
+        policy(text),
+        MemoryStore::with_clock(MemoryConfig::default(), clock),
+    )
+}
+
+async fn run<S: Store>(
+    enforcer: &Enforcer<S>,
+    domain: &str,
+    descriptors: &[Descriptor],
+) -> Verdict {
+    enforcer
+        .enforce(Check::Policy(Request {
+            domain,
+            descriptors,
+            hits_addend: 1,
+        }))
+        .await
+        .expect("a valid request")
+}
+
+#[tokio::test]
+async fn failure_policies_decide_when_the_store_is_down() {
+    let enforcer = Enforcer::new(policy(POLICY), DownStore);
+    let open = run(&enforcer, "api", &[descriptor("open", "a")]).await;
+    assert!(open.allowed());
+    assert_eq!(
+        open.descriptors[0].state,
+        State::StoreFailed(FailurePolicy::FailOpen)
+    );
+    let closed = run(
+        &enforcer,
+        "api",
+        &[descriptor("open", "a"), descriptor("closed", "a")],
+    )
+    .await;
+    assert!(!closed.allowed());
+    assert!(closed.store_unavailable());
+    assert_eq!(
+        closed.descriptors[1].state,
+        State::StoreFailed(FailurePolicy::FailClosed)
+    );
+    assert_eq!(closed.descriptors[1].result(), "over_limit");
+    let local = run(&enforcer, "api", &[descriptor("user", "a")]).await;
+    assert!(
+        local.allowed(),
+        "`local` with no local fallback in this store lets the request through"
+    );
+    assert!(!enforcer.ready().await);
+}
+
+#[tokio::test]
+async fn a_deny_by_one_layer_consumes_nothing_from_the_others() {
+    let enforcer = memory(POLICY);
+    let layers = [descriptor("user", "alice"), descriptor("global", "all")];
+    for _ in 0..2 {
+        assert!(run(&enforcer, "api", &layers).await.allowed());
+    }
+    let denied = run(&enforcer, "api", &layers).await;
+    assert!(!denied.allowed());
+    let reported = denied.most_restrictive().expect("a limit applied");
+    assert!(reported.rule.as_ref().is_some_and(|r| r.id() == "user"));
+    let global = run(&enforcer, "api", &[descriptor("global", "all")]).await;
+    assert_eq!(
+        global.descriptors[0].decision.map(|d| d.remaining),
+        Some(97),
+        "two admitted + this one; the deny took nothing"
+    );
+}
+
+#[tokio::test]
+async fn shadow_limits_count_denied_requests_too() {
+    let enforcer = memory(POLICY);
+    let user = descriptor("user", "carol");
+    let dark = descriptor("dark", "x");
+    for _ in 0..2 {
+        assert!(run(&enforcer, "api", &[user.clone()]).await.allowed());
+    }
+    // The enforcing limit denies; the shadow limit still sees the request,
+    // as it would if it were enforcing: its first unit is spent.
+    let denied = run(&enforcer, "api", &[user.clone(), dark.clone()]).await;
+    assert!(!denied.allowed());
+    assert_eq!(denied.descriptors[1].state, State::Shadow);
+    assert!(!denied.descriptors[1].shadow_denied());
+    // So the next request through the shadow rule is a would-be denial.
+    let second = run(&enforcer, "api", &[dark]).await;
+    assert!(second.allowed(), "shadow limits never deny");
+    assert!(second.descriptors[0].shadow_denied());
+    assert_eq!(second.descriptors[0].result(), "shadow_over_limit");
+}
+
+#[tokio::test]
+async fn blocked_shadow_rule_is_a_shadow_denial() {
+    let enforcer = memory(BLOCKED);
+    let verdict = run(&enforcer, "blocked", &[descriptor("dark_banned", "x")]).await;
+    assert!(verdict.allowed());
+    assert_eq!(verdict.descriptors[0].state, State::Shadow);
+    assert!(verdict.descriptors[0].shadow_denied());
+    let enforced = run(&enforcer, "blocked", &[descriptor("banned", "x")]).await;
+    assert!(!enforced.allowed());
+    assert_eq!(enforced.descriptors[0].state, State::Blocked);
+    assert_eq!(
+        enforced.descriptors[0].decision.and_then(|d| d.retry_after),
+        None
+    );
+}
+
+#[tokio::test]
+async fn a_blocked_rule_charges_nothing_to_the_limits_beside_it() {
+    let enforcer = memory(BLOCKED);
+    let denied = run(
+        &enforcer,
+        "blocked",
+        &[descriptor("user", "dave"), descriptor("banned", "x")],
+    )
+    .await;
+    assert!(!denied.allowed());
+    assert_eq!(
+        denied.descriptors[0].decision.map(|d| d.remaining),
+        Some(10)
+    );
+    let alone = run(&enforcer, "blocked", &[descriptor("user", "dave")]).await;
+    assert_eq!(alone.descriptors[0].decision.map(|d| d.remaining), Some(9));
+}
+
+#[tokio::test]
+async fn the_kill_switch_disables_a_rule() {
+    let enforcer = memory(POLICY);
+    let user = [descriptor("user", "bob")];
+    for _ in 0..2 {
+        assert!(run(&enforcer, "api", &user).await.allowed());
+    }
+    assert!(!run(&enforcer, "api", &user).await.allowed());
+    enforcer.kill_switch().set("api", Some("user"), false);
+    let off = run(&enforcer, "api", &user).await;
+    assert!(off.allowed());
+    assert_eq!(off.descriptors[0].state, State::Disabled);
+    enforcer.kill_switch().set("api", Some("user"), true);
+    assert!(!run(&enforcer, "api", &user).await.allowed());
+}
+
+#[tokio::test]
+async fn adhoc_keys_are_namespaced_and_reads_consume_nothing() {
+    let enforcer = memory(POLICY);
+    let adhoc = AdHoc {
+        key: "k".into(),
+        quota: Quota::per_hour(2).expect("valid"),
+        algorithm: Algorithm::Gcra,
+        cost: 1,
+    };
+    assert!(
+        enforcer
+            .enforce(Check::AdHoc(&adhoc))
+            .await
+            .expect("ad hoc")
+            .allowed()
+    );
+    let read = |key: String| {
+        let enforcer = &enforcer;
+        async move {
+            enforcer
+                .read(&key, adhoc.quota, adhoc.algorithm)
+                .await
+                .expect("memory answers")
+                .map(|d| d.remaining)
+        }
+    };
+    assert_eq!(read(adhoc.store_key()).await, Some(1));
+    assert_eq!(
+        read(adhoc.store_key()).await,
+        Some(1),
+        "reading took nothing"
+    );
+    assert_eq!(
+        read("k".into()).await,
+        Some(2),
+        "the raw key is another budget"
+    );
+}
+
+#[tokio::test]
+async fn permits_are_values_that_survive_a_reload() {
+    let enforcer = memory(POLICY);
+    let job = [descriptor("job", "render")];
+    let mut first = run(&enforcer, "api", &job).await;
+    assert!(first.allowed());
+    let permit = std::mem::take(&mut first.permit);
+    assert!(!permit.is_empty());
+    assert!(!run(&enforcer, "api", &job).await.allowed());
+    // A reload that drops the rule does not change which budget the permit
+    // goes back to.
+    enforcer
+        .policy_handle()
+        .store(policy("domain: other\nrules: []\n"));
+    assert_eq!(enforcer.release(permit).await, 1);
+    enforcer.policy_handle().store(policy(POLICY));
+    let mut again = run(&enforcer, "api", &job).await;
+    assert!(again.allowed(), "the permit came back");
+    // Through its token, as `POST /v1/release` takes it.
+    let token = std::mem::take(&mut again.permit).to_string();
+    assert!(!run(&enforcer, "api", &job).await.allowed());
+    let parsed: Permit = token.parse().expect("its own token");
+    assert_eq!(enforcer.release(parsed).await, 1);
+    assert!(run(&enforcer, "api", &job).await.allowed());
+}
+
+#[test]
+fn permit_tokens_refuse_what_they_did_not_write() {
+    for bad in [
+        "x",
+        "1:2",
+        "1:2:3:l",
+        "1:2:3:q:6b",
+        "0:2:3:l:6b",
+        "1:2:3:l:6",
+        "1:0:3:l:6b",
+        "1:2:3:l:ff",
+    ] {
+        assert!(bad.parse::<Permit>().is_err(), "{bad:?} parsed");
+    }
+    assert!("".parse::<Permit>().expect("empty").is_empty());
+}
+
+/// Counts what it sees, as the service's metrics do.
+#[derive(Default)]
+struct Seen(Mutex<Vec<(Option<String>, Vec<&'static str>)>>);
+
+impl Observer for Seen {
+    fn decided(&self, decided: &Decided<'_>) {
+        let results = decided
+            .verdict
+            .descriptors
+            .iter()
+            .map(|d| d.result())
+            .collect();
+        self.0
+            .lock()
+            .unwrap()
+            .push((decided.domain.map(str::to_owned), results));
+    }
+}
+
+#[tokio::test]
+async fn the_observer_sees_every_decision() {
+    let seen = Arc::new(Seen::default());
+    let enforcer = memory(POLICY).with_observer(seen.clone());
+    for _ in 0..3 {
+        let _ = run(
+            &enforcer,
+            "api",
+            &[descriptor("user", "eve"), descriptor("dark", "y")],
+        )
+        .await;
+    }
+    let adhoc = AdHoc {
+        key: "k".into(),
+        quota: Quota::per_hour(1).expect("valid"),
+        algorithm: Algorithm::Gcra,
+        cost: 1,
+    };
+    let _ = enforcer.enforce(Check::AdHoc(&adhoc)).await;
+    let seen = seen.0.lock().unwrap().clone();
+    let api = Some("api".to_owned());
+    assert_eq!(
+        seen,
+        [
+            (api.clone(), vec!["ok", "ok"]),
+            (api.clone(), vec!["ok", "shadow_over_limit"]),
+            (api, vec!["over_limit", "shadow_over_limit"]),
+            (None, vec!["ok"]),
+        ]
+    );
+}
