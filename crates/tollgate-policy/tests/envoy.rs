@@ -560,3 +560,289 @@ fn the_accepted_fixtures_load_side_by_side() {
         ["b", "c", "d", "e", "test-domain"]
     );
 }
+
+fn parse(text: &str) -> Policy {
+    Policy::parse("inline.yaml", text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `(line, field, reason)` of the error `text` gives.
+fn parse_error(text: &str) -> (u64, String, String) {
+    refused(
+        Policy::parse("inline.yaml", text).expect_err("refused"),
+        "inline.yaml",
+    )
+}
+
+/// README: "If the rate limit is not present and there are no nested
+/// descriptors, then the descriptor is effectively whitelisted"; `GetLimit`
+/// takes the `key_value` node before the key alone, limit or not.
+#[test]
+fn a_value_listed_without_rate_limit_is_exempt_from_its_keys_rule() {
+    let p = parse(
+        r#"
+domain: test-domain
+descriptors:
+  - key: service
+    descriptors:
+      - key: user
+        rate_limit: { unit: minute, requests_per_unit: 10 }
+      - key: user
+        value: batch
+      - key: user
+        value: admin
+        descriptors:
+          - key: action
+            rate_limit: { unit: minute, requests_per_unit: 1 }
+"#,
+    );
+    assert_eq!(limit(&p, &[("service", "s"), ("user", "alice")]).0, 10);
+    no_rule(&p, &[("service", "s"), ("user", "batch")]);
+    no_rule(&p, &[("service", "s"), ("user", "admin")]);
+    assert_eq!(
+        limit(&p, &[("service", "s"), ("user", "admin"), ("action", "x")]).0,
+        1
+    );
+}
+
+/// `constructLimitsToCheck` (src/service/ratelimit.go) gathers `replaces` from
+/// every matched limit, unlimited ones included, then drops the named ones.
+#[test]
+fn replaces_of_an_unlimited_rule_still_drop_the_named_limit() {
+    let p = parse(
+        r#"
+domain: test-domain
+descriptors:
+  - key: user
+    rate_limit: { name: per_user, unit: second, requests_per_unit: 5 }
+  - key: vip
+    rate_limit:
+      unlimited: true
+      replaces: [{ name: per_user }, { name: blocked }]
+  - key: banned
+    rate_limit: { name: blocked, unit: second, requests_per_unit: 0 }
+"#,
+    );
+    let got = resolve_all(
+        &p,
+        &[
+            descriptor(&[("user", "u")]),
+            descriptor(&[("vip", "yes")]),
+            descriptor(&[("banned", "u")]),
+        ],
+    );
+    assert!(matches!(got[0], Resolved::Replaced(_)), "{got:?}");
+    assert!(matches!(got[1], Resolved::Unlimited(_)), "{got:?}");
+    assert!(matches!(got[2], Resolved::Replaced(_)), "{got:?}");
+    let alone = resolve_all(&p, &[descriptor(&[("user", "u")])]);
+    assert!(matches!(alone[0], Resolved::Limit(_)), "{alone:?}");
+}
+
+/// README example 10: `value_to_metric` per level, kept on the rule for metrics.
+#[test]
+fn value_to_metric_is_kept_on_the_rule_level_by_level() {
+    let p = parse(
+        r#"
+domain: test-domain
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        descriptors:
+          - key: subject_id
+            rate_limit: { unit: minute, requests_per_unit: 60 }
+  - key: user
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+"#,
+    );
+    match one(
+        &p,
+        &[
+            ("route", "api"),
+            ("http_method", "GET"),
+            ("subject_id", "1"),
+        ],
+    ) {
+        Resolved::Limit(a) => {
+            assert_eq!(a.envoy_limit.0, 60);
+            assert_eq!(a.rule.value_to_metric(), [true, false, false]);
+        }
+        other => panic!("{other:?}"),
+    }
+    match one(&p, &[("user", "u")]) {
+        Resolved::Limit(a) => assert_eq!(a.rule.value_to_metric(), [false]),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Fields of its schema with no effect on Tollgate's limits are read, not
+/// refused: `quota_mode` is kept on the rule, `metadata` (any mapping) ignored.
+#[test]
+fn quota_mode_is_kept_and_metadata_accepted() {
+    let p = parse(
+        r#"
+domain: test-domain
+descriptors:
+  - key: tenant
+    quota_mode: true
+    metadata:
+      owner: { team: payments, tags: [a, 1, 2.5], 3: three }
+    rate_limit: { unit: hour, requests_per_unit: 100 }
+  - key: other
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+"#,
+    );
+    match one(&p, &[("tenant", "t")]) {
+        Resolved::Limit(a) => {
+            assert_eq!(a.envoy_limit, (100, Unit::Hour));
+            assert!(a.rule.quota_mode());
+        }
+        other => panic!("{other:?}"),
+    }
+    match one(&p, &[("other", "t")]) {
+        Resolved::Limit(a) => assert!(!a.rule.quota_mode()),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Its key check knows names, not places, and its decoder drops a field that
+/// is not at its place: such a file loads there, and here, with no effect.
+#[test]
+fn a_known_key_out_of_place_is_ignored() {
+    let p = parse(
+        r#"
+domain: test-domain
+descriptors:
+  - key: k
+    unit: second
+    rate_limit: { unit: minute, requests_per_unit: 3, shadow_mode: true, key: x }
+"#,
+    );
+    match one(&p, &[("k", "v")]) {
+        Resolved::Limit(a) => {
+            assert_eq!(a.envoy_limit, (3, Unit::Minute));
+            assert!(!a.shadow, "shadow_mode belongs to the descriptor");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Go's YAML decoder reads null as the zero value and any scalar into a string
+/// field; units are read case-insensitively; with `unlimited` only a unit it
+/// can read is refused.
+#[test]
+fn nulls_scalars_and_units_read_as_envoyproxy_ratelimit_reads_them() {
+    let p = parse(
+        r#"
+domain: test-domain
+descriptors:
+  - key: a
+    value:
+    rate_limit: { unit: SECOND, requests_per_unit: 7 }
+    descriptors:
+  - key: b
+    rate_limit:
+  - key: c
+    value: 42
+    rate_limit: { unlimited: true, unit: fortnight }
+"#,
+    );
+    assert_eq!(limit(&p, &[("a", "x")]).0, 7);
+    no_rule(&p, &[("b", "x")]);
+    assert!(matches!(one(&p, &[("c", "42")]), Resolved::Unlimited(_)));
+    no_rule(&p, &[("c", "43")]);
+}
+
+#[test]
+fn values_it_cannot_read_are_refused_with_line_and_field() {
+    let rpu = |n: &str| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: {n}\n"
+        )
+    };
+    // The largest count it reads; per minute, as Tollgate's quotas stop at one
+    // request per nanosecond.
+    let max = parse(&rpu("4294967295").replace("second", "minute"));
+    assert_eq!(
+        limit_in(&max, "d", &[("k", "v")]),
+        (u64::from(u32::MAX), Unit::Minute)
+    );
+    let cases = [
+        (
+            rpu("4294967296"),
+            6,
+            "descriptors[0].rate_limit.requests_per_unit",
+            "between 0 and 4294967295",
+        ),
+        (
+            rpu("-1"),
+            6,
+            "descriptors[0].rate_limit.requests_per_unit",
+            "between 0 and 4294967295",
+        ),
+        (
+            rpu("1.5"),
+            6,
+            "descriptors[0].rate_limit.requests_per_unit",
+            "error checking config: 1.5",
+        ),
+        (
+            rpu("18446744073709551615"),
+            6,
+            "descriptors[0].rate_limit.requests_per_unit",
+            "error checking config",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    value: 2.5\n".to_owned(),
+            4,
+            "descriptors[0].value",
+            "error checking config: 2.5",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n"
+                .to_owned(),
+            5,
+            "descriptors[0].share_threshold",
+            "share_threshold can only be used with wildcard values",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    metadata: [a]\n".to_owned(),
+            4,
+            "yaml",
+            "",
+        ),
+        (
+            "domain: d\nrules_of_thumb: 1\ndescriptors:\n".to_owned(),
+            2,
+            "rules_of_thumb",
+            "unknown key 'rules_of_thumb'",
+        ),
+    ];
+    for (text, line, field, reason) in cases {
+        let (got_line, got_field, got_reason) = parse_error(&text);
+        assert_eq!(
+            (got_line, got_field.as_str()),
+            (line, field),
+            "{text}\n{got_reason}"
+        );
+        assert!(
+            got_reason.contains(reason),
+            "{got_reason:?} should say {reason:?}"
+        );
+    }
+}
+
+fn limit_in(policy: &Policy, domain: &str, entries: &[(&str, &str)]) -> (u64, Unit) {
+    let got = policy
+        .resolve(&Request {
+            domain,
+            descriptors: &[descriptor(entries)],
+            hits_addend: 1,
+        })
+        .expect("a valid request")
+        .remove(0);
+    match got {
+        Resolved::Limit(a) => a.envoy_limit,
+        other => panic!("{other:?}"),
+    }
+}
