@@ -114,6 +114,6 @@ pub(crate) fn read_any(path: &Path, text: &str) -> Result<(String, Domain), Conf
             reason: "a file has either `rules` (native format) or `descriptors` (envoyproxy/ratelimit format), not both".into(),
         }),
         (true, false) => crate::native::compile(file, file.parse(text)?),
-        (false, _) => crate::envoy::compile(file, file.parse(text)?),
+        (false, _) => crate::envoy::read(file, text),
     }
 }

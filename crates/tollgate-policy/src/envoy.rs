@@ -1,13 +1,18 @@
 //! envoyproxy/ratelimit's config format, read unchanged.
 //!
 //! Its limits are fixed windows aligned to the unit, as that service counts
-//! them, so the same config gives the same decisions.
+//! them, so the same config gives the same decisions. What it accepts and
+//! refuses follows its loader (`src/config/config_impl.go`): every key of its
+//! schema is known, an unknown key anywhere is refused, and a known key in a
+//! place where it means nothing is ignored there, as its YAML decoder ignores it.
 
 use std::collections::HashSet;
+use std::fmt;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use serde_saphyr::Spanned;
+use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_saphyr::{Location, Spanned};
 use tollgate_core::{Algorithm, Quota, QuotaError};
 
 use crate::config::File;
@@ -16,77 +21,354 @@ use crate::rule::{Action, Limited};
 use crate::tree::Pattern;
 use crate::{ConfigError, FailurePolicy, Rule, Unit};
 
+/// Every key its loader knows (its `validKeys`), at whatever level.
+const KNOWN_KEYS: [&str; 16] = [
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct EnvoyFile {
-    domain: Spanned<String>,
+struct EnvoyFile {
     #[serde(default)]
-    descriptors: Vec<Spanned<EnvoyDescriptor>>,
+    domain: Option<Spanned<Text>>,
+    #[serde(default)]
+    descriptors: List<Spanned<EnvoyDescriptor>>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct EnvoyDescriptor {
     #[serde(default)]
-    key: String,
+    key: Text,
     #[serde(default)]
-    value: Option<String>,
+    value: Text,
+    #[serde(default)]
     rate_limit: Option<Spanned<EnvoyRateLimit>>,
     #[serde(default)]
-    descriptors: Vec<Spanned<EnvoyDescriptor>>,
+    descriptors: List<Spanned<EnvoyDescriptor>>,
     #[serde(default)]
-    shadow_mode: bool,
+    shadow_mode: Option<bool>,
     #[serde(default)]
-    detailed_metric: bool,
+    quota_mode: Option<bool>,
+    #[serde(default)]
+    detailed_metric: Option<bool>,
+    #[serde(default)]
+    value_to_metric: Option<bool>,
+    #[serde(default)]
+    share_threshold: Option<Spanned<Option<bool>>>,
+    /// Returned by envoyproxy/ratelimit in the response's dynamic metadata;
+    /// Tollgate has no such response field, so it is read only to refuse what
+    /// that loader refuses (anything but a mapping).
+    #[serde(default, rename = "metadata")]
+    _metadata: Option<Mapping>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct EnvoyRateLimit {
-    requests_per_unit: Option<Spanned<u64>>,
-    unit: Option<Spanned<String>>,
+    /// Signed so that a negative count gets a clear reason rather than a
+    /// parse error; the key check refuses integers beyond `i64`.
     #[serde(default)]
-    unlimited: bool,
+    requests_per_unit: Option<Spanned<i64>>,
     #[serde(default)]
-    name: Option<String>,
+    unit: Option<Spanned<Text>>,
     #[serde(default)]
-    replaces: Vec<Replaces>,
+    unlimited: Option<bool>,
+    #[serde(default)]
+    name: Text,
+    #[serde(default)]
+    replaces: List<Replaces>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct Replaces {
     #[serde(default)]
-    name: String,
+    name: Text,
 }
 
-pub(crate) fn compile(file: File<'_>, root: EnvoyFile) -> Result<(String, Domain), ConfigError> {
-    if root.domain.value.is_empty() {
-        return Err(file.at(
-            &root.domain,
-            "domain",
-            "config file cannot have an empty domain",
-        ));
+/// A string field: any scalar reads as its text and null as empty, as Go's
+/// YAML decoder fills a string.
+#[derive(Default)]
+struct Text(String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Option::<String>::deserialize(d).map(|s| Text(s.unwrap_or_default()))
     }
+}
+
+/// A list field: null reads as empty, as Go's YAML decoder fills a slice.
+struct List<T>(Vec<T>);
+
+impl<T> Default for List<T> {
+    fn default() -> Self {
+        List(Vec::new())
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for List<T> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Option::<Vec<T>>::deserialize(d).map(|v| List(v.unwrap_or_default()))
+    }
+}
+
+/// `metadata`: any mapping, or null.
+struct Mapping;
+
+impl<'de> Deserialize<'de> for Mapping {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Mapping;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a mapping")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Mapping, E> {
+                Ok(Mapping)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Mapping, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Mapping)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// What the key check makes of one YAML node (its `validateYamlKeys`).
+struct Checked {
+    kind: Kind,
+    /// The first problem in document order: where, the field, and why.
+    problem: Option<(Location, String, String)>,
+}
+
+enum Kind {
+    Map,
+    Seq,
+    /// A string, as written.
+    Str(String),
+    /// An integer, boolean or null, as text.
+    Plain(String),
+    /// A float, or an integer beyond `i64`: types its check refuses.
+    Refused(String),
+}
+
+impl Kind {
+    fn text(&self) -> &str {
+        match self {
+            Kind::Map => "a mapping",
+            Kind::Seq => "a list",
+            Kind::Str(s) | Kind::Plain(s) | Kind::Refused(s) => s,
+        }
+    }
+}
+
+impl Checked {
+    fn leaf(kind: Kind) -> Self {
+        Checked {
+            kind,
+            problem: None,
+        }
+    }
+}
+
+/// `child`'s field under `parent`: `a.b`, or `a[0]` for a list element.
+fn join(parent: &str, child: &str) -> String {
+    match child {
+        "" => parent.to_owned(),
+        c if c.starts_with('[') => format!("{parent}{c}"),
+        c => format!("{parent}.{c}"),
+    }
+}
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(CheckVisitor)
+    }
+}
+
+struct CheckVisitor;
+
+impl<'de> Visitor<'de> for CheckVisitor {
+    type Value = Checked;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Checked, E> {
+        Ok(Checked::leaf(Kind::Str(v.to_owned())))
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Checked, E> {
+        Ok(Checked::leaf(Kind::Plain(v.to_string())))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Checked, E> {
+        Ok(Checked::leaf(Kind::Plain(v.to_string())))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Checked, E> {
+        // Go decodes an integer beyond int64 as uint64, a type its check refuses.
+        Ok(Checked::leaf(if i64::try_from(v).is_ok() {
+            Kind::Plain(v.to_string())
+        } else {
+            Kind::Refused(v.to_string())
+        }))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Checked, E> {
+        Ok(Checked::leaf(Kind::Refused(v.to_string())))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Checked, E> {
+        Ok(Checked::leaf(Kind::Plain("null".into())))
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Checked, E> {
+        self.visit_unit()
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        let mut problem = None;
+        // Every entry is read, even after a problem, so the parser reaches the
+        // end of the mapping.
+        while let Some(key) = map.next_key::<Spanned<Checked>>()? {
+            let name = match &key.value.kind {
+                Kind::Str(name) => name.clone(),
+                other => {
+                    let text = other.text().to_owned();
+                    map.next_value::<IgnoredAny>()?;
+                    problem.get_or_insert((
+                        key.referenced,
+                        text.clone(),
+                        format!("config error, key is not of type string: {text}"),
+                    ));
+                    continue;
+                }
+            };
+            if !KNOWN_KEYS.contains(&name.as_str()) {
+                map.next_value::<IgnoredAny>()?;
+                problem.get_or_insert((
+                    key.referenced,
+                    name.clone(),
+                    format!(
+                        "config error, unknown key '{name}' (envoyproxy/ratelimit knows {})",
+                        KNOWN_KEYS.join(", ")
+                    ),
+                ));
+                continue;
+            }
+            if name == "metadata" {
+                // Free-form: its keys are the user's, not the schema's.
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            let value = map.next_value::<Spanned<Checked>>()?;
+            if let Kind::Refused(text) = &value.value.kind {
+                problem.get_or_insert((
+                    value.referenced,
+                    name.clone(),
+                    format!(
+                        "error checking config: {text} is neither a string, an integer up to 2^63-1 nor a boolean (quote it to make it a string)"
+                    ),
+                ));
+            }
+            if let Some((at, field, reason)) = value.value.problem {
+                problem.get_or_insert((at, join(&name, &field), reason));
+            }
+        }
+        Ok(Checked {
+            kind: Kind::Map,
+            problem,
+        })
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        let mut problem = None;
+        let mut index = 0;
+        while let Some(element) = seq.next_element::<Spanned<Checked>>()? {
+            if !matches!(element.value.kind, Kind::Map) {
+                problem.get_or_insert((
+                    element.referenced,
+                    format!("[{index}]"),
+                    format!(
+                        "config error, yaml file contains list of type other than map: {}",
+                        element.value.kind.text()
+                    ),
+                ));
+            }
+            if let Some((at, field, reason)) = element.value.problem {
+                problem.get_or_insert((at, join(&format!("[{index}]"), &field), reason));
+            }
+            index += 1;
+        }
+        Ok(Checked {
+            kind: Kind::Seq,
+            problem,
+        })
+    }
+}
+
+/// Reads and validates one file in envoyproxy/ratelimit's format, checking its
+/// keys first as that loader does.
+pub(crate) fn read(file: File<'_>, text: &str) -> Result<(String, Domain), ConfigError> {
+    let checked: Checked = file.parse(text)?;
+    if let Some((at, field, reason)) = checked.problem {
+        return Err(file.error(at, field, reason));
+    }
+    compile(file, file.parse(text)?)
+}
+
+fn compile(file: File<'_>, root: EnvoyFile) -> Result<(String, Domain), ConfigError> {
+    let domain_name = match &root.domain {
+        Some(d) if !d.value.0.is_empty() => d.value.0.clone(),
+        present => {
+            let at = present.as_ref().map(|d| d.referenced);
+            return Err(ConfigError {
+                path: file.path.to_owned(),
+                line: at.map_or(0, |at| at.line()),
+                column: at.map_or(0, |at| at.column()),
+                field: "domain".into(),
+                reason: "config file cannot have empty domain".into(),
+            });
+        }
+    };
     let mut domain = Domain {
         source: file.path.display().to_string(),
         ..Domain::default()
     };
     let mut path = Vec::new();
+    let mut metric = Vec::new();
     load(
         file,
         &mut domain,
-        &mut path,
+        &mut Level {
+            path: &mut path,
+            value_to_metric: &mut metric,
+        },
         "descriptors",
-        &root.descriptors,
+        &root.descriptors.0,
     )?;
-    Ok((root.domain.value, domain))
+    Ok((domain_name, domain))
+}
+
+/// Where the loader is in the descriptor tree.
+struct Level<'a> {
+    path: &'a mut Vec<(String, Pattern)>,
+    /// `value_to_metric` of each level of `path`.
+    value_to_metric: &'a mut Vec<bool>,
 }
 
 fn load(
     file: File<'_>,
     domain: &mut Domain,
-    path: &mut Vec<(String, Pattern)>,
+    level: &mut Level<'_>,
     field: &str,
     descriptors: &[Spanned<EnvoyDescriptor>],
 ) -> Result<(), ConfigError> {
@@ -94,16 +376,14 @@ fn load(
     for (i, spanned) in descriptors.iter().enumerate() {
         let d = &spanned.value;
         let field = format!("{field}[{i}]");
-        if d.key.is_empty() {
-            return Err(file.at(
-                spanned,
-                format!("{field}.key"),
-                "descriptor has an empty key",
-            ));
+        let (key, value) = (&d.key.0, &d.value.0);
+        if key.is_empty() {
+            return Err(file.at(spanned, format!("{field}.key"), "descriptor has empty key"));
         }
-        let composite = match d.value.as_deref() {
-            Some(v) if !v.is_empty() => format!("{}_{v}", d.key),
-            _ => d.key.clone(),
+        let composite = if value.is_empty() {
+            key.clone()
+        } else {
+            format!("{key}_{value}")
         };
         if !seen.insert(composite.clone()) {
             // Points at the second descriptor's first line.
@@ -113,24 +393,26 @@ fn load(
                 format!("duplicate descriptor composite key {composite:?}"),
             ));
         }
-        path.push((d.key.clone(), Pattern::parse(d.value.as_deref())));
+        let share = d.share_threshold.as_ref().filter(|s| s.value == Some(true));
+        if let Some(share) = share
+            && !composite.contains('*')
+        {
+            return Err(file.at(
+                share,
+                format!("{field}.share_threshold"),
+                format!("share_threshold can only be used with wildcard values (containing '*'), but found key {composite:?}"),
+            ));
+        }
+        level
+            .path
+            .push((key.clone(), Pattern::envoy(value, share.is_some())));
+        level.value_to_metric.push(d.value_to_metric == Some(true));
+        // Created even without a limit: a listed value exempts itself from
+        // its key's catch-all rule.
+        domain.tree.node(level.path);
         if let Some(rate_limit) = &d.rate_limit {
-            let id: Vec<String> = path
-                .iter()
-                .map(|(k, p)| match p {
-                    Pattern::Any => k.clone(),
-                    Pattern::Exact(v) => format!("{k}_{v}"),
-                    Pattern::Prefix(v) => format!("{k}_{v}*"),
-                })
-                .collect();
-            let rule = rule(
-                file,
-                &format!("{field}.rate_limit"),
-                rate_limit,
-                d,
-                id.join("."),
-            )?;
-            if let Err(existing) = domain.tree.insert(path, Arc::clone(&rule)) {
+            let rule = rule(file, &format!("{field}.rate_limit"), rate_limit, d, level)?;
+            if let Err(existing) = domain.tree.insert(level.path, Arc::clone(&rule)) {
                 return Err(file.at(
                     spanned,
                     field,
@@ -142,11 +424,12 @@ fn load(
         load(
             file,
             domain,
-            path,
+            level,
             &format!("{field}.descriptors"),
-            &d.descriptors,
+            &d.descriptors.0,
         )?;
-        path.pop();
+        level.path.pop();
+        level.value_to_metric.pop();
     }
     Ok(())
 }
@@ -156,46 +439,65 @@ fn rule(
     field: &str,
     spanned: &Spanned<EnvoyRateLimit>,
     d: &EnvoyDescriptor,
-    id: String,
+    level: &Level<'_>,
 ) -> Result<Arc<Rule>, ConfigError> {
     let r = &spanned.value;
-    for replaces in &r.replaces {
-        if replaces.name.is_empty() {
+    let name = &r.name.0;
+    for replaces in &r.replaces.0 {
+        if replaces.name.0.is_empty() {
             return Err(file.at(
                 spanned,
                 format!("{field}.replaces"),
                 "should not have an empty replaces entry",
             ));
         }
-        if r.name.as_deref() == Some(replaces.name.as_str()) {
+        if replaces.name.0 == *name {
             return Err(file.at(
                 spanned,
                 format!("{field}.replaces"),
-                "replaces should not contain the name of the same descriptor",
+                "replaces should not contain name of same descriptor",
             ));
         }
     }
-    let unit = r.unit.as_ref().filter(|u| !u.value.is_empty());
-    let requests = r.requests_per_unit.as_ref().map_or(0, |n| n.value);
-    let action = if r.unlimited {
-        if let Some(unit) = unit {
+    let unit_text = r.unit.as_ref().map_or("", |u| u.value.0.as_str());
+    let unit = unit_text.parse::<Unit>();
+    let action = if r.unlimited == Some(true) {
+        // Only a unit it can read is refused; anything else is ignored there.
+        if let (Ok(_), Some(at)) = (&unit, &r.unit) {
             return Err(file.at(
-                unit,
+                at,
                 format!("{field}.unit"),
                 "should not specify rate limit unit when unlimited",
             ));
         }
         Action::Unlimited
     } else {
-        let unit: Unit = match unit {
-            None => {
-                return Err(file.at(spanned, format!("{field}.unit"), "missing rate limit unit"));
+        let unit = unit.map_err(|reason| {
+            let reason = if unit_text.is_empty() {
+                "missing rate limit unit".to_owned()
+            } else {
+                reason
+            };
+            match &r.unit {
+                Some(u) => file.at(u, format!("{field}.unit"), reason),
+                None => file.at(spanned, format!("{field}.unit"), reason),
             }
-            Some(u) => u
-                .value
-                .parse()
-                .map_err(|reason| file.at(u, format!("{field}.unit"), reason))?,
+        })?;
+        let requests = match &r.requests_per_unit {
+            None => 0,
+            Some(n) => u32::try_from(n.value).map_err(|_| {
+                file.at(
+                    n,
+                    format!("{field}.requests_per_unit"),
+                    format!(
+                        "requests_per_unit must be between 0 and {} (an unsigned 32-bit integer, as envoyproxy/ratelimit reads it), not {}",
+                        u32::MAX,
+                        n.value
+                    ),
+                )
+            })?,
         };
+        let requests = u64::from(requests);
         match Quota::new(requests, unit.duration()) {
             // envoyproxy/ratelimit's way to block a value outright.
             Err(QuotaError::ZeroLimit) => Action::Block(unit),
@@ -217,12 +519,24 @@ fn rule(
             }),
         }
     };
+    let id: Vec<String> = level
+        .path
+        .iter()
+        .map(|(k, p)| match p {
+            Pattern::Any => k.clone(),
+            Pattern::Exact(v) => format!("{k}_{v}"),
+            Pattern::Prefix(v) => format!("{k}_{v}*"),
+            Pattern::Glob(g) => format!("{k}_{g}"),
+        })
+        .collect();
     Ok(Arc::new(Rule {
-        id: Arc::from(id),
-        name: r.name.clone().filter(|n| !n.is_empty()),
-        replaces: r.replaces.iter().map(|x| x.name.clone()).collect(),
-        shadow: d.shadow_mode,
-        detailed_metric: d.detailed_metric,
+        id: Arc::from(id.join(".")),
+        name: Some(name.clone()).filter(|n| !n.is_empty()),
+        replaces: r.replaces.0.iter().map(|x| x.name.0.clone()).collect(),
+        shadow: d.shadow_mode == Some(true),
+        detailed_metric: d.detailed_metric == Some(true),
+        value_to_metric: level.value_to_metric.clone(),
+        quota_mode: d.quota_mode == Some(true),
         action,
         source: file.source(spanned.referenced),
     }))

@@ -12,9 +12,12 @@
 //! Tollgate's native one (`domain` + `rules`), which adds algorithms, bursts,
 //! tiers, priority reserves, shared buckets and failure policies. Both compile to
 //! the same matching tree, so matching has one set of rules: at each level an
-//! exact value beats a `prefix*` wildcard (longest first), which beats a key with
-//! no value (one budget per distinct value). A config is parsed, validated and
-//! only then used; every error names the file, line, field and reason.
+//! exact value beats a wildcard, which beats a key with no value (one budget
+//! per distinct value). Native `prefix*` wildcards are tried longest first;
+//! envoyproxy/ratelimit's (`*` anywhere) in file order, as it tries them, and a
+//! value it lists without a limit exempts that value (`docs/envoy.md`). A
+//! config is parsed, validated and only then used; every error names the file,
+//! line, field and reason.
 
 mod config;
 mod descriptor;

@@ -356,6 +356,8 @@ fn rule(
         replaces: Vec::new(),
         shadow: r.shadow,
         detailed_metric: false,
+        value_to_metric: Vec::new(),
+        quota_mode: false,
         action,
         source: file.source(spanned.referenced),
     }))

@@ -194,7 +194,7 @@ impl Policy {
 }
 
 fn match_rule(domain_name: &str, domain: &Domain, descriptor: &Descriptor, cost: u64) -> Resolved {
-    let Some((rule, exact)) = domain.tree.find(&descriptor.entries) else {
+    let Some((rule, shared)) = domain.tree.find(&descriptor.entries) else {
         return Resolved::NoRule;
     };
     let limited = match &rule.action {
@@ -226,8 +226,8 @@ fn match_rule(domain_name: &str, domain: &Domain, descriptor: &Descriptor, cost:
     let distinguishing = descriptor
         .entries
         .iter()
-        .zip(&exact)
-        .filter(|(e, exact)| !**exact && !skip.contains(&e.key.as_str()))
+        .zip(&shared)
+        .filter(|(e, shared)| !**shared && !skip.contains(&e.key.as_str()))
         .map(|(e, _)| e);
     Resolved::Limit(Applied {
         rule: Arc::clone(rule),
@@ -288,6 +288,8 @@ fn override_limit(
         replaces: Vec::new(),
         shadow: false,
         detailed_metric: false,
+        value_to_metric: Vec::new(),
+        quota_mode: false,
         action: Action::Limit(Limited {
             algorithm: Algorithm::FixedWindow,
             quota,
@@ -358,13 +360,17 @@ fn push_decimal(out: &mut String, mut n: usize) {
 }
 
 /// envoyproxy/ratelimit's `replaces`: a matched rule named in another matched
-/// rule's `replaces` list does not apply to this request.
+/// rule's `replaces` list does not apply to this request. As there, every
+/// matched rule's list counts, an unlimited one's too, and an unlimited rule
+/// is never replaced (it counts nothing to begin with).
 fn apply_replaces(resolved: &mut [Resolved]) {
     let replaced: HashSet<String> = resolved
         .iter()
         .filter_map(|r| match r {
-            Resolved::Limit(a) => Some(&a.rule.replaces),
-            _ => None,
+            Resolved::Limit(Applied { rule, .. })
+            | Resolved::Unlimited(rule)
+            | Resolved::Blocked(rule, _) => Some(&rule.replaces),
+            Resolved::NoRule | Resolved::Replaced(_) => None,
         })
         .flatten()
         .cloned()
@@ -373,10 +379,12 @@ fn apply_replaces(resolved: &mut [Resolved]) {
         return;
     }
     for r in resolved.iter_mut() {
-        if let Resolved::Limit(a) = r
-            && a.rule.name.as_ref().is_some_and(|n| replaced.contains(n))
-        {
-            *r = Resolved::Replaced(Arc::clone(&a.rule));
+        let rule = match r {
+            Resolved::Limit(Applied { rule, .. }) | Resolved::Blocked(rule, _) => rule,
+            Resolved::NoRule | Resolved::Unlimited(_) | Resolved::Replaced(_) => continue,
+        };
+        if rule.name.as_ref().is_some_and(|n| replaced.contains(n)) {
+            *r = Resolved::Replaced(Arc::clone(rule));
         }
     }
 }

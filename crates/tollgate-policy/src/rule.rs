@@ -59,6 +59,8 @@ pub struct Rule {
     pub(crate) replaces: Vec<String>,
     pub(crate) shadow: bool,
     pub(crate) detailed_metric: bool,
+    pub(crate) value_to_metric: Vec<bool>,
+    pub(crate) quota_mode: bool,
     pub(crate) action: Action,
     pub(crate) source: String,
 }
@@ -95,6 +97,23 @@ impl Rule {
     /// Whether metrics should carry the descriptor's value (envoyproxy/ratelimit's `detailed_metric`).
     pub fn detailed_metric(&self) -> bool {
         self.detailed_metric
+    }
+
+    /// envoyproxy/ratelimit's `value_to_metric`, one flag per level of the
+    /// rule's descriptor path (the entries a matching descriptor has, in order):
+    /// whether the metric name should carry the request's value at that level
+    /// even though the config names no value there. Empty for native rules.
+    /// Tollgate only keeps it; naming metrics by it is the metrics layer's job.
+    pub fn value_to_metric(&self) -> &[bool] {
+        &self.value_to_metric
+    }
+
+    /// envoyproxy/ratelimit's `quota_mode`: an over-limit answer from this rule
+    /// should deny only when every quota-mode descriptor of the request is over
+    /// its limit. Kept as read; Tollgate does not act on it yet, so such a rule
+    /// limits as an ordinary one.
+    pub fn quota_mode(&self) -> bool {
+        self.quota_mode
     }
 
     /// Where the rule was defined, as `file:line`.

@@ -287,39 +287,69 @@ fn envoy_example_9_wildcard_values() {
     ));
 }
 
+/// envoyproxy/ratelimit tries its wildcards in file order and takes the first
+/// that matches (`GetLimit` in `src/config/config_impl.go`); an exact value
+/// beats them all and the key alone comes last.
 #[test]
-fn the_longest_wildcard_wins_over_a_shorter_one_and_exact_over_both() {
-    let p = Policy::parse(
-        "w.yaml",
-        r#"
+fn envoy_wildcards_match_in_file_order_after_exact_values() {
+    let config = |first: &str, second: &str| {
+        format!(
+            r#"
 domain: w
 descriptors:
   - key: path
-    value: /api*
-    rate_limit: { unit: second, requests_per_unit: 1 }
+    value: {first}
+    rate_limit: {{ unit: second, requests_per_unit: 1 }}
   - key: path
-    value: /api/search*
-    rate_limit: { unit: second, requests_per_unit: 2 }
+    value: {second}
+    rate_limit: {{ unit: second, requests_per_unit: 2 }}
   - key: path
     value: /api/search/exact
-    rate_limit: { unit: second, requests_per_unit: 3 }
+    rate_limit: {{ unit: second, requests_per_unit: 3 }}
   - key: path
-    rate_limit: { unit: second, requests_per_unit: 4 }
-"#,
-    )
-    .unwrap();
-    for (path, expected) in [
-        ("/api/x", 1),
-        ("/api/search?q", 2),
-        ("/api/search/exact", 3),
-        ("/other", 4),
+    rate_limit: {{ unit: second, requests_per_unit: 4 }}
+"#
+        )
+    };
+    let short_first = Policy::parse("w.yaml", &config("/api*", "/api/search*")).unwrap();
+    let long_first = Policy::parse("w.yaml", &config("/api/search*", "/api*")).unwrap();
+    for (policy, path, expected) in [
+        (&short_first, "/api/x", 1),
+        (&short_first, "/api/search?q", 1),
+        (&long_first, "/api/search?q", 1),
+        (&long_first, "/api/x", 2),
+        (&short_first, "/api/search/exact", 3),
+        (&long_first, "/api/search/exact", 3),
+        (&short_first, "/other", 4),
     ] {
         assert_eq!(
-            limit(&one(&p, "w", &[("path", path)])).0,
+            limit(&one(policy, "w", &[("path", path)])).0,
             expected,
             "{path}"
         );
     }
+}
+
+/// The native format keeps its own order: the longest prefix wins, whatever
+/// the order of the rules.
+#[test]
+fn native_prefixes_match_longest_first_whatever_their_order() {
+    let p = Policy::parse(
+        "n.yaml",
+        r#"
+domain: n
+rules:
+  - name: api
+    match: [{ key: path, value: /api* }]
+    limit: { requests: 1, per: 1s }
+  - name: search
+    match: [{ key: path, value: /api/search* }]
+    limit: { requests: 2, per: 1s }
+"#,
+    )
+    .unwrap();
+    let got = |path: &str| applied(one(&p, "n", &[("path", path)])).quota.limit();
+    assert_eq!((got("/api/x"), got("/api/search?q")), (1, 2));
 }
 
 #[test]
