@@ -156,7 +156,11 @@ async fn shadow_limits_count_denied_requests_too() {
     let user = descriptor("user", "carol");
     let dark = descriptor("dark", "x");
     for _ in 0..2 {
-        assert!(run(&enforcer, "api", &[user.clone()]).await.allowed());
+        assert!(
+            run(&enforcer, "api", std::slice::from_ref(&user))
+                .await
+                .allowed()
+        );
     }
     // The enforcing limit denies; the shadow limit still sees the request,
     // as it would if it were enforcing: its first unit is spent.
