@@ -192,12 +192,11 @@ async fn failure_policies_decide_when_the_store_is_down() {
 
     let closed = PER_IP.replace("limit:", "failure: fail_closed\n    limit:");
     let app_closed = limited(RateLimitLayer::builder("api", policy(&closed), Down).build());
-    // Denied as over limit, as through every door (DESIGN §3), and the body
-    // says why.
+    // Denied as over limit, as through every door (DESIGN §3).
     let (status, headers, body) = send(&app_closed, from("192.0.2.1:1")).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert!(headers.contains_key("retry-after"));
-    assert!(body.contains("rate_limiter_unavailable"), "{body}");
+    assert!(body.contains("rate_limit_exceeded"), "{body}");
 
     // With a pre-check, a store that is down leaves the local decision in force.
     let guarded = limited(
@@ -756,4 +755,133 @@ rules:
         send(&app, get_user(2)).await.0,
         StatusCode::TOO_MANY_REQUESTS
     );
+}
+
+/// The tower layer's door of tollgate-server's `tests/doors.rs`: the same
+/// semantics, under the same names, checked through the layer.
+mod doors {
+    use std::sync::Mutex;
+
+    use tollgate_policy::{Decided, Observer};
+
+    use super::*;
+
+    const POLICY: &str = "
+domain: api
+descriptors:
+  - key: user
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: dark
+    shadow_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: banned
+    rate_limit: { unit: hour, requests_per_unit: 0 }
+  - key: dark_banned
+    shadow_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 0 }
+";
+
+    /// The decision results the layer's enforcer reported, per request.
+    #[derive(Default)]
+    struct Results(Mutex<Vec<Vec<&'static str>>>);
+
+    impl Observer for Results {
+        fn decided(&self, decided: &Decided<'_>) {
+            let results = decided
+                .verdict
+                .descriptors
+                .iter()
+                .map(|d| d.result())
+                .collect();
+            self.0.lock().unwrap().push(results);
+        }
+    }
+
+    /// A layer making one descriptor per `x-<key>` header of `keys`.
+    fn layer(yaml: &str, store: impl Store + 'static, keys: &[&str]) -> (Router, Arc<Results>) {
+        let results = Arc::new(Results::default());
+        let mut builder =
+            RateLimitLayer::builder("api", policy(yaml), store).observer(results.clone());
+        for key in keys {
+            let header = http::HeaderName::try_from(format!("x-{key}")).unwrap();
+            builder = builder.descriptor(HeaderKey::new(header, *key));
+        }
+        (limited(builder.build()), results)
+    }
+
+    fn with(headers: &[(&str, &str)]) -> Request<Body> {
+        let mut request = from("192.0.2.1:1");
+        for (key, value) in headers {
+            request.headers_mut().insert(
+                http::HeaderName::try_from(format!("x-{key}")).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        request
+    }
+
+    #[tokio::test]
+    async fn shadow_limits_count_denied_requests_too() {
+        let (app, results) = layer(POLICY, MemoryStore::default(), &["user", "dark"]);
+        let both = [("user", "alice"), ("dark", "x")];
+        assert_eq!(send(&app, with(&both)).await.0, StatusCode::OK);
+        assert_eq!(
+            send(&app, with(&both)).await.0,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(send(&app, with(&[("dark", "x")])).await.0, StatusCode::OK);
+        assert_eq!(
+            *results.0.lock().unwrap(),
+            [
+                vec!["ok", "ok"],
+                vec!["over_limit", "shadow_over_limit"],
+                vec!["shadow_over_limit"],
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn blocked_shadow_rule_is_a_shadow_denial() {
+        let (app, results) = layer(
+            POLICY,
+            MemoryStore::default(),
+            &["dark_banned", "banned", "user"],
+        );
+        assert_eq!(
+            send(&app, with(&[("dark_banned", "x")])).await.0,
+            StatusCode::OK
+        );
+        let blocked = send(&app, with(&[("banned", "x"), ("user", "carol")])).await;
+        assert_eq!(blocked.0, StatusCode::TOO_MANY_REQUESTS);
+        // Carol's limit was not charged by the blocked request.
+        assert_eq!(
+            send(&app, with(&[("user", "carol")])).await.0,
+            StatusCode::OK
+        );
+        assert_eq!(
+            *results.0.lock().unwrap(),
+            [
+                vec!["shadow_over_limit"],
+                vec!["over_limit", "ok"],
+                vec!["ok"],
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn fail_closed_store_failure_is_over_limit() {
+        let closed = "
+domain: api
+rules:
+  - name: closed
+    match: [{ key: closed }]
+    limit: { requests: 100, per: 1h }
+    failure: fail_closed
+";
+        let (app, results) = layer(closed, Down, &["closed"]);
+        let (status, _, body) = send(&app, with(&[("closed", "a")])).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(body.contains("rate_limit_exceeded"), "{body}");
+        assert_eq!(*results.0.lock().unwrap(), [vec!["over_limit"]]);
+    }
 }

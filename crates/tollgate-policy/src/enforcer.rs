@@ -237,13 +237,6 @@ impl Verdict {
             .max()
             .unwrap_or_default()
     }
-
-    /// Whether a `fail_closed` rule denied because the store could not answer.
-    pub fn store_unavailable(&self) -> bool {
-        self.descriptors
-            .iter()
-            .any(|d| matches!(d.state, State::StoreFailed(_)) && !d.allowed())
-    }
 }
 
 /// One concurrency limit's permit: what was taken, from which budget.

@@ -117,7 +117,6 @@ async fn failure_policies_decide_when_the_store_is_down() {
     )
     .await;
     assert!(!closed.allowed());
-    assert!(closed.store_unavailable());
     assert_eq!(
         closed.descriptors[1].state,
         State::StoreFailed(FailurePolicy::FailClosed)

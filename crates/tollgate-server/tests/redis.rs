@@ -3,67 +3,11 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
 
-use common::{Server, rls_request, tollgate};
+use common::{Redis, Server, free_port, rls_request, tollgate};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::Channel;
-
-/// A `redis-server` on a free loopback port, killed when dropped.
-struct Redis {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        let port = free_port();
-        let dir = tempfile::tempdir().expect("a temp dir");
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--dir"])
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is installed (./scripts/test installs it through apt)");
-        let redis = Redis {
-            child,
-            port,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        redis
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
 
 const HOURLY: &str = "domain: shared\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: hour\n      requests_per_unit: 5\n";
 
@@ -141,8 +85,7 @@ async fn each_rule_falls_back_by_its_failure_policy_and_readyz_follows_redis() {
     assert_eq!(code(&mut client, "payments").await, OK);
     assert_eq!(code(&mut client, "search").await, OK);
 
-    redis.child.kill().expect("kill redis-server");
-    redis.child.wait().expect("reap redis-server");
+    redis.kill();
     assert_eq!(ready().await, 503, "Redis is gone");
     for _ in 0..3 {
         assert_eq!(

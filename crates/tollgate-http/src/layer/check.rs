@@ -154,26 +154,19 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
     }
 
     /// 429 with the headers and a JSON body (or, to a gRPC client,
-    /// `RESOURCE_EXHAUSTED` in a trailers-only response). A deny because a
-    /// `fail_closed` rule's store could not answer says so in its body.
+    /// `RESOURCE_EXHAUSTED` in a trailers-only response), whichever rule
+    /// denied: a `fail_closed` rule whose store cannot answer denies the same
+    /// way (DESIGN §3).
     fn too_many(&self, verdict: &tollgate_policy::Verdict, grpc: bool) -> Response<Bytes> {
         let reports = reports(verdict);
         let mut headers = HeaderMap::new();
         self.style.write(&reports, verdict.started_at, &mut headers);
         let reported = most_restrictive(&reports).expect("a deny has a denying limit");
         let retry_after = retry_after_secs(&reported.decision);
-        let name = reported.name;
-        let (error, message) = if verdict.store_unavailable() {
-            (
-                "rate_limiter_unavailable",
-                format!("rate limit \"{name}\" cannot be checked now; retry in {retry_after} s"),
-            )
-        } else {
-            (
-                "rate_limit_exceeded",
-                format!("rate limit \"{name}\" exceeded; retry in {retry_after} s"),
-            )
-        };
+        let message = format!(
+            "rate limit \"{}\" exceeded; retry in {retry_after} s",
+            reported.name
+        );
         if grpc {
             return grpc_status(headers, GRPC_RESOURCE_EXHAUSTED, &message);
         }
@@ -181,8 +174,9 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
         // `serde_json::Value` map: denials come in floods. The message
         // quotes a rule name, so it is escaped as a JSON string.
         let message = serde_json::Value::from(message);
-        let body =
-            format!(r#"{{"error":"{error}","message":{message},"retry_after":{retry_after}}}"#);
+        let body = format!(
+            r#"{{"error":"rate_limit_exceeded","message":{message},"retry_after":{retry_after}}}"#
+        );
         json_text(StatusCode::TOO_MANY_REQUESTS, headers, body)
     }
 }

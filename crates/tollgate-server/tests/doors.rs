@@ -1,0 +1,273 @@
+//! Every door gives the same answer: the same traffic through gRPC
+//! `ShouldRateLimit`, `POST /json`, `POST /v1/check` and the gateway (each
+//! against its own fresh `tollgate serve`) is admitted and denied alike and
+//! leaves the same per-rule metrics. Each test pins one semantics of DESIGN
+//! §3 that the doors once disagreed on; the tower layer's door is pinned
+//! in-process by tollgate-http's `tests/layer.rs` under the same names.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use common::{Redis, Server, config_dir, rls_request};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use serde_json::{Value, json};
+
+/// The policy the doors share: the gateway's domain, one descriptor per key.
+const POLICY: &str = "
+domain: gateway
+descriptors:
+  - key: user
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: dark
+    shadow_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: banned
+    rate_limit: { unit: hour, requests_per_unit: 0 }
+  - key: dark_banned
+    shadow_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 0 }
+";
+
+/// The same, with failure policies (Tollgate's format).
+const FAILURES: &str = "
+domain: gateway
+rules:
+  - name: closed
+    match: [{ key: closed }]
+    limit: { requests: 100, per: 1h }
+    failure: fail_closed
+  - name: open
+    match: [{ key: open }]
+    limit: { requests: 100, per: 1h }
+    failure: fail_open
+";
+
+/// The gateway makes one descriptor per `x-<key>` header.
+const ACTIONS: &str = "
+rate_limits:
+  - actions: [{ request_headers: { header_name: x-user, descriptor_key: user } }]
+  - actions: [{ request_headers: { header_name: x-dark, descriptor_key: dark } }]
+  - actions: [{ request_headers: { header_name: x-banned, descriptor_key: banned } }]
+  - actions: [{ request_headers: { header_name: x-dark_banned, descriptor_key: dark_banned } }]
+  - actions: [{ request_headers: { header_name: x-closed, descriptor_key: closed } }]
+  - actions: [{ request_headers: { header_name: x-open, descriptor_key: open } }]
+";
+
+#[derive(Debug, Clone, Copy)]
+enum Door {
+    Grpc,
+    Json,
+    V1,
+    Gateway,
+}
+
+const DOORS: [Door; 4] = [Door::Grpc, Door::Json, Door::V1, Door::Gateway];
+
+/// One request: its descriptors, one `(key, value)` entry each.
+type Descriptors<'a> = &'a [(&'a str, &'a str)];
+
+/// An upstream that answers 200 to everything, for the gateway.
+async fn upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free port");
+    let addr = listener.local_addr().expect("a bound address");
+    let app = Router::new().fallback(|| async { "upstream" });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// `tollgate serve` with the gateway in front of an upstream, `policy` and
+/// the extra `args`.
+async fn serve(policy: &str, args: &[&str]) -> (Server, tempfile::TempDir) {
+    let upstream = format!("http://{}", upstream().await);
+    let actions = config_dir(&[("actions.yaml", ACTIONS)]);
+    let file = actions.path().join("actions.yaml");
+    let mut all = vec![
+        "--proxy-listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream,
+        "--gateway-config",
+        file.to_str().expect("a UTF-8 path"),
+    ];
+    all.extend_from_slice(args);
+    (
+        Server::with_config(&[("policy.yaml", policy)], &all),
+        actions,
+    )
+}
+
+/// Sends one request through `door`; whether it was admitted.
+async fn send(server: &Server, door: Door, descriptors: Descriptors<'_>) -> bool {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("a client");
+    let body = json!({"domain": "gateway", "descriptors": descriptors
+        .iter()
+        .map(|(k, v)| json!({"entries": [{"key": k, "value": v}]}))
+        .collect::<Vec<Value>>()});
+    match door {
+        Door::Grpc => {
+            let entries: Vec<[(&str, &str); 1]> = descriptors.iter().map(|e| [*e]).collect();
+            let entries: Vec<&[(&str, &str)]> = entries.iter().map(|e| &e[..]).collect();
+            let answer = server
+                .grpc_client()
+                .await
+                .should_rate_limit(rls_request("gateway", &entries))
+                .await
+                .expect("an answer")
+                .into_inner();
+            answer.overall_code == Code::Ok as i32
+        }
+        Door::Json | Door::V1 => {
+            let path = if matches!(door, Door::Json) {
+                "/json"
+            } else {
+                "/v1/check"
+            };
+            let status = http
+                .post(server.url(path))
+                .json(&body)
+                .send()
+                .await
+                .expect("an answer")
+                .status();
+            assert!(status == 200 || status == 429, "{door:?}: {status}");
+            status == 200
+        }
+        Door::Gateway => {
+            let mut request = http.get(format!("http://{}/echo", server.gateway()));
+            for (key, value) in descriptors {
+                request = request.header(format!("x-{key}"), *value);
+            }
+            let response = request.send().await.expect("an answer");
+            let status = response.status();
+            assert!(status == 200 || status == 429, "{door:?}: {status}");
+            if status == 429 {
+                let body: Value = response.json().await.expect("a JSON body");
+                assert_eq!(body["error"], "rate_limit_exceeded");
+            }
+            status == 200
+        }
+    }
+}
+
+/// The per-rule lines of `/metrics`: decisions and shadow denials, sorted.
+async fn rule_metrics(server: &Server) -> Vec<String> {
+    let text = reqwest::get(server.url("/metrics"))
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("metrics text");
+    let mut lines: Vec<String> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("tollgate_decisions_total{")
+                || l.starts_with("tollgate_shadow_denials_total{")
+        })
+        .map(str::to_owned)
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// Runs `traffic` through each door on a fresh server; returns, per door,
+/// what was admitted and the per-rule metrics, after checking that every
+/// door agrees.
+async fn through_every_door(policy: &str, traffic: &[Descriptors<'_>]) -> (Vec<bool>, Vec<String>) {
+    let mut answers = Vec::new();
+    for door in DOORS {
+        let (server, _actions) = serve(policy, &[]).await;
+        let mut admitted = Vec::new();
+        for descriptors in traffic {
+            admitted.push(send(&server, door, descriptors).await);
+        }
+        answers.push((door, admitted, rule_metrics(&server).await));
+    }
+    let (_, admitted, metrics) = answers[0].clone();
+    for (door, other_admitted, other_metrics) in &answers[1..] {
+        assert_eq!(
+            other_admitted, &admitted,
+            "{door:?} admits differently from gRPC"
+        );
+        assert_eq!(
+            other_metrics, &metrics,
+            "{door:?} counts differently from gRPC"
+        );
+    }
+    (admitted, metrics)
+}
+
+fn count(metrics: &[String], needle: &[&str]) -> u64 {
+    metrics
+        .iter()
+        .filter(|l| needle.iter().all(|n| l.contains(n)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_limits_count_denied_requests_too() {
+    let traffic: [Descriptors; 3] = [
+        &[("user", "alice"), ("dark", "x")],
+        &[("user", "alice"), ("dark", "x")],
+        &[("dark", "x")],
+    ];
+    let (admitted, metrics) = through_every_door(POLICY, &traffic).await;
+    assert_eq!(admitted, [true, false, true]);
+    // The second request, denied by `user`, still spent the shadow rule's
+    // check: its would-be denial is counted, and so is the third's.
+    let shadow = count(&metrics, &["tollgate_shadow_denials_total", "dark"]);
+    assert_eq!(shadow, 2, "{metrics:#?}");
+    let over = count(
+        &metrics,
+        &["tollgate_decisions_total", "over_limit", "user"],
+    );
+    assert_eq!(over, 1, "{metrics:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_shadow_rule_is_a_shadow_denial() {
+    let traffic: [Descriptors; 3] = [
+        &[("dark_banned", "x")],
+        &[("dark_banned", "x"), ("user", "bob")],
+        &[("banned", "x"), ("user", "carol")],
+    ];
+    let (admitted, metrics) = through_every_door(POLICY, &traffic).await;
+    assert_eq!(admitted, [true, true, false]);
+    let shadow = count(&metrics, &["tollgate_shadow_denials_total", "dark_banned"]);
+    assert_eq!(shadow, 2, "{metrics:#?}");
+    // The blocked rule charged nothing to the limit beside it.
+    let carol = count(
+        &metrics,
+        &["tollgate_decisions_total", "user", "result=\"ok\""],
+    );
+    assert_eq!(
+        carol, 2,
+        "bob's admission and carol's untouched limit: {metrics:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_store_failure_is_over_limit() {
+    for door in DOORS {
+        let mut redis = Redis::start();
+        let url = redis.url();
+        let (server, _actions) = serve(FAILURES, &["--redis", &url]).await;
+        assert!(send(&server, door, &[("closed", "a")]).await);
+        redis.kill();
+        assert!(
+            !send(&server, door, &[("closed", "a"), ("open", "a")]).await,
+            "{door:?}: a fail_closed rule refuses while its store is down"
+        );
+        assert!(
+            send(&server, door, &[("open", "a")]).await,
+            "{door:?}: a fail_open rule admits"
+        );
+    }
+}
