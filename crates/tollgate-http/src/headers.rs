@@ -9,7 +9,8 @@
 //! | `reset_after` | `X-RateLimit-Reset-After` | seconds until it is full again, with three decimals (Discord) |
 //! | `bucket` | `X-RateLimit-Bucket` | the shared bucket that limit spends, when it has one (Discord) |
 //! | `ietf` | `RateLimit-Policy`, `RateLimit` | [`DRAFT`]'s structured fields: every limit's policy, and the most restrictive one's service limit |
-//! | always | `Retry-After` | on a deny: delta-seconds, rounded up, at least 1 |
+//! | `envoy` | `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` | envoyproxy/ratelimit's: the most restrictive limit's quota, what it has left, and the seconds until it is full again (a delta, not an epoch); what Envoy's Rate Limit Service answers put in `response_headers_to_add` |
+//! | `retry_after` | `Retry-After` | on a deny: delta-seconds, rounded up, at least 1 |
 //!
 //! **The reset is stable.** `X-RateLimit-Reset` is
 //! `ceil((now + reset_after) / 1 s)`, where `now` is the wall-clock time in
@@ -52,9 +53,11 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
-/// Which header families to emit. `Retry-After` is always sent on a deny.
+/// Which header families to emit.
 ///
-/// The default is the widely read pair: `X-RateLimit-*` and the IETF fields.
+/// The default is the widely read pair, `X-RateLimit-*` and the IETF fields,
+/// and `Retry-After` on a deny. [`HeaderStyle::ENVOY`] is what Envoy's Rate
+/// Limit Service answers carry (`tollgate serve`'s gRPC API and `POST /json`).
 /// [`HeaderStyle::ALL`] adds Discord's `X-RateLimit-Reset-After` and
 /// `X-RateLimit-Bucket`, which `tollgate-client` uses when present.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +71,11 @@ pub struct HeaderStyle {
     pub bucket: bool,
     /// `RateLimit-Policy` and `RateLimit` ([`DRAFT`]).
     pub ietf: bool,
+    /// envoyproxy/ratelimit's `X-RateLimit-*`: the reset in seconds from now.
+    /// Replaces `x_ratelimit`'s values when both are set.
+    pub envoy: bool,
+    /// `Retry-After` on a deny.
+    pub retry_after: bool,
 }
 
 impl Default for HeaderStyle {
@@ -77,6 +85,8 @@ impl Default for HeaderStyle {
             reset_after: false,
             bucket: false,
             ietf: true,
+            envoy: false,
+            retry_after: true,
         }
     }
 }
@@ -126,6 +136,8 @@ impl HeaderStyle {
         reset_after: true,
         bucket: true,
         ietf: true,
+        envoy: false,
+        retry_after: true,
     };
 
     /// No family: only `Retry-After` on a deny.
@@ -134,6 +146,19 @@ impl HeaderStyle {
         reset_after: false,
         bucket: false,
         ietf: false,
+        envoy: false,
+        retry_after: true,
+    };
+
+    /// envoyproxy/ratelimit's headers, without `Retry-After` (Envoy's rate
+    /// limit filter answers the client itself).
+    pub const ENVOY: Self = Self {
+        x_ratelimit: false,
+        reset_after: false,
+        bucket: false,
+        ietf: false,
+        envoy: true,
+        retry_after: false,
     };
 
     /// Writes the headers for the limits that applied to one request into
@@ -173,7 +198,12 @@ impl HeaderStyle {
             }
             headers.insert(RATELIMIT, service_limit_field(reported, &mut values));
         }
-        if !d.allowed {
+        if self.envoy {
+            headers.insert(X_RATELIMIT_LIMIT, values.number(reported.quota));
+            headers.insert(X_RATELIMIT_REMAINING, values.number(d.remaining));
+            headers.insert(X_RATELIMIT_RESET, values.number(ceil_secs(d.reset_after)));
+        }
+        if self.retry_after && !d.allowed {
             headers.insert(RETRY_AFTER, values.number(retry_after_secs(d)));
         }
     }
@@ -268,6 +298,31 @@ pub fn reset_epoch_secs(now: Nanos, reset_after: Duration) -> u64 {
 }
 
 /// Whole seconds, rounded up.
+/// How the headers this module writes are spelled on the wire by services
+/// that keep a header's case (Envoy's `response_headers_to_add`): `name` as
+/// its family documents it, or `None` for a header not of this module.
+pub fn canonical_name(name: &HeaderName) -> Option<&'static str> {
+    [
+        (X_RATELIMIT_LIMIT, "X-RateLimit-Limit"),
+        (X_RATELIMIT_REMAINING, "X-RateLimit-Remaining"),
+        (X_RATELIMIT_RESET, "X-RateLimit-Reset"),
+        (X_RATELIMIT_RESET_AFTER, "X-RateLimit-Reset-After"),
+        (X_RATELIMIT_BUCKET, "X-RateLimit-Bucket"),
+        (RATELIMIT_POLICY, "RateLimit-Policy"),
+        (RATELIMIT, "RateLimit"),
+        (RETRY_AFTER, "Retry-After"),
+    ]
+    .into_iter()
+    .find(|(known, _)| known == name)
+    .map(|(_, canonical)| canonical)
+}
+
+/// Whole milliseconds, rounded up, so a wait that is not over never reads
+/// as zero.
+pub fn ceil_millis(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
 fn ceil_secs(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }

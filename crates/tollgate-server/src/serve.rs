@@ -25,10 +25,10 @@ use tracing_subscriber::EnvFilter;
 
 mod admin;
 mod backend;
+mod envoy;
 mod envoy_json;
 mod gateway;
 mod grpc;
-mod headers;
 mod http;
 mod metrics;
 mod native;

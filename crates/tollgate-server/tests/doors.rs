@@ -258,7 +258,10 @@ async fn fail_closed_store_failure_is_over_limit() {
     for door in DOORS {
         let mut redis = Redis::start();
         let url = redis.url();
-        let (server, _actions) = serve(FAILURES, &["--redis", &url]).await;
+        // A generous timeout: on a loaded machine a healthy Redis may take
+        // longer than the default 10 ms, and `closed` would then refuse.
+        let args = ["--redis", &url, "--redis-timeout", "2s"];
+        let (server, _actions) = serve(FAILURES, &args).await;
         assert!(send(&server, door, &[("closed", "a")]).await);
         redis.kill();
         assert!(

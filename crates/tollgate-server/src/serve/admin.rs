@@ -262,6 +262,6 @@ async fn read_key<S: Store + 'static>(
         algorithm: algorithm.name(),
         limit: decision.limit,
         remaining: decision.remaining,
-        reset_after_ms: super::headers::ceil_millis(decision.reset_after),
+        reset_after_ms: tollgate_http::headers::ceil_millis(decision.reset_after),
     }))
 }

@@ -11,31 +11,22 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
-};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ResponseUnit;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    Code, DescriptorStatus, RateLimit,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt64Value};
 use serde::de::{self, Deserializer, Unexpected, Visitor};
 use serde::{Deserialize, Serialize};
 use tollgate_core::Store;
-use tonic::Status;
+use tollgate_policy::{Check, Descriptor, Entry, LimitOverride, Request};
 
-use super::grpc;
+use super::envoy::{self, Answer};
 use super::http::{ApiError, AppState};
-use super::metrics::{self, Api};
+use super::metrics::{self, Api, CheckResult};
 
 /// `RateLimitRequest`.
 #[derive(Debug, Deserialize)]
@@ -99,31 +90,41 @@ struct JsonOverride {
 }
 
 impl JsonRequest {
-    fn into_proto(self) -> RateLimitRequest {
-        RateLimitRequest {
-            domain: self.domain,
-            descriptors: self
-                .descriptors
-                .into_iter()
-                .map(|d| RateLimitDescriptor {
+    /// The descriptors, as the enforcer takes them; a descriptor asking to
+    /// subtract hits, or whose override names no unit, is refused.
+    fn descriptors(self) -> Result<(String, Vec<Descriptor>, u32), ApiError> {
+        let descriptors = self
+            .descriptors
+            .into_iter()
+            .enumerate()
+            .map(|(index, d)| {
+                if d.is_negative_hits {
+                    return Err(ApiError::bad_request(envoy::negative_hits(index)));
+                }
+                let limit = d
+                    .limit
+                    .map(|o| {
+                        let unit = envoy::unit(o.unit).ok_or_else(|| {
+                            ApiError::bad_request(envoy::unknown_unit(index, o.unit))
+                        })?;
+                        Ok::<_, ApiError>(LimitOverride {
+                            requests_per_unit: u64::from(o.requests_per_unit),
+                            unit,
+                        })
+                    })
+                    .transpose()?;
+                Ok(Descriptor {
                     entries: d
                         .entries
                         .into_iter()
-                        .map(|e| Entry {
-                            key: e.key,
-                            value: e.value,
-                        })
+                        .map(|e| Entry::new(e.key, e.value))
                         .collect(),
-                    limit: d.limit.map(|o| RateLimitOverride {
-                        requests_per_unit: o.requests_per_unit,
-                        unit: o.unit,
-                    }),
-                    hits_addend: d.hits_addend.map(|value| UInt64Value { value }),
-                    is_negative_hits: d.is_negative_hits,
+                    limit,
+                    hits_addend: d.hits_addend,
                 })
-                .collect(),
-            hits_addend: self.hits_addend,
-        }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((self.domain, descriptors, self.hits_addend))
     }
 }
 
@@ -173,48 +174,44 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-impl From<RateLimitResponse> for JsonResponse {
-    fn from(r: RateLimitResponse) -> Self {
+impl From<Answer<'_>> for JsonResponse {
+    fn from(answer: Answer<'_>) -> Self {
         JsonResponse {
-            overall_code: code_name(r.overall_code),
-            statuses: r.statuses.into_iter().map(JsonStatus::from).collect(),
-            response_headers_to_add: r
-                .response_headers_to_add
+            overall_code: code_name(answer.ok),
+            statuses: answer
+                .statuses
                 .into_iter()
-                .map(|h| JsonHeader {
-                    key: h.key,
-                    value: h.value,
+                .map(|s| JsonStatus {
+                    code: code_name(s.ok),
+                    current_limit: s.current_limit.map(|l| JsonLimit {
+                        name: l.name.to_owned(),
+                        requests_per_unit: l.requests_per_unit,
+                        unit: envoy::proto_unit(l.unit).as_str_name(),
+                    }),
+                    limit_remaining: s.limit_remaining,
+                    duration_until_reset: s.duration_until_reset.map(duration),
+                })
+                .collect(),
+            response_headers_to_add: answer
+                .headers
+                .into_iter()
+                .map(|(key, value)| JsonHeader {
+                    key: key.to_owned(),
+                    value,
                 })
                 .collect(),
         }
     }
 }
 
-impl From<DescriptorStatus> for JsonStatus {
-    fn from(s: DescriptorStatus) -> Self {
-        JsonStatus {
-            code: code_name(s.code),
-            current_limit: s.current_limit.map(|l: RateLimit| JsonLimit {
-                name: l.name,
-                requests_per_unit: l.requests_per_unit,
-                unit: ResponseUnit::try_from(l.unit)
-                    .unwrap_or(ResponseUnit::Unknown)
-                    .as_str_name(),
-            }),
-            limit_remaining: s.limit_remaining,
-            duration_until_reset: s.duration_until_reset.as_ref().map(duration),
-        }
-    }
-}
-
-fn code_name(code: i32) -> &'static str {
-    Code::try_from(code).unwrap_or(Code::Unknown).as_str_name()
+fn code_name(ok: bool) -> &'static str {
+    if ok { "OK" } else { "OVER_LIMIT" }
 }
 
 /// A duration as the protobuf JSON mapping writes it: seconds with 0, 3, 6 or
 /// 9 fractional digits and an `s`.
-fn duration(d: &ProtoDuration) -> String {
-    let (seconds, nanos) = (d.seconds, d.nanos);
+fn duration(d: Duration) -> String {
+    let (seconds, nanos) = (d.as_secs(), d.subsec_nanos());
     if nanos == 0 {
         format!("{seconds}s")
     } else if nanos % 1_000_000 == 0 {
@@ -232,22 +229,40 @@ pub(crate) async fn json<S: Store + 'static>(
     body: Bytes,
 ) -> Response {
     let started = Instant::now();
-    let answer = match Json::<JsonRequest>::from_bytes(&body) {
-        Ok(Json(request)) => grpc::should_rate_limit(&state.enforcer, request.into_proto()).await,
-        Err(rejection) => Err(Status::invalid_argument(rejection.body_text())),
+    let answer = answer(&state, &body).await;
+    let result = match &answer {
+        Ok(response) if response.overall_code == "OK" => CheckResult::Ok,
+        Ok(_) => CheckResult::OverLimit,
+        Err(_) => CheckResult::Invalid,
     };
-    metrics::check(Api::Json, grpc::result_of(&answer), started.elapsed());
+    metrics::check(Api::Json, result, started.elapsed());
     match answer {
         Ok(response) => {
-            let status = if response.overall_code == i32::from(Code::OverLimit) {
-                StatusCode::TOO_MANY_REQUESTS
-            } else {
+            let status = if response.overall_code == "OK" {
                 StatusCode::OK
+            } else {
+                StatusCode::TOO_MANY_REQUESTS
             };
-            (status, Json(JsonResponse::from(response))).into_response()
+            (status, Json(response)).into_response()
         }
-        Err(status) => ApiError::bad_request(status.message()).into_response(),
+        Err(error) => error.into_response(),
     }
+}
+
+async fn answer<S: Store>(state: &AppState<S>, body: &[u8]) -> Result<JsonResponse, ApiError> {
+    let Json(request) = Json::<JsonRequest>::from_bytes(body)
+        .map_err(|rejection| ApiError::bad_request(rejection.body_text()))?;
+    let (domain, descriptors, hits_addend) = request.descriptors()?;
+    let verdict = state
+        .enforcer
+        .enforce(Check::Policy(Request {
+            domain: &domain,
+            descriptors: &descriptors,
+            hits_addend: u64::from(hits_addend),
+        }))
+        .await
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(JsonResponse::from(envoy::answer(&verdict)))
 }
 
 /// Reads a protobuf JSON integer: a number or a decimal string; `null` is the
@@ -336,7 +351,7 @@ mod tests {
 
     #[test]
     fn durations_use_the_protobuf_json_mapping() {
-        let d = |seconds, nanos| duration(&ProtoDuration { seconds, nanos });
+        let d = |seconds, nanos| duration(Duration::new(seconds, nanos));
         assert_eq!(d(1, 0), "1s");
         assert_eq!(d(0, 500_000_000), "0.500s");
         assert_eq!(d(2, 1_000), "2.000001s");
@@ -348,18 +363,17 @@ mod tests {
         let body = br#"{"domain": "d", "hits_addend": "3", "descriptors": [
             {"entries": [{"key": "k"}], "hitsAddend": 2, "limit": {"requests_per_unit": 5, "unit": "MINUTE"}}]}"#;
         let Json(request) = Json::<JsonRequest>::from_bytes(body).expect("valid body");
-        let proto = request.into_proto();
-        assert_eq!(proto.hits_addend, 3);
+        let (_, descriptors, hits_addend) = request.descriptors().expect("valid descriptors");
+        assert_eq!(hits_addend, 3);
+        assert_eq!(descriptors[0].hits_addend, Some(2));
         assert_eq!(
-            proto.descriptors[0].hits_addend,
-            Some(UInt64Value { value: 2 })
+            descriptors[0].limit,
+            Some(LimitOverride {
+                requests_per_unit: 5,
+                unit: tollgate_policy::Unit::Minute
+            })
         );
-        let limit = proto.descriptors[0].limit.expect("override");
-        assert_eq!(
-            (limit.requests_per_unit, limit.unit),
-            (5, ResponseUnit::Minute as i32)
-        );
-        assert_eq!(proto.descriptors[0].entries[0].value, "");
+        assert_eq!(descriptors[0].entries[0].value, "");
     }
 
     #[test]

@@ -1,16 +1,13 @@
 //! gRPC: Envoy's `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`,
-//! with the protos of the `envoy-types` crate.
-//!
-//! [`should_rate_limit`] is also what `POST /json` calls, so the two answer
-//! exactly alike (as in envoyproxy/ratelimit).
+//! with the protos of the `envoy-types` crate. The request is read straight
+//! into the enforcer's [`Request`] and the answer encoded from
+//! [`envoy::Answer`], the model `POST /json` encodes too.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ResponseUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
@@ -18,12 +15,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tollgate_core::Store;
-use tollgate_policy::{Descriptor, Entry, LimitOverride, Request, Unit};
+use tollgate_policy::{Check, Descriptor, Enforcer, Entry, LimitOverride, Request};
 use tonic::{Response, Status};
 
-use super::headers;
+use super::envoy::{self, Answer};
 use super::metrics::{self, Api, CheckResult};
-use tollgate_policy::{Check, DescriptorVerdict, Enforcer, State, Verdict};
 
 pub(crate) use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 
@@ -53,7 +49,7 @@ impl<S: Store + 'static> RateLimitService for RateLimitGrpc<S> {
 }
 
 /// How `answer` is counted in `tollgate_checks_total`.
-pub(crate) fn result_of(answer: &Result<RateLimitResponse, Status>) -> CheckResult {
+fn result_of(answer: &Result<RateLimitResponse, Status>) -> CheckResult {
     match answer {
         Ok(r) if r.overall_code == Code::OverLimit as i32 => CheckResult::OverLimit,
         Ok(_) => CheckResult::Ok,
@@ -63,7 +59,7 @@ pub(crate) fn result_of(answer: &Result<RateLimitResponse, Status>) -> CheckResu
 
 /// Answers one `ShouldRateLimit` request; a malformed one is
 /// `INVALID_ARGUMENT` with the reason.
-pub(crate) async fn should_rate_limit<S: Store>(
+async fn should_rate_limit<S: Store>(
     enforcer: &Enforcer<S>,
     mut request: RateLimitRequest,
 ) -> Result<RateLimitResponse, Status> {
@@ -78,7 +74,7 @@ pub(crate) async fn should_rate_limit<S: Store>(
         }))
         .await
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    Ok(response(&verdict))
+    Ok(response(envoy::answer(&verdict)))
 }
 
 /// The request's descriptors, their strings moved rather than copied.
@@ -88,57 +84,57 @@ fn descriptors(descriptors: Vec<RateLimitDescriptor>) -> Result<Vec<Descriptor>,
         .enumerate()
         .map(|(index, d)| {
             if d.is_negative_hits {
-                return Err(Status::invalid_argument(format!(
-                    "descriptor {index}: negative hits are not supported"
-                )));
+                return Err(Status::invalid_argument(envoy::negative_hits(index)));
             }
+            let limit = d
+                .limit
+                .map(|o| {
+                    let unit = envoy::unit(o.unit).ok_or_else(|| {
+                        Status::invalid_argument(envoy::unknown_unit(index, o.unit))
+                    })?;
+                    Ok::<_, Status>(LimitOverride {
+                        requests_per_unit: u64::from(o.requests_per_unit),
+                        unit,
+                    })
+                })
+                .transpose()?;
             Ok(Descriptor {
                 entries: d
                     .entries
                     .into_iter()
                     .map(|e| Entry::new(e.key, e.value))
                     .collect(),
-                limit: d.limit.map(|o| limit_override(index, o)).transpose()?,
+                limit,
                 hits_addend: d.hits_addend.map(|h| h.value),
             })
         })
         .collect()
 }
 
-fn limit_override(index: usize, o: RateLimitOverride) -> Result<LimitOverride, Status> {
-    // By number: newer Envoy protos add WEEK (7), which `RateLimitUnit` of
-    // these protos does not name yet; the response's unit enum has it.
-    let unit = match ResponseUnit::try_from(o.unit) {
-        Ok(ResponseUnit::Second) => Unit::Second,
-        Ok(ResponseUnit::Minute) => Unit::Minute,
-        Ok(ResponseUnit::Hour) => Unit::Hour,
-        Ok(ResponseUnit::Day) => Unit::Day,
-        Ok(ResponseUnit::Week) => Unit::Week,
-        Ok(ResponseUnit::Month) => Unit::Month,
-        Ok(ResponseUnit::Year) => Unit::Year,
-        Ok(ResponseUnit::Unknown) | Err(_) => {
-            return Err(Status::invalid_argument(format!(
-                "descriptor {index} has an invalid limit override: unknown unit {}",
-                o.unit
-            )));
-        }
-    };
-    Ok(LimitOverride {
-        requests_per_unit: u64::from(o.requests_per_unit),
-        unit,
-    })
+fn code(ok: bool) -> i32 {
+    if ok { Code::Ok } else { Code::OverLimit }.into()
 }
 
-fn response(verdict: &Verdict) -> RateLimitResponse {
-    let overall = if verdict.allowed() {
-        Code::Ok
-    } else {
-        Code::OverLimit
-    };
+fn response(answer: Answer<'_>) -> RateLimitResponse {
     RateLimitResponse {
-        overall_code: overall.into(),
-        statuses: verdict.descriptors.iter().map(status).collect(),
-        response_headers_to_add: headers::envoy(verdict)
+        overall_code: code(answer.ok),
+        statuses: answer
+            .statuses
+            .into_iter()
+            .map(|s| DescriptorStatus {
+                code: code(s.ok),
+                current_limit: s.current_limit.map(|l| RateLimit {
+                    name: l.name.to_owned(),
+                    requests_per_unit: l.requests_per_unit,
+                    unit: envoy::proto_unit(l.unit).into(),
+                }),
+                limit_remaining: s.limit_remaining,
+                duration_until_reset: s.duration_until_reset.map(proto_duration),
+                quota: None,
+            })
+            .collect(),
+        response_headers_to_add: answer
+            .headers
             .into_iter()
             .map(|(key, value)| HeaderValue {
                 key: key.to_owned(),
@@ -148,59 +144,6 @@ fn response(verdict: &Verdict) -> RateLimitResponse {
             .collect(),
         ..RateLimitResponse::default()
     }
-}
-
-/// One descriptor's status, as envoyproxy/ratelimit reports it: a current
-/// limit only where a limit was checked; unlimited descriptors remain
-/// `u32::MAX`.
-fn status(d: &DescriptorVerdict) -> DescriptorStatus {
-    let code = if d.allowed() {
-        Code::Ok
-    } else {
-        Code::OverLimit
-    };
-    let current_limit = d
-        .decision
-        .and(d.envoy_limit)
-        .map(|(requests_per_unit, unit)| RateLimit {
-            name: d
-                .rule
-                .as_ref()
-                .map(|r| r.id().to_owned())
-                .unwrap_or_default(),
-            requests_per_unit: saturate(requests_per_unit),
-            unit: response_unit(unit).into(),
-        });
-    let limit_remaining = match (d.state, d.decision) {
-        (State::Unlimited, _) => u32::MAX,
-        (_, Some(decision)) => saturate(decision.remaining),
-        (_, None) => 0,
-    };
-    DescriptorStatus {
-        code: code.into(),
-        current_limit,
-        limit_remaining,
-        duration_until_reset: d
-            .decision
-            .map(|decision| proto_duration(decision.reset_after)),
-        quota: None,
-    }
-}
-
-fn response_unit(unit: Unit) -> ResponseUnit {
-    match unit {
-        Unit::Second => ResponseUnit::Second,
-        Unit::Minute => ResponseUnit::Minute,
-        Unit::Hour => ResponseUnit::Hour,
-        Unit::Day => ResponseUnit::Day,
-        Unit::Week => ResponseUnit::Week,
-        Unit::Month => ResponseUnit::Month,
-        Unit::Year => ResponseUnit::Year,
-    }
-}
-
-fn saturate(n: u64) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 fn proto_duration(d: Duration) -> ProtoDuration {
