@@ -13,20 +13,21 @@ use super::future::ResponseFuture;
 
 /// Rate limits the requests to an inner service.
 ///
-/// For each request it makes the descriptors, resolves them with the policy,
-/// runs the optional local pre-check, then checks every enforcing limit in one
-/// call to the store (all-or-nothing) and shadow limits in a second call that
+/// For each request it makes the descriptors, runs the optional local
+/// pre-check, then asks the enforcer ([`tollgate_policy::Enforcer`], the one
+/// evaluator every Tollgate door shares), which checks every enforcing limit in
+/// one store call (all-or-nothing) and shadow limits in a second call that
 /// never denies. A denied request is answered here: `429 Too Many Requests`
 /// with a JSON body (`{"error": "rate_limit_exceeded", "message": …,
 /// "retry_after": seconds}`), or `RESOURCE_EXHAUSTED` to a gRPC client. Every
 /// response, allowed or denied, carries the rate limit headers. Concurrency
-/// permits are given back when the inner service's response is ready, or when
-/// the request is abandoned.
+/// permits are a value the verdict carries, given back when the inner
+/// service's response is ready, or when the request is abandoned.
 ///
 /// When the store fails, the rules' failure policies decide: `fail_closed`
-/// answers `503 Service Unavailable` (`UNAVAILABLE` to gRPC); `fail_open`
-/// lets the request through, and so does `local` until the Redis store (which
-/// keeps the local fallback limiter) lands.
+/// denies like an exceeded limit (429, as through every door); `fail_open`
+/// lets the request through, and so does `local` for a store with no local
+/// fallback of its own.
 pub struct RateLimit<S> {
     inner: S,
     limiter: Arc<dyn Check>,
