@@ -63,13 +63,14 @@ impl<S> Table<S> {
             .map(|held| held.remove().0.1)
     }
 
-    /// Inserts a key known to be absent. When `full` (the shard is at its cap)
-    /// the table is not let grow: if removals have left no free slot, it is
-    /// rebuilt at its size instead. A table at its cap churns (evict one,
-    /// insert one), and hashbrown's deletions leave tombstones that use up its
-    /// spare slots; left alone it would then double, though it holds no more.
-    fn insert_new(&mut self, key: u128, entry: Entry<S>, full: bool) {
-        if full && self.entries.capacity() == self.entries.len() {
+    /// Inserts a key known to be absent. If removals have left no free slot,
+    /// the table is first rebuilt at the size its entries need, rather than
+    /// let hashbrown double it once it is over half full. Evictions and sweeps
+    /// leave tombstones that use up a table's spare slots; a table near the
+    /// shard's cap churns (entries come to rest and go, new keys come), and,
+    /// left alone, would double though it holds no more.
+    fn insert_new(&mut self, key: u128, entry: Entry<S>) {
+        if self.entries.capacity() == self.entries.len() {
             let mut rebuilt = HashTable::with_capacity(self.entries.len() + 1);
             for item in self.entries.drain() {
                 rebuilt.insert_unique(bucket_hash(item.0), item, |(k, _)| bucket_hash(*k));
@@ -245,11 +246,10 @@ impl Shard {
         entry: Entry<S>,
         now: Nanos,
     ) -> Result<(), Nanos> {
-        let full = self.len() >= self.cap;
-        if full {
+        if self.len() >= self.cap {
             self.make_room(key, now)?;
         }
-        S::table(self).insert_new(key, entry, full);
+        S::table(self).insert_new(key, entry);
         Ok(())
     }
 
@@ -309,6 +309,24 @@ mod tests {
         // The newest key is always kept.
         let last = key(50 * cap as u64 - 1);
         assert!(Tat::table(&mut shard).get_mut(last).is_some());
+    }
+
+    #[test]
+    fn a_shard_churning_through_evictions_and_sweeps_does_not_grow() {
+        let cap = 781;
+        let mut shard = Shard::new(cap);
+        let mut buckets = None;
+        // Key i is at rest from i on: at the cap each new key evicts one,
+        // and every 5,000 keys a sweep drops all the others, so the table
+        // churns between empty and full with tombstones left by both.
+        for i in 0..100_000u64 {
+            shard.maintain(i, 5_000);
+            assert_eq!(shard.insert_new(key(i), entry(i), i), Ok(()));
+            if shard.len() == cap {
+                let now = shard.tables.tat.buckets();
+                assert_eq!(*buckets.get_or_insert(now), now, "key {i}");
+            }
+        }
     }
 
     #[test]
