@@ -88,6 +88,37 @@ fn victims_at_their_limit_stay_limited_through_a_flood_of_every_table_kind() {
     }
 }
 
+/// Tracker issue 10: unique-key leases were never evicted, so they grew past
+/// the cap, and once it was full every other key went on the next insert: a
+/// victim limited to 5 per hour was admitted on every try.
+#[test]
+fn regression_a_lease_flood_neither_passes_the_cap_nor_lifts_other_limits() {
+    const CAP: usize = 64;
+    let (store, clock) = store(CAP, 4, Duration::from_secs(1));
+    let day = Quota::new(1, Duration::from_secs(86_400)).unwrap();
+    let victims: Vec<_> = Algorithm::RATE
+        .into_iter()
+        .map(|algorithm| Limit::new("victim", Quota::per_hour(5).unwrap(), algorithm))
+        .collect();
+    for victim in &victims {
+        while store.check_now(&[*victim]).allowed() {}
+    }
+    for i in 0..20 * CAP {
+        clock.advance(Duration::from_millis(10));
+        let key = format!("lease:{i}");
+        store.check_now(&[Limit::new(&key, day, Algorithm::Concurrency)]);
+        assert!(store.len() <= CAP, "{} keys", store.len());
+        for victim in &victims {
+            let algorithm = victim.algorithm;
+            assert!(
+                !store.check_now(&[*victim]).allowed(),
+                "{algorithm} at lease {i}"
+            );
+        }
+    }
+    assert!(store.stats().refusals > 0);
+}
+
 #[test]
 fn a_refused_key_is_let_in_once_a_held_key_is_at_rest() {
     let (store, clock) = store(1, 1, Duration::from_secs(1));
