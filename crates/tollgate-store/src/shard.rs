@@ -108,19 +108,29 @@ trait Sweep {
 /// How many entries of each table eviction looks at before giving up.
 const EVICTION_SAMPLE: usize = 5;
 
+/// How many buckets of each table eviction searches for its sample at most:
+/// enough for a full sample in a table a sixteenth full, and a bound on the
+/// work a new key does in a full shard whose tables sweeps have left sparse.
+const EVICTION_SCAN: usize = 16 * EVICTION_SAMPLE;
+
 impl<S> Sweep for Table<S> {
     fn sweep(&mut self, now: Nanos) {
         self.entries.retain(|(_, e)| e.expires_at > now);
     }
 
     fn evict_at_rest(&mut self, start: usize, now: Nanos) -> Result<(), Nanos> {
+        // A table that sweeps have emptied keeps its buckets: searching them
+        // all for nothing would cost every new key in a full shard.
+        if self.entries.is_empty() {
+            return Err(Nanos::MAX);
+        }
         // Keys are uniform hashes, so the entries after a random bucket are a
         // random sample; always starting at bucket 0 instead would empty the
         // front of the table and make every later search longer.
         let buckets = self.entries.num_buckets();
         let mut soonest = Nanos::MAX;
         let mut seen = 0;
-        for offset in 0..buckets {
+        for offset in 0..buckets.min(EVICTION_SCAN) {
             let index = (start + offset) & (buckets - 1);
             if let Some((_, entry)) = self.entries.get_bucket(index) {
                 if entry.expires_at <= now {
