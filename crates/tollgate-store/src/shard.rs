@@ -63,15 +63,19 @@ impl<S> Table<S> {
             .map(|held| held.remove().0.1)
     }
 
-    /// Inserts a key known to be absent. If removals have left no free slot,
-    /// the table is first rebuilt at the size its entries need, rather than
-    /// let hashbrown double it once it is over half full. Evictions and sweeps
+    /// Inserts a key known to be absent. If removals have left no free slot
+    /// though the table is not at its load factor (hashbrown's 7/8), the
+    /// table is first rebuilt at the size its entries need, rather than let
+    /// hashbrown double it once it is over half full. Evictions and sweeps
     /// leave tombstones that use up a table's spare slots; a table near the
     /// shard's cap churns (entries come to rest and go, new keys come), and,
-    /// left alone, would double though it holds no more.
+    /// left alone, would double though it holds no more. A table that is
+    /// truly full grows as hashbrown grows it, which is cheaper.
     fn insert_new(&mut self, key: u128, entry: Entry<S>) {
-        if self.entries.capacity() == self.entries.len() {
-            let mut rebuilt = HashTable::with_capacity(self.entries.len() + 1);
+        let len = self.entries.len();
+        let tombstoned = len.saturating_mul(8) < self.entries.num_buckets().saturating_mul(7);
+        if tombstoned && self.entries.capacity() == len {
+            let mut rebuilt = HashTable::with_capacity(len + 1);
             for item in self.entries.drain() {
                 rebuilt.insert_unique(bucket_hash(item.0), item, |(k, _)| bucket_hash(*k));
             }
