@@ -253,7 +253,8 @@ impl Shard {
     /// entry sampled is at rest, the new key is refused, and the error is the
     /// wait, in nanoseconds (at least 1), until the first of them comes to
     /// rest: from then on a new key's sample can take it, and the next sweep
-    /// drops it. A hint, not a promise: another new key may take the room.
+    /// drops it (if the search found no entry, until the next sweep). A
+    /// hint, not a promise: another new key may take the room.
     pub(crate) fn insert_new<S: Slot>(
         &mut self,
         key: u128,
@@ -282,7 +283,14 @@ impl Shard {
             }
         }
         self.refusals = self.refusals.saturating_add(1);
-        Err(soonest.saturating_sub(now).max(1))
+        // A search that found no entry at all (sparse tables) knows of no
+        // time; the next sweep is the next chance of room then.
+        let rests_at = if soonest == Nanos::MAX {
+            self.next_sweep
+        } else {
+            soonest
+        };
+        Err(rests_at.saturating_sub(now).max(1))
     }
 }
 
@@ -362,6 +370,23 @@ mod tests {
             assert!(table.get_mut(key(kept)).is_some(), "{kept}");
         }
         assert_eq!((shard.evictions, shard.refusals), (1, 1));
+    }
+
+    #[test]
+    fn a_refusal_whose_search_found_nothing_waits_for_the_next_sweep() {
+        let mut shard = Shard::new(200);
+        for i in 0..200 {
+            assert_eq!(shard.insert_new(key(i), entry(0), 0), Ok(()));
+        }
+        // The sweep empties the table but leaves its 256 buckets.
+        shard.maintain(1, 1000);
+        shard.cap = 1;
+        // Bucket 0 holds the one entry; a search from bucket 128 looks at
+        // buckets 128 to 207 and finds none.
+        assert_eq!(shard.insert_new(0, entry(5000), 1), Ok(()));
+        let far = (128 << 64) | 1;
+        assert_eq!(shard.insert_new(far, entry(5000), 2), Err(999));
+        assert_eq!(shard.len(), 1);
     }
 
     #[test]
