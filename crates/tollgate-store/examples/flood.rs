@@ -1,10 +1,14 @@
 //! A flood of unique keys against a capped memory store: memory stays at what
 //! the cap's worth of keys takes, however many keys go by.
 //!
-//! Floods a store capped at `CAP` keys with `FLOOD` unique keys, each admitted
-//! and so each inserted, and prints the keys held at the end, the resident set
-//! before the flood and at its peak (`VmHWM` from `/proc/self/status`), and
-//! the heap bytes counted by the allocator. For comparison it runs itself
+//! Floods a store capped at `CAP` keys with `FLOOD` unique keys and prints the
+//! keys held at the end, the new keys refused and the entries evicted to make
+//! room, the resident set before the flood and at its peak (`VmHWM` from
+//! `/proc/self/status`), and the heap bytes counted by the allocator. The first
+//! nine tenths of the flood are back to full (at rest) a microsecond after
+//! their check, so the store churns, evicting them to make room; the last
+//! tenth stay limiting for longer than a run takes (100 per hour), so they
+//! take the room of the keys at rest and then, with none left, are refused. For comparison it runs itself
 //! again, in a fresh process, to measure what `CAP` keys take alone: a store
 //! with room to spare, given exactly `CAP` keys.
 //!
@@ -46,9 +50,14 @@ fn mib(bytes: usize) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-/// Long enough that no key expires during a run: only the cap bounds the store.
-fn quota() -> Quota {
-    Quota::per_hour(100).expect("a valid quota")
+/// A quota whose used keys stay limiting for longer than a run takes (36 s),
+/// or, if not `limiting`, are back to full a microsecond after their check.
+fn quota(limiting: bool) -> Quota {
+    if limiting {
+        Quota::per_hour(100).expect("a valid quota")
+    } else {
+        Quota::per_second(1_000_000).expect("a valid quota")
+    }
 }
 
 fn store(max_keys: usize) -> MemoryStore {
@@ -58,23 +67,32 @@ fn store(max_keys: usize) -> MemoryStore {
     })
 }
 
-/// Checks `n` unique keys with the given prefix against `store`.
-fn flood(store: &MemoryStore, prefix: &str, n: usize, mut progress: impl FnMut(usize)) {
-    let quota = quota();
+/// Checks `n` unique keys with the given prefix against `store`, the first
+/// `brief` of them on a quota that is at rest at once; returns how many were
+/// admitted.
+fn flood(
+    store: &MemoryStore,
+    prefix: &str,
+    n: usize,
+    brief: usize,
+    mut progress: impl FnMut(usize),
+) -> usize {
+    let mut admitted = 0;
     let mut key = String::with_capacity(32);
     for i in 0..n {
         key.clear();
         write!(key, "{prefix}:{i}").expect("writing to a String");
         let limit = Limit {
             key: &key,
-            quota,
+            quota: quota(i >= brief),
             algorithm: Algorithm::Gcra,
             cost: 1,
             failure: FailurePolicy::Local,
         };
-        assert!(store.check_now(&[limit]).allowed(), "a new key is admitted");
+        admitted += usize::from(store.check_now(&[limit]).allowed());
         progress(i + 1);
     }
+    admitted
 }
 
 /// What `cap` keys take alone, measured in this (fresh) process and printed as
@@ -82,7 +100,8 @@ fn flood(store: &MemoryStore, prefix: &str, n: usize, mut progress: impl FnMut(u
 fn alone(cap: usize) {
     let (rss_before, heap_before) = (status_kb("VmRSS"), ALLOCATOR.allocated());
     let store = store(2 * cap);
-    flood(&store, "alone", cap, |_| {});
+    let admitted = flood(&store, "alone", cap, 0, |_| {});
+    assert_eq!(admitted, cap, "a store with room admits every new key");
     println!(
         "{rss_before} {} {} {}",
         status_kb("VmHWM"),
@@ -130,20 +149,25 @@ fn main() {
     let mut peak_heap = 0;
     let step = (total / 10).max(1);
     println!("flooding a store capped at {cap} keys with {total} unique keys:");
-    flood(&store, "flood", total, |done| {
+    let admitted = flood(&store, "flood", total, total / 10 * 9, |done| {
         if done % step == 0 || done == total {
             let heap = ALLOCATOR.allocated() - heap_before;
             peak_heap = peak_heap.max(heap);
+            let stats = store.stats();
             println!(
-                "  {done:>10} keys checked: {:>7} held, VmRSS {}, store heap {}",
-                store.len(),
+                "  {done:>10} keys checked: {:>7} held, {:>9} evicted at rest, {:>9} refused, \
+                 VmRSS {}, store heap {}",
+                stats.keys,
+                stats.evictions,
+                stats.refusals,
                 mib_kb(status_kb("VmRSS")),
                 mib(heap),
             );
         }
     });
     let elapsed = start.elapsed();
-    let held = store.len();
+    let stats = store.stats();
+    let held = stats.keys;
     let (rss_after, peak) = (status_kb("VmRSS"), status_kb("VmHWM"));
     let heap = ALLOCATOR.allocated() - heap_before;
     drop(store);
@@ -159,6 +183,9 @@ fn main() {
     );
     println!("| --- | ---: | ---: |");
     println!("| keys held at the end | {held} | {alone_held} |");
+    println!("| new keys admitted | {admitted} | {alone_held} |");
+    println!("| entries evicted at rest | {} | 0 |", stats.evictions);
+    println!("| new keys refused | {} | 0 |", stats.refusals);
     println!(
         "| RSS before the keys | {} | {} |",
         mib_kb(rss_before),

@@ -14,4 +14,5 @@ mod memory;
 mod shard;
 
 pub use clock::FastClock;
+pub use memory::MemoryStats;
 pub use memory::{MemoryConfig, MemoryStore};

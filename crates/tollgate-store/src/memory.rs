@@ -16,9 +16,12 @@ use crate::shard::{Entry, Shard, Slot};
 /// How the memory store is sized.
 #[derive(Debug, Clone)]
 pub struct MemoryConfig {
-    /// The most keys held at once, split evenly across the shards. When a
-    /// shard is full, a new key evicts the entry that is closest to full among
-    /// a few; concurrency leases are never evicted (they go when released or lapsed).
+    /// The most keys held at once, every kind of state (concurrency leases
+    /// too) counted, split evenly across the shards. When a shard is full, a
+    /// new key takes the place of an entry at rest (back to full, so that
+    /// forgetting it changes no decision), found among a few sampled; when
+    /// none of them is at rest, the new key's check is denied (see
+    /// [`MemoryStats::refusals`]) and no state that still limits is forgotten.
     pub max_keys: usize,
     /// Number of shards, rounded up to a power of two (and down to no more
     /// than `max_keys`). More shards, less contention.
@@ -35,6 +38,21 @@ impl Default for MemoryConfig {
             sweep_interval: Duration::from_secs(1),
         }
     }
+}
+
+/// A snapshot of what a [`MemoryStore`] holds and has had to do to stay under
+/// its cap, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryStats {
+    /// Keys held now, including those back to full but not yet swept.
+    pub keys: usize,
+    /// Entries at rest dropped to make room for a new key, since the store
+    /// was made (entries swept once back to full are not counted).
+    pub evictions: u64,
+    /// New keys denied because their shard was full and nothing sampled in
+    /// it was at rest, since the store was made.
+    pub refusals: u64,
 }
 
 /// Shards on their own cache lines, so that threads working on different
@@ -187,6 +205,21 @@ impl<C: Clock> MemoryStore<C> {
         self.shards.iter().map(|s| s.0.lock().len()).sum()
     }
 
+    /// Keys held, evictions and refusals, summed over the shards (each shard
+    /// read at its own moment).
+    pub fn stats(&self) -> MemoryStats {
+        self.shards
+            .iter()
+            .fold(MemoryStats::default(), |total, shard| {
+                let shard = shard.0.lock();
+                MemoryStats {
+                    keys: total.keys + shard.len(),
+                    evictions: total.evictions.saturating_add(shard.evictions),
+                    refusals: total.refusals.saturating_add(shard.refusals),
+                }
+            })
+    }
+
     /// Whether no key is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -309,9 +342,28 @@ where
             expires_at: state.expires_at(&decision, now),
             state,
         };
-        shard.insert_new(key, entry);
+        if let Err(wait) = shard.insert_new(key, entry, now) {
+            return refused(&decision, wait);
+        }
     }
     decision
+}
+
+/// The decision for a new key that its full shard had no room for: denied,
+/// with nothing stored, and a retry after `wait_ns`, when room may have come
+/// (see [`Shard::insert_new`]). Nothing remains meanwhile; the limit comes
+/// back in full once the key is let in.
+#[cold]
+fn refused(admitted: &Decision, wait_ns: Nanos) -> Decision {
+    let wait = Duration::from_nanos(wait_ns);
+    Decision {
+        allowed: false,
+        limit: admitted.limit,
+        remaining: 0,
+        reset_after: wait,
+        retry_after: Some(wait),
+        delay: Duration::ZERO,
+    }
 }
 
 fn step<M>(
@@ -361,7 +413,9 @@ where
         expires_at: state.expires_at(&decision, now),
         state,
     };
-    shard.insert_new(key, entry);
+    if let Err(wait) = shard.insert_new(key, entry, now) {
+        return (refused(&decision, wait), None);
+    }
     let undo = (mode == Mode::Undoable).then(|| -> Undo {
         Box::new(move |shard: &mut Shard| {
             M::State::table(shard).remove(key);

@@ -63,14 +63,19 @@ impl<S> Table<S> {
             .map(|held| held.remove().0.1)
     }
 
-    /// Inserts a key known to be absent. When `full` (the shard is at its cap)
-    /// the table is not let grow: if removals have left no free slot, it is
-    /// rebuilt at its size instead. A table at its cap churns (evict one,
-    /// insert one), and hashbrown's deletions leave tombstones that use up its
-    /// spare slots; left alone it would then double, though it holds no more.
-    fn insert_new(&mut self, key: u128, entry: Entry<S>, full: bool) {
-        if full && self.entries.capacity() == self.entries.len() {
-            let mut rebuilt = HashTable::with_capacity(self.entries.len() + 1);
+    /// Inserts a key known to be absent. If removals have left no free slot
+    /// though the table is not at its load factor (hashbrown's 7/8), the
+    /// table is first rebuilt at the size its entries need, rather than let
+    /// hashbrown double it once it is over half full. Evictions and sweeps
+    /// leave tombstones that use up a table's spare slots; a table near the
+    /// shard's cap churns (entries come to rest and go, new keys come), and,
+    /// left alone, would double though it holds no more. A table that is
+    /// truly full grows as hashbrown grows it, which is cheaper.
+    fn insert_new(&mut self, key: u128, entry: Entry<S>) {
+        let len = self.entries.len();
+        let tombstoned = len.saturating_mul(8) < self.entries.num_buckets().saturating_mul(7);
+        if tombstoned && self.entries.capacity() == len {
+            let mut rebuilt = HashTable::with_capacity(len + 1);
             for item in self.entries.drain() {
                 rebuilt.insert_unique(bucket_hash(item.0), item, |(k, _)| bucket_hash(*k));
             }
@@ -97,58 +102,64 @@ pub(crate) trait Slot: Default + Clone + Send + 'static {
 
 /// What the shard needs of a table without knowing its state type.
 trait Sweep {
-    fn len(&self) -> usize;
     fn sweep(&mut self, now: Nanos);
-    /// Removes one entry: of the first few found from bucket `start` on, the
-    /// one closest to full anyway.
-    fn evict_soonest(&mut self, start: usize);
+    /// Removes one entry at rest by `now` (see [`Shard::insert_new`]) among the
+    /// first few found from bucket `start` on; when none of them is at rest,
+    /// removes nothing and says when the first of them comes to rest.
+    fn evict_at_rest(&mut self, start: usize, now: Nanos) -> Result<(), Nanos>;
 }
 
-/// How many entries eviction looks at before choosing.
+/// How many entries of each table eviction looks at before giving up.
 const EVICTION_SAMPLE: usize = 5;
 
-impl<S> Sweep for Table<S> {
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
+/// How many buckets of each table eviction searches for its sample at most:
+/// enough for a full sample in a table a sixteenth full, and a bound on the
+/// work a new key does in a full shard whose tables sweeps have left sparse.
+const EVICTION_SCAN: usize = 16 * EVICTION_SAMPLE;
 
+impl<S> Sweep for Table<S> {
     fn sweep(&mut self, now: Nanos) {
         self.entries.retain(|(_, e)| e.expires_at > now);
     }
 
-    fn evict_soonest(&mut self, start: usize) {
+    fn evict_at_rest(&mut self, start: usize, now: Nanos) -> Result<(), Nanos> {
+        // A table that sweeps have emptied keeps its buckets: searching them
+        // all for nothing would cost every new key in a full shard.
+        if self.entries.is_empty() {
+            return Err(Nanos::MAX);
+        }
         // Keys are uniform hashes, so the entries after a random bucket are a
         // random sample; always starting at bucket 0 instead would empty the
         // front of the table and make every later search longer.
         let buckets = self.entries.num_buckets();
-        let mut victim: Option<(usize, Nanos)> = None;
+        let mut soonest = Nanos::MAX;
         let mut seen = 0;
-        for offset in 0..buckets {
+        for offset in 0..buckets.min(EVICTION_SCAN) {
             let index = (start + offset) & (buckets - 1);
             if let Some((_, entry)) = self.entries.get_bucket(index) {
-                if victim.is_none_or(|(_, soonest)| entry.expires_at < soonest) {
-                    victim = Some((index, entry.expires_at));
+                if entry.expires_at <= now {
+                    if let Ok(held) = self.entries.get_bucket_entry(index) {
+                        held.remove();
+                    }
+                    return Ok(());
                 }
+                soonest = soonest.min(entry.expires_at);
                 seen += 1;
                 if seen == EVICTION_SAMPLE {
                     break;
                 }
             }
         }
-        if let Some((index, _)) = victim
-            && let Ok(held) = self.entries.get_bucket_entry(index)
-        {
-            held.remove();
-        }
+        Err(soonest)
     }
 }
 
 macro_rules! tables {
-    (evictable { $($field:ident: $state:ty),* } kept { $($kept:ident: $kept_state:ty),* }) => {
+    (until_reset { $($field:ident: $state:ty),* } until_lapse { $($leases:ident: $lease_state:ty),* }) => {
         #[derive(Default)]
         struct Tables {
             $($field: Table<$state>,)*
-            $($kept: Table<$kept_state>,)*
+            $($leases: Table<$lease_state>,)*
         }
 
         $(impl Slot for $state {
@@ -162,12 +173,13 @@ macro_rules! tables {
                 now.saturating_add(reset)
             }
         })*
-        $(impl Slot for $kept_state {
+        $(impl Slot for $lease_state {
             fn table(shard: &mut Shard) -> &mut Table<Self> {
-                &mut shard.tables.$kept
+                &mut shard.tables.$leases
             }
 
-            // Held until the last lease is released or lapses.
+            // Held until the last lease is released or lapses. A release
+            // leaves this as it was: later than need be, never earlier.
             fn expires_at(&self, _: &Decision, now: Nanos) -> Nanos {
                 self.last_lapse().unwrap_or(now)
             }
@@ -175,25 +187,21 @@ macro_rules! tables {
 
         impl Tables {
             fn len(&self) -> usize {
-                0 $(+ self.$field.entries.len())* $(+ self.$kept.entries.len())*
-            }
-
-            fn evictable(&mut self) -> impl Iterator<Item = &mut dyn Sweep> {
-                [$(&mut self.$field as &mut dyn Sweep,)*].into_iter()
+                0 $(+ self.$field.entries.len())* $(+ self.$leases.entries.len())*
             }
 
             fn all(&mut self) -> impl Iterator<Item = &mut dyn Sweep> {
-                [$(&mut self.$field as &mut dyn Sweep,)* $(&mut self.$kept as &mut dyn Sweep,)*].into_iter()
+                [$(&mut self.$field as &mut dyn Sweep,)* $(&mut self.$leases as &mut dyn Sweep,)*].into_iter()
             }
         }
     };
 }
 
-// Concurrency leases are never evicted: forgetting one would let more requests
-// be in flight than the limit allows. They go when released or lapsed.
+// Every table counts against the cap and gives up only entries at rest: a
+// concurrency key rests once its last lease is released or has lapsed.
 tables! {
-    evictable { tat: Tat, tokens: Tokens, level: Level, window: WindowCount, pair: WindowPair, log: Log }
-    kept { leases: Leases }
+    until_reset { tat: Tat, tokens: Tokens, level: Level, window: WindowCount, pair: WindowPair, log: Log }
+    until_lapse { leases: Leases }
 }
 
 pub(crate) struct Shard {
@@ -201,6 +209,10 @@ pub(crate) struct Shard {
     next_sweep: Nanos,
     /// The most keys this shard holds (the store's cap, split across shards).
     cap: usize,
+    /// Entries dropped at rest to make room for a new key.
+    pub(crate) evictions: u64,
+    /// New keys refused because nothing sampled was at rest.
+    pub(crate) refusals: u64,
 }
 
 impl Shard {
@@ -209,6 +221,8 @@ impl Shard {
             tables: Tables::default(),
             next_sweep: 0,
             cap,
+            evictions: 0,
+            refusals: 0,
         }
     }
 
@@ -230,17 +244,53 @@ impl Shard {
         self.next_sweep = now.saturating_add(interval);
     }
 
-    /// Inserts a key that is not in its table yet. When the shard already
-    /// holds its cap, first evicts from its largest evictable table. Expired
-    /// entries went at the last sweep, so what goes now is live: its key starts
-    /// afresh next time.
-    pub(crate) fn insert_new<S: Slot>(&mut self, key: u128, entry: Entry<S>) {
-        let full = self.len() >= self.cap;
-        if full && let Some(table) = self.tables.evictable().max_by_key(|t| t.len()) {
-            // The new key's bits are as random as any, and cost nothing.
-            table.evict_soonest((key >> 64) as usize);
+    /// Inserts a key that is not in its table yet, at `now`.
+    ///
+    /// When the shard already holds its cap, an entry at rest goes first: one
+    /// whose state is back to full (`expires_at <= now`), so that the next
+    /// request for its key, and every later one, is decided exactly as if it
+    /// had been kept. State that still limits anything is never evicted: if no
+    /// entry sampled is at rest, the new key is refused, and the error is the
+    /// wait, in nanoseconds (at least 1), until the first of them comes to
+    /// rest: from then on a new key's sample can take it, and the next sweep
+    /// drops it (if the search found no entry, until the next sweep). A
+    /// hint, not a promise: another new key may take the room.
+    pub(crate) fn insert_new<S: Slot>(
+        &mut self,
+        key: u128,
+        entry: Entry<S>,
+        now: Nanos,
+    ) -> Result<(), Nanos> {
+        if self.len() >= self.cap {
+            self.make_room(key, now)?;
         }
-        S::table(self).insert_new(key, entry, full);
+        S::table(self).insert_new(key, entry);
+        Ok(())
+    }
+
+    #[cold]
+    fn make_room(&mut self, key: u128, now: Nanos) -> Result<(), Nanos> {
+        // The new key's bits are as random as any, and cost nothing.
+        let start = (key >> 64) as usize;
+        let mut soonest = Nanos::MAX;
+        for table in self.tables.all() {
+            match table.evict_at_rest(start, now) {
+                Ok(()) => {
+                    self.evictions = self.evictions.saturating_add(1);
+                    return Ok(());
+                }
+                Err(rests_at) => soonest = soonest.min(rests_at),
+            }
+        }
+        self.refusals = self.refusals.saturating_add(1);
+        // A search that found no entry at all (sparse tables) knows of no
+        // time; the next sweep is the next chance of room then.
+        let rests_at = if soonest == Nanos::MAX {
+            self.next_sweep
+        } else {
+            soonest
+        };
+        Err(rests_at.saturating_sub(now).max(1))
     }
 }
 
@@ -266,33 +316,91 @@ mod tests {
     fn a_full_shard_churns_without_growing() {
         let cap = 700;
         let mut shard = Shard::new(cap);
+        // Key i is at rest from i on, so every older key is at rest when a
+        // newer one comes.
         for i in 0..cap as u64 {
-            shard.insert_new(key(i), entry(i));
+            assert_eq!(shard.insert_new(key(i), entry(i), i), Ok(()));
         }
         let buckets = shard.tables.tat.buckets();
         for i in cap as u64..50 * cap as u64 {
-            shard.insert_new(key(i), entry(i));
+            assert_eq!(shard.insert_new(key(i), entry(i), i), Ok(()));
             assert_eq!(shard.len(), cap);
         }
         assert_eq!(shard.tables.tat.buckets(), buckets);
+        assert_eq!(shard.evictions, 49 * cap as u64);
         // The newest key is always kept.
         let last = key(50 * cap as u64 - 1);
         assert!(Tat::table(&mut shard).get_mut(last).is_some());
     }
 
     #[test]
-    fn eviction_takes_the_soonest_to_expire_of_its_sample() {
+    fn a_shard_churning_through_evictions_and_sweeps_does_not_grow() {
+        let cap = 781;
+        let mut shard = Shard::new(cap);
+        let mut buckets = None;
+        // Key i is at rest from i on: at the cap each new key evicts one,
+        // and every 5,000 keys a sweep drops all the others, so the table
+        // churns between empty and full with tombstones left by both.
+        for i in 0..100_000u64 {
+            shard.maintain(i, 5_000);
+            assert_eq!(shard.insert_new(key(i), entry(i), i), Ok(()));
+            if shard.len() == cap {
+                let now = shard.tables.tat.buckets();
+                assert_eq!(*buckets.get_or_insert(now), now, "key {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn eviction_takes_only_entries_at_rest_and_else_refuses() {
         let mut shard = Shard::new(3);
-        shard.insert_new(key(1), entry(100));
-        shard.insert_new(key(2), entry(5));
-        shard.insert_new(key(3), entry(50));
-        // All three are in any sample of five: the one expiring first goes.
-        shard.insert_new(key(4), entry(70));
+        for (i, expires_at) in [(1, 100), (2, 5), (3, 50)] {
+            assert_eq!(shard.insert_new(key(i), entry(expires_at), 0), Ok(()));
+        }
+        // All three are in any sample of five: the one at rest goes.
+        assert_eq!(shard.insert_new(key(4), entry(70), 10), Ok(()));
+        // None is at rest now: the new key is refused until the soonest
+        // (key 3, at 50) is.
+        assert_eq!(shard.insert_new(key(5), entry(70), 10), Err(40));
         let table = Tat::table(&mut shard);
-        assert!(table.get_mut(key(2)).is_none());
+        for gone in [2, 5] {
+            assert!(table.get_mut(key(gone)).is_none(), "{gone}");
+        }
         for kept in [1, 3, 4] {
             assert!(table.get_mut(key(kept)).is_some(), "{kept}");
         }
+        assert_eq!((shard.evictions, shard.refusals), (1, 1));
+    }
+
+    #[test]
+    fn a_refusal_whose_search_found_nothing_waits_for_the_next_sweep() {
+        let mut shard = Shard::new(200);
+        for i in 0..200 {
+            assert_eq!(shard.insert_new(key(i), entry(0), 0), Ok(()));
+        }
+        // The sweep empties the table but leaves its 256 buckets.
+        shard.maintain(1, 1000);
+        shard.cap = 1;
+        // Bucket 0 holds the one entry; a search from bucket 128 looks at
+        // buckets 128 to 207 and finds none.
+        assert_eq!(shard.insert_new(0, entry(5000), 1), Ok(()));
+        let far = (128 << 64) | 1;
+        assert_eq!(shard.insert_new(far, entry(5000), 2), Err(999));
+        assert_eq!(shard.len(), 1);
+    }
+
+    #[test]
+    fn leases_count_against_the_cap_and_go_only_once_lapsed() {
+        let mut shard = Shard::new(1);
+        let leases = Entry {
+            state: Leases::default(),
+            expires_at: 100,
+        };
+        assert_eq!(shard.insert_new(key(1), leases, 0), Ok(()));
+        assert_eq!(shard.insert_new(key(2), entry(1), 99), Err(1));
+        assert_eq!(shard.insert_new(key(2), entry(200), 100), Ok(()));
+        assert!(Leases::table(&mut shard).get_mut(key(1)).is_none());
+        assert_eq!(shard.len(), 1);
     }
 
     #[test]
@@ -303,6 +411,6 @@ mod tests {
         assert_eq!(table.get_mut(key(1)).map(|e| e.expires_at), Some(2));
         assert_eq!(table.remove(key(1)).map(|e| e.expires_at), Some(2));
         assert!(table.remove(key(1)).is_none());
-        assert_eq!(Sweep::len(&table), 0);
+        assert_eq!(table.entries.len(), 0);
     }
 }
