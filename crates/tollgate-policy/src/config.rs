@@ -46,17 +46,47 @@ impl File<'_> {
     }
 
     pub(crate) fn parse<'de, T: Deserialize<'de>>(&self, text: &'de str) -> Result<T, ConfigError> {
-        serde_saphyr::from_str(text).map_err(|e| {
+        serde_saphyr::from_str_with_options(text, options()).map_err(|e| {
             let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+            let rendered = e.to_string();
+            let message = message(&rendered);
+            // The parser wraps its budget error with the location, so it is
+            // told by its message.
+            let reason = match message.strip_prefix("budget breached: ") {
+                Some(breach) => format!(
+                    "the file is larger than one config file may be ({breach}); at most \
+                     {MAX_NODES} YAML nodes and {MAX_EVENTS} parser events per file \
+                     (about 350,000 rules): split it into several files of a directory"
+                ),
+                None => message.to_owned(),
+            };
             ConfigError {
                 path: self.path.to_owned(),
                 line,
                 column,
                 field: "yaml".into(),
-                reason: message(&e.to_string()).to_owned(),
+                reason,
             }
         })
     }
+}
+
+/// The most YAML nodes one config file may hold: a native rule takes about
+/// 14, so about 350,000 rules. The parser's own default (250,000 nodes, about
+/// 17,800 rules) refused configs that real deployments have; the bound stays,
+/// so a file cannot make the parser's memory grow without limit.
+const MAX_NODES: usize = 5_000_000;
+/// The most parser events one config file may produce (about two per node).
+const MAX_EVENTS: usize = 10_000_000;
+
+/// The parser's options: its defaults, with room for large configs.
+fn options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_nodes = MAX_NODES;
+    budget.max_events = MAX_EVENTS;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
 }
 
 /// The parser's message without its rendered snippet and its own position

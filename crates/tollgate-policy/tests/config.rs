@@ -737,3 +737,30 @@ fn the_builtin_policy_and_every_example_are_valid() {
         "examples/ should hold one config per seed pattern, found {seen}"
     );
 }
+
+/// Regression: a native file of ~17,800 rules was refused with an unexplained
+/// "budget breached". 200,000 rules load; a file past one of the parser's
+/// bounds is refused with a reason that says what to do.
+#[test]
+fn a_config_of_200000_rules_loads_and_a_larger_budget_breach_is_explained() {
+    let mut text = String::from("domain: big\nrules:\n");
+    for i in 0..200_000 {
+        text.push_str(&format!(
+            "  - name: r{i}\n    match: [{{ key: k{i} }}]\n    limit: {{ requests: 10, per: 1m }}\n"
+        ));
+    }
+    let policy = Policy::parse("big.yaml", &text).expect("200,000 rules load");
+    assert_eq!(policy.rules("big").len(), 200_000);
+
+    // Nesting is the cheapest of the parser's bounds to breach.
+    let deep = format!(
+        "domain: deep\nrules: {}{}\n",
+        "[".repeat(100),
+        "]".repeat(100)
+    );
+    let error = Policy::parse("deep.yaml", &deep).expect_err("past the bound");
+    assert!(
+        error.reason.contains("split it into several files"),
+        "{error}"
+    );
+}
