@@ -1,8 +1,9 @@
 //! The deny cache (Cloudflare's "mitigation flag"): a [`Store`] over another
 //! that answers keys its inner store just denied, without asking it again.
 //!
-//! When the inner store denies a limit with `retry_after = d`, the limit's key
-//! is remembered with the instant `sent + d`, where `sent` is the local time
+//! When the store that holds the state denies a limit with `retry_after = d`
+//! (a decision stamped with its time, [`Stamped::decided_at`]; a fallback's
+//! decisions are not), the limit's key is remembered with the instant `sent + d`, where `sent` is the local time
 //! just before the request was sent (the inner store decided after it, so this
 //! instant is never later than the one it meant). Until then a request that
 //! contains a limit with the **same key, algorithm and quota** and a **cost at
@@ -257,7 +258,9 @@ impl<S: Store> DenyCache<S> {
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
         let stamped = self.inner.check_stamped(limits).await?;
-        if self.denials.enabled() && !stamped.outcome.allowed() {
+        // Only the state's own denies are cached: a fallback's (`decided_at`
+        // is `None`) says nothing about when the limit passes again.
+        if self.denials.enabled() && !stamped.outcome.allowed() && stamped.decided_at.is_some() {
             for ((limit, decision), cost) in limits
                 .iter()
                 .zip(&stamped.outcome.decisions)
@@ -416,5 +419,53 @@ mod tests {
         // One unit alone passes: a deny of two is not a deny of one.
         assert!(store.check(&[one]).await.unwrap().allowed());
         assert_eq!(store.stats().hits, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fallback_deny_is_not_cached() {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let memory = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
+        // A fallback over a store that can never be reached: every decision
+        // is the failure policy's.
+        let config = crate::FallbackConfig {
+            breaker_failures: 1,
+            ..crate::FallbackConfig::default()
+        };
+        let down = crate::Fallback::with_clock(Unreachable, config, Arc::clone(&clock) as _);
+        let store = DenyCache::with_clock(down, 64, Arc::clone(&clock) as _);
+        let closed = Limit::new("k", Quota::per_second(5).unwrap(), Algorithm::Gcra)
+            .with_failure(FailurePolicy::FailClosed);
+        for _ in 0..3 {
+            assert!(!store.check(&[closed]).await.unwrap().allowed());
+        }
+        assert_eq!(store.stats().hits, 0);
+        assert_eq!(store.inner().stats().fallback_fail_closed, 3);
+        // The memory store's denies, stamped, are.
+        let cached = DenyCache::with_clock(memory, 64, Arc::clone(&clock) as _);
+        let one = Limit::new("k", Quota::per_second(1).unwrap(), Algorithm::Gcra);
+        assert!(cached.check(&[one]).await.unwrap().allowed());
+        assert!(!cached.check(&[one]).await.unwrap().allowed());
+        assert!(!cached.check(&[one]).await.unwrap().allowed());
+        assert_eq!(cached.stats().hits, 1);
+    }
+
+    /// A store with no state it can reach.
+    struct Unreachable;
+
+    impl Store for Unreachable {
+        async fn check(&self, _: &[Limit<'_>]) -> Result<Outcome, StoreError> {
+            Err(StoreError::Backend {
+                source: "unreachable".into(),
+                retryable: true,
+            })
+        }
+
+        async fn release(&self, _: &[Limit<'_>]) -> Result<(), StoreError> {
+            Ok(())
+        }
+
+        async fn ready(&self) -> bool {
+            false
+        }
     }
 }
