@@ -125,10 +125,11 @@ impl RedisStore {
     /// least 250 ms: a readiness probe should not flap on a busy host).
     pub async fn reachable(&self) -> bool {
         let wait = self.config.timeout.max(Duration::from_millis(250));
-        matches!(
-            tokio::time::timeout(wait, self.conn.ping()).await,
-            Ok(Ok(()))
-        )
+        // A connection that died answers its next command with the error that
+        // starts its reconnection: only a second try tells whether Redis is
+        // back, and without it a probe right after a restart would fail.
+        let ping = async { self.conn.ping().await.is_ok() || self.conn.ping().await.is_ok() };
+        tokio::time::timeout(wait, ping).await.unwrap_or(false)
     }
 
     /// Whether the store talks to a Redis Cluster.

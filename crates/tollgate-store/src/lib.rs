@@ -24,8 +24,8 @@
 //! - [`Hybrid`] leases slices of hot keys' budgets from the store below and
 //!   spends them locally, with a documented worst-case overshoot.
 //!
-//! The `conformance` feature adds [`conformance`], the scenarios every store
-//! and wrapper must pass.
+//! The `conformance` feature adds the `conformance` module: the scenarios
+//! every store and wrapper must pass.
 
 mod breaker;
 mod clock;
