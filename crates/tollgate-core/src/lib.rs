@@ -52,5 +52,5 @@ pub use leaky_bucket::{LeakyBucket, LeakyBucketShaping, Level};
 pub use quota::{Quota, QuotaError};
 pub use sliding_counter::{SlidingCounter, WindowPair};
 pub use sliding_log::{Log, SlidingLog};
-pub use store::{FailurePolicy, Limit, Outcome, Store, StoreError};
+pub use store::{FailurePolicy, Limit, Outcome, Stamped, Store, StoreError};
 pub use token_bucket::{TokenBucket, Tokens};

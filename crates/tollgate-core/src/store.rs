@@ -135,6 +135,23 @@ impl Outcome {
     }
 }
 
+/// An [`Outcome`] and, when the backend that holds the state decided it, the
+/// backend's time of the decision per limit, in microseconds on the backend's
+/// own clock (Redis's `TIME` for the Redis store). A wrapper that answered
+/// without the backend (a deny cache, a fallback) gives no time.
+///
+/// The time is what [`Store::give_back`] needs to return units to the state
+/// they were taken from (a fixed window's units belong to the window of that
+/// time), and lets a wrapper tell how long a window has left.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Stamped {
+    /// The decisions.
+    pub outcome: Outcome,
+    /// The backend's time per limit (µs), in the order of the limits; `None`
+    /// when the backend did not decide.
+    pub decided_at: Option<SmallVec<[u64; 4]>>,
+}
+
 /// Why a store could not decide. A store that can decide never errs: a deny is
 /// an [`Outcome`], not an error.
 #[derive(Debug, thiserror::Error)]
@@ -155,6 +172,9 @@ pub enum StoreError {
     /// The request itself cannot be checked (e.g. a key the backend cannot hold).
     #[error("invalid limit: {0}")]
     Invalid(String),
+    /// The store does not implement this operation (e.g. giving units back).
+    #[error("the store does not support {0}")]
+    Unsupported(&'static str),
 }
 
 impl StoreError {
@@ -163,7 +183,7 @@ impl StoreError {
         match self {
             StoreError::Timeout(_) => true,
             StoreError::Backend { retryable, .. } => *retryable,
-            StoreError::Invalid(_) => false,
+            StoreError::Invalid(_) | StoreError::Unsupported(_) => false,
         }
     }
 }
@@ -190,5 +210,38 @@ pub trait Store: Send + Sync {
     /// state themselves, like the memory store, always do.
     fn ready(&self) -> impl Future<Output = bool> + Send {
         std::future::ready(true)
+    }
+
+    /// [`Store::check`], also saying whether the backend decided and at what
+    /// backend time ([`Stamped`]). Wrappers that lease units (hybrid mode)
+    /// need it; the default says nothing about time, so units taken through it
+    /// are never given back.
+    fn check_stamped(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
+        async move {
+            Ok(Stamped {
+                outcome: self.check(limits).await?,
+                decided_at: None,
+            })
+        }
+    }
+
+    /// Gives `limit.cost` units back to `limit`'s state, as taken by a check
+    /// the backend decided at `taken_at` (µs, from [`Stamped::decided_at`]):
+    /// exact for the buckets and GCRA, and for a fixed window only within the
+    /// window of `taken_at`. Best effort, for units leased but never spent.
+    ///
+    /// The default cannot give back, and says so with
+    /// [`StoreError::Unsupported`]: the units stay spent, which errs on the
+    /// strict side.
+    fn give_back(
+        &self,
+        limit: &Limit<'_>,
+        taken_at: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (limit, taken_at);
+        std::future::ready(Err(StoreError::Unsupported("give_back")))
     }
 }

@@ -25,8 +25,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::MultiplexedConnection;
-use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota};
-use tollgate_redis::{HybridConfig, HybridStore, RedisConfig, RedisStore};
+use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store};
+use tollgate_redis::{RedisConfig, RedisStore};
+use tollgate_store::{DenyCache, Hybrid, HybridConfig};
 
 const CALLERS: usize = 50;
 const MANY_KEYS: u64 = 100_000;
@@ -175,7 +176,7 @@ async fn cell(
     keys: u64,
     prefix: &str,
     conn: &MultiplexedConnection,
-    store: &Arc<RedisStore>,
+    store: &Arc<DenyCache<RedisStore>>,
 ) -> Measured {
     let script = Arc::new(redis::Script::new(CLASSIC));
     let stop = Arc::new(AtomicBool::new(false));
@@ -223,7 +224,7 @@ async fn cell(
                                 cost: 1,
                                 failure: FailurePolicy::Local,
                             };
-                            store.check_limits(&[limit]).await.unwrap();
+                            store.check(&[limit]).await.unwrap();
                         }
                     }
                     done.fetch_add(1, Ordering::Relaxed);
@@ -260,7 +261,7 @@ async fn hybrid(url: &str, conn: &MultiplexedConnection) -> (f64, f64) {
     )
     .await
     .unwrap();
-    let store = HybridStore::new(redis, HybridConfig::default());
+    let store = Arc::new(Hybrid::new(redis, HybridConfig::default()));
     let mut admin = conn.clone();
     let calls = |info: String| -> f64 {
         info.lines()
@@ -290,7 +291,7 @@ async fn hybrid(url: &str, conn: &MultiplexedConnection) -> (f64, f64) {
                     failure: FailurePolicy::Local,
                 };
                 while !stop.load(Ordering::Relaxed) {
-                    store.check_limits(&[limit]).await.unwrap();
+                    store.check(&[limit]).await.unwrap();
                     done.fetch_add(1, Ordering::Relaxed);
                     tokio::task::yield_now().await;
                 }
@@ -344,7 +345,7 @@ async fn bytes_per_key(conn: &MultiplexedConnection, store: &RedisStore) -> (f64
             cost: 1,
             failure: FailurePolicy::Local,
         };
-        store.check_limits(&[limit]).await.unwrap();
+        store.check(&[limit]).await.unwrap();
     }
     let mut sizes = (0.0, 0.0);
     for i in 0..1000 {
@@ -374,7 +375,9 @@ fn main() {
         let server = start_server();
         let client = redis::Client::open(server.url()).unwrap();
         let conn = client.get_multiplexed_async_connection().await.unwrap();
-        let store = Arc::new(
+        // The deny cache the service stacks over Redis, as measured before it
+        // became a wrapper.
+        let store = Arc::new(DenyCache::new(
             RedisStore::connect(
                 &server.url(),
                 RedisConfig {
@@ -384,7 +387,8 @@ fn main() {
             )
             .await
             .unwrap(),
-        );
+            65_536,
+        ));
         println!(
             "{CALLERS} callers, token bucket 100/s burst 100, {SECONDS} s per run, median of {REPETITIONS}\n"
         );
@@ -430,7 +434,7 @@ fn main() {
         println!(
             "hybrid mode, {CALLERS} callers, 1 hot key (1,000,000/s): {rate:.0} decisions/s, {per_op:.0} decisions per Redis operation"
         );
-        let (classic, tollgate) = bytes_per_key(&conn, &store).await;
+        let (classic, tollgate) = bytes_per_key(&conn, store.inner()).await;
         println!(
             "bytes per key in Redis (MEMORY USAGE, token bucket): classic {classic:.0}, tollgate {tollgate:.0}"
         );

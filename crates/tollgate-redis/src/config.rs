@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use tollgate_core::Clock;
 #[cfg(doc)]
-use tollgate_core::FailurePolicy;
-use tollgate_store::MemoryConfig;
+use tollgate_core::StoreError;
 
 /// Where checks read the time.
 #[derive(Clone, Default)]
@@ -18,8 +17,8 @@ pub enum TimeSource {
     Redis,
     /// A clock passed in (nanoseconds, truncated to microseconds for the
     /// script). For tests and simulations: with a `ManualClock` the Redis store
-    /// decides exactly like the memory store on the same clock. The local
-    /// fallback and the deny cache read the same clock.
+    /// decides exactly like the memory store on the same clock. Give the
+    /// wrappers above it the same clock.
     Clock(Arc<dyn Clock>),
 }
 
@@ -37,27 +36,17 @@ impl fmt::Debug for TimeSource {
 pub struct RedisConfig {
     /// Prepended to every key: `<prefix>:<algorithm>:{<tag>}...`. No braces.
     pub prefix: String,
-    /// How long one round trip to Redis may take before the check is decided by
-    /// the failure policy. Default 10 ms: a healthy Redis answers a script in
-    /// well under a millisecond on a LAN, so 10 ms only trips on a real stall
+    /// How long one round trip to Redis may take before the call fails with
+    /// [`StoreError::Timeout`]. Default 10 ms: a healthy Redis answers a script
+    /// in well under a millisecond on a LAN, so 10 ms only trips on a real stall
     /// (a fork, a failover, a lost connection) while bounding the latency it adds.
     pub timeout: Duration,
-    /// Consecutive failures (errors or timeouts) that open the circuit breaker.
-    /// Default 5.
-    pub breaker_failures: u32,
-    /// How long an open breaker keeps every check away from Redis before one
-    /// probe is let through. Default 1 s.
-    pub breaker_cool_down: Duration,
-    /// Keys held by the local deny cache; 0 turns it off. Default 65,536.
-    pub deny_cache_capacity: usize,
     /// Where the time comes from. Default [`TimeSource::Redis`].
     pub time: TimeSource,
     /// Added to every TTL. Zero by default: a key lives exactly until its state
     /// is back to full. Tests that inject a clock running apart from Redis's set
     /// it so keys do not expire in real time under them.
     pub extra_ttl: Duration,
-    /// The local store that limits with [`FailurePolicy::Local`] fall back to.
-    pub local: MemoryConfig,
     /// The most checks sent in one script call to a single server: concurrent
     /// checks queue while calls are in flight and go together in the next one
     /// (each still all-or-nothing on its own). 1 sends every check alone.
@@ -70,15 +59,8 @@ impl Default for RedisConfig {
         Self {
             prefix: "tollgate".to_owned(),
             timeout: Duration::from_millis(10),
-            breaker_failures: 5,
-            breaker_cool_down: Duration::from_secs(1),
-            deny_cache_capacity: 65_536,
             time: TimeSource::Redis,
             extra_ttl: Duration::ZERO,
-            local: MemoryConfig {
-                max_keys: 100_000,
-                ..MemoryConfig::default()
-            },
             max_batch: 64,
         }
     }

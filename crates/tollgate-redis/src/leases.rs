@@ -1,10 +1,9 @@
-//! Which concurrency permits this store holds, so `release` gives back the
-//! right one.
+//! Which concurrency leases this store holds in Redis, so `release` gives
+//! back the right one.
 //!
 //! `Store::check` returns no permit handle, so the store remembers, per key,
 //! the leases it acquired, and `release` takes one of the same cost back: the
-//! Redis lease it names (its member in the key's sorted set), or a permit of the
-//! local fallback store when the check was decided locally. A store releases
+//! Redis lease it names (its member in the key's sorted set). A store releases
 //! only leases it acquired, never another instance's; a lease it forgets (a
 //! release that never comes, a crash) expires in Redis after the quota's period.
 
@@ -13,20 +12,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-/// Where a permit was taken.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Held {
-    /// A Redis lease: the member of the key's sorted set.
-    Redis(String),
-    /// A permit of the local fallback store.
-    Local,
-}
-
 #[derive(Debug)]
 struct Lease {
-    held: Held,
+    /// The member of the key's sorted set.
+    member: String,
     cost: u64,
-    /// `None`: never (a local permit, held until released).
     expires: Option<Instant>,
 }
 
@@ -36,14 +26,14 @@ pub(crate) struct Leases {
 }
 
 impl Leases {
-    pub(crate) fn insert(&self, key: &str, held: Held, cost: u64, period: Duration) {
+    pub(crate) fn insert(&self, key: &str, member: String, cost: u64, period: Duration) {
         let now = Instant::now();
         let mut map = self.map.lock();
         let leases = map.entry(key.to_owned()).or_default();
         // Leases past their period have expired in Redis too: forget them.
         leases.retain(|l| l.expires.is_none_or(|e| e > now));
         leases.push(Lease {
-            held,
+            member,
             cost,
             expires: now.checked_add(period),
         });
@@ -51,7 +41,7 @@ impl Leases {
 
     /// Takes back the newest lease of `cost` on `key` (or of any cost, if none
     /// matches).
-    pub(crate) fn take(&self, key: &str, cost: u64) -> Option<Held> {
+    pub(crate) fn take(&self, key: &str, cost: u64) -> Option<String> {
         let mut map = self.map.lock();
         let leases = map.get_mut(key)?;
         let at = leases
@@ -62,7 +52,7 @@ impl Leases {
         if leases.is_empty() {
             map.remove(key);
         }
-        Some(lease.held)
+        Some(lease.member)
     }
 
     #[cfg(test)]
@@ -79,23 +69,23 @@ mod tests {
     fn takes_the_newest_lease_of_the_same_cost() {
         let leases = Leases::default();
         let hour = Duration::from_secs(3600);
-        leases.insert("k", Held::Redis("1|a".into()), 1, hour);
-        leases.insert("k", Held::Redis("2|b".into()), 2, hour);
-        leases.insert("k", Held::Local, 1, hour);
-        assert_eq!(leases.take("k", 2), Some(Held::Redis("2|b".into())));
-        assert_eq!(leases.take("k", 1), Some(Held::Local));
-        assert_eq!(leases.take("k", 5), Some(Held::Redis("1|a".into())));
+        leases.insert("k", "1|a".into(), 1, hour);
+        leases.insert("k", "2|b".into(), 2, hour);
+        leases.insert("k", "1|c".into(), 1, hour);
+        assert_eq!(leases.take("k", 2).as_deref(), Some("2|b"));
+        assert_eq!(leases.take("k", 1).as_deref(), Some("1|c"));
+        assert_eq!(leases.take("k", 5).as_deref(), Some("1|a"));
         assert_eq!(leases.take("k", 1), None);
         assert_eq!(leases.len(), 0);
     }
 
     #[test]
-    fn expired_redis_leases_are_forgotten() {
+    fn expired_leases_are_forgotten() {
         let leases = Leases::default();
-        leases.insert("k", Held::Redis("1|a".into()), 1, Duration::ZERO);
-        leases.insert("k", Held::Redis("1|b".into()), 1, Duration::from_secs(60));
+        leases.insert("k", "1|a".into(), 1, Duration::ZERO);
+        leases.insert("k", "1|b".into(), 1, Duration::from_secs(60));
         assert_eq!(leases.len(), 1);
-        leases.insert("k", Held::Local, 1, Duration::MAX);
+        leases.insert("k", "1|c".into(), 1, Duration::MAX);
         assert_eq!(leases.len(), 2);
     }
 }

@@ -1,7 +1,10 @@
 //! Tollgate's Redis and Redis Cluster store.
 //!
 //! [`RedisStore`] implements [`tollgate_core::Store`] for every algorithm of
-//! tollgate-core, so the same limits hold across every instance of a service:
+//! tollgate-core, so the same limits hold across every instance of a service.
+//! It only talks to Redis: deciding when Redis cannot answer, caching denies
+//! and leasing budgets are the wrappers of `tollgate_store` (`Fallback`,
+//! `DenyCache`, `Hybrid`), stacked over it as a service wants:
 //!
 //! - **One atomic script per check.** All the limits of a request whose keys
 //!   share a slot are stepped by one Lua script, run with `EVALSHA` (reloaded on
@@ -26,29 +29,31 @@
 //! - **Throughput.** One multiplexed connection (or the cluster client's few)
 //!   pipelines every concurrent check; on a single server, checks that arrive
 //!   while calls are in flight share the next script call (each still atomic on
-//!   its own); a local deny cache answers keys that Redis denied until their
-//!   `retry_after` passes.
-//! - **Failures.** A timeout (10 ms by default) or an error decides the check by
-//!   each limit's [`FailurePolicy`] (`fail_open`, `fail_closed`, or `local`, the
-//!   default: a local memory store with the same limits); a
-//!   circuit breaker stops calling a failing Redis and probes for its return.
-//!   No check fails because Redis is down. [`RedisStore::stats`] counts it all.
-//! - **Hybrid mode.** [`HybridStore`] leases slices of hot keys' budgets and
-//!   spends them locally: many decisions per Redis operation, with a worst-case
-//!   overshoot of `N × max_lease` units across N instances (see its docs).
+//!   its own).
+//! - **Failures are typed.** A call that exceeds the timeout (10 ms by
+//!   default) is a [`StoreError::Timeout`]; a Redis error is a
+//!   [`StoreError::Backend`] saying whether a retry could help. The `Fallback`
+//!   wrapper turns them into each limit's [`FailurePolicy`].
+//!   [`RedisStore::stats`] counts calls, errors, timeouts and refunds.
+//! - **Hybrid mode.** The store gives units back ([`Store::give_back`]) at the
+//!   script's time ([`Store::check_stamped`]), which the `Hybrid` wrapper needs
+//!   to lease slices of hot keys' budgets.
 //!
 //! ```no_run
 //! use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota};
 //! use tollgate_redis::{RedisConfig, RedisStore};
+//! use tollgate_core::Store;
+//! use tollgate_store::{DenyCache, Fallback, FallbackConfig};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = RedisStore::connect("redis://127.0.0.1:6379/0", RedisConfig::default()).await?;
+//! let redis = RedisStore::connect("redis://127.0.0.1:6379/0", RedisConfig::default()).await?;
 //! // or: RedisStore::connect("redis+cluster://10.0.0.1:7000,10.0.0.2:7000", ...)
+//! let store = DenyCache::new(Fallback::new(redis, FallbackConfig::default()), 65_536);
 //! let user = Limit::new("{user:42}api", Quota::per_minute(60)?, Algorithm::Gcra);
 //! // Uploads are refused rather than counted per instance while Redis is down.
 //! let uploads = Limit::new("{user:42}uploads", Quota::per_hour(10)?, Algorithm::SlidingLog)
 //!     .with_failure(FailurePolicy::FailClosed);
-//! let outcome = store.check_limits(&[user, uploads]).await?;
+//! let outcome = store.check(&[user, uploads]).await?;
 //! if !outcome.allowed() {
 //!     let retry = outcome.most_restrictive().and_then(|d| d.retry_after);
 //! }
@@ -59,11 +64,8 @@
 //! that differs from the memory store.
 
 mod batch;
-mod breaker;
 mod config;
 mod conn;
-mod deny_cache;
-mod hybrid;
 mod keys;
 mod leases;
 mod script;
@@ -72,7 +74,9 @@ mod store;
 
 pub use config::{RedisConfig, TimeSource};
 pub use conn::ConnectError;
-pub use hybrid::{HybridConfig, HybridStats, HybridStore};
-pub use stats::{BreakerState, RedisStats};
+pub use stats::RedisStats;
 pub use store::RedisStore;
 pub use tollgate_core::FailurePolicy;
+
+#[cfg(doc)]
+use tollgate_core::{Store, StoreError};

@@ -5,25 +5,16 @@ use std::time::Duration;
 
 use smallvec::{SmallVec, smallvec};
 use tollgate_core::{
-    Algorithm, Clock, Decision, FailurePolicy, Limit, Nanos, Outcome, Store, StoreError,
+    Algorithm, Clock, Decision, Limit, Nanos, Outcome, Stamped, Store, StoreError,
 };
-use tollgate_store::{FastClock, MemoryStore};
 
 use crate::batch::{BatchError, Batcher, Job};
-use crate::breaker::Breaker;
 use crate::conn::{Conn, ConnectError, connect};
-use crate::deny_cache::DenyCache;
 use crate::keys::{redis_keys, slot};
-use crate::leases::{Held, Leases};
+use crate::leases::Leases;
 use crate::script::{MAX_MICROS, Params, SOURCE, decode, parse_check};
-use crate::stats::{Counters, bump, policy_index};
+use crate::stats::{Counters, bump};
 use crate::{RedisConfig, RedisStats, TimeSource};
-
-/// An outcome and, when Redis decided it, the script's time per limit (µs).
-pub(crate) struct Sourced {
-    pub(crate) outcome: Outcome,
-    pub(crate) redis_time: Option<SmallVec<[u64; 4]>>,
-}
 
 /// One limit, ready for the script.
 struct Prepared {
@@ -39,13 +30,9 @@ pub struct RedisStore {
     script: Arc<redis::Script>,
     batcher: Option<Batcher>,
     config: RedisConfig,
-    /// Local time: the injected clock, or a monotonic one (deny cache, fallback).
-    clock: Arc<dyn Clock>,
-    injected: bool,
-    local: MemoryStore<Arc<dyn Clock>>,
-    deny: DenyCache,
+    /// The injected clock, if checks do not read Redis's.
+    clock: Option<Arc<dyn Clock>>,
     leases: Leases,
-    breaker: Breaker,
     counters: Counters,
     instance: u64,
     next_lease: AtomicU64,
@@ -90,19 +77,6 @@ fn capacity(limit: &Limit<'_>) -> u64 {
     }
 }
 
-/// The decision of a limit that was not counted: allowed, its whole
-/// capacity left.
-fn untouched(limit: &Limit<'_>) -> Decision {
-    Decision {
-        allowed: true,
-        limit: capacity(limit),
-        remaining: capacity(limit),
-        reset_after: Duration::ZERO,
-        retry_after: None,
-        delay: Duration::ZERO,
-    }
-}
-
 impl RedisStore {
     /// Connects to `redis://host:port/db` (one server) or
     /// `redis+cluster://host:port,host:port` (a cluster, from any of its nodes).
@@ -114,9 +88,9 @@ impl RedisStore {
             )));
         }
         let conn = connect(url).await?;
-        let (clock, injected): (Arc<dyn Clock>, bool) = match &config.time {
-            TimeSource::Redis => (Arc::new(FastClock::new()), false),
-            TimeSource::Clock(clock) => (Arc::clone(clock), true),
+        let clock = match &config.time {
+            TimeSource::Redis => None,
+            TimeSource::Clock(clock) => Some(Arc::clone(clock)),
         };
         let instance = RandomState::new().hash_one(std::process::id());
         let script = Arc::new(redis::Script::new(SOURCE));
@@ -133,33 +107,29 @@ impl RedisStore {
             conn,
             script,
             batcher,
-            local: MemoryStore::with_clock(config.local.clone(), Arc::clone(&clock)),
-            deny: DenyCache::new(config.deny_cache_capacity),
             leases: Leases::default(),
-            breaker: Breaker::new(config.breaker_failures, config.breaker_cool_down),
             counters: Counters::default(),
             clock,
-            injected,
             instance,
             next_lease: AtomicU64::new(0),
             config,
         })
     }
 
-    /// The store's counters and breaker state, for metrics.
+    /// The store's counters, for metrics.
     pub fn stats(&self) -> RedisStats {
-        self.counters.snapshot(self.breaker.state())
+        self.counters.snapshot()
     }
 
     /// Whether Redis answers a `PING` now (within the check timeout, but at
-    /// least 250 ms: a readiness probe should not flap on a busy host). Checks
-    /// answer either way; this is for readiness probes.
+    /// least 250 ms: a readiness probe should not flap on a busy host).
     pub async fn reachable(&self) -> bool {
         let wait = self.config.timeout.max(Duration::from_millis(250));
-        matches!(
-            tokio::time::timeout(wait, self.conn.ping()).await,
-            Ok(Ok(()))
-        )
+        // A connection that died answers its next command with the error that
+        // starts its reconnection: only a second try tells whether Redis is
+        // back, and without it a probe right after a restart would fail.
+        let ping = async { self.conn.ping().await.is_ok() || self.conn.ping().await.is_ok() };
+        tokio::time::timeout(wait, ping).await.unwrap_or(false)
     }
 
     /// Whether the store talks to a Redis Cluster.
@@ -183,10 +153,11 @@ impl RedisStore {
     }
 
     /// The time argument: empty for Redis's TIME, else the injected clock in µs.
-    fn now_arg(&self, now: Nanos) -> Result<String, StoreError> {
-        if !self.injected {
+    fn now_arg(&self) -> Result<String, StoreError> {
+        let Some(clock) = &self.clock else {
             return Ok(String::new());
-        }
+        };
+        let now: Nanos = clock.now();
         let us = now / 1000;
         if us >= 2 * MAX_MICROS {
             return Err(StoreError::Invalid(format!(
@@ -356,9 +327,8 @@ impl RedisStore {
         &self,
         limits: &[Limit<'_>],
         prepared: &[Prepared],
-        now: Nanos,
-    ) -> Result<(Outcome, SmallVec<[u64; 4]>), StoreError> {
-        let now_arg = self.now_arg(now)?;
+    ) -> Result<Stamped, StoreError> {
+        let now_arg = self.now_arg()?;
         let lease = format!(
             "{:016x}.{:x}",
             self.instance,
@@ -414,20 +384,15 @@ impl RedisStore {
             {
                 if limit.algorithm == Algorithm::Concurrency && limit.cost > 0 {
                     let member = format!("{}|{lease}#{}", p.params.cost, members + 1);
-                    self.leases.insert(
-                        &p.key,
-                        Held::Redis(member),
-                        limit.cost,
-                        limit.quota.period(),
-                    );
+                    self.leases
+                        .insert(&p.key, member, limit.cost, limit.quota.period());
                 }
             }
-        } else {
-            for ((limit, p), d) in limits.iter().zip(prepared).zip(&outcome.decisions) {
-                self.deny.insert(&p.key, limit, d, now);
-            }
         }
-        Ok((outcome, times))
+        Ok(Stamped {
+            outcome,
+            decided_at: Some(times),
+        })
     }
 
     async fn refund(
@@ -439,9 +404,6 @@ impl RedisStore {
     ) {
         for &(g, now_us) in committed {
             let members = &groups[g];
-            for &i in members.iter() {
-                self.deny.forget(&prepared[i].key);
-            }
             let now = now_us.to_string();
             if let Err(e) = self.call(Op::Refund, &now, lease, members, prepared).await {
                 tracing::warn!(error = %e, "refund of a cross-slot check failed");
@@ -449,159 +411,42 @@ impl RedisStore {
         }
     }
 
-    /// What the limits' failure policies decide when Redis cannot answer. The
-    /// request stays all-or-nothing: a `fail_closed` limit refuses it before
-    /// the local store is touched, and the `local` limits are checked together
-    /// on the local store; `fail_open` limits admit without counting.
-    fn fallback(&self, limits: &[Limit<'_>], prepared: &[Prepared]) -> Outcome {
-        bump(&self.counters.fallbacks);
-        for limit in limits {
-            bump(&self.counters.fallback_limits[policy_index(limit.failure)]);
-        }
-        let closed = limits
-            .iter()
-            .any(|l| l.failure == FailurePolicy::FailClosed);
-        let local: SmallVec<[Limit<'_>; 4]> = limits
-            .iter()
-            .filter(|l| l.failure == FailurePolicy::Local)
-            .map(|l| Limit {
-                // Only a peek when another limit refuses anyway.
-                cost: if closed { 0 } else { l.cost },
-                ..*l
-            })
-            .collect();
-        let mut local_decisions = self.local.check_now(&local).decisions.into_iter();
-        let decisions: SmallVec<[Decision; 4]> = limits
-            .iter()
-            .map(|l| match l.failure {
-                FailurePolicy::Local => local_decisions
-                    .next()
-                    .expect("one local decision per local limit"),
-                FailurePolicy::FailOpen => untouched(l),
-                FailurePolicy::FailClosed => Decision {
-                    allowed: false,
-                    limit: capacity(l),
-                    remaining: 0,
-                    reset_after: Duration::ZERO,
-                    retry_after: Some(self.config.breaker_cool_down.max(self.config.timeout)),
-                    delay: Duration::ZERO,
-                },
-            })
-            .collect();
-        let outcome = Outcome { decisions };
-        if outcome.allowed() {
-            for (limit, p) in limits.iter().zip(prepared) {
-                if limit.algorithm == Algorithm::Concurrency
-                    && limit.cost > 0
-                    && limit.failure == FailurePolicy::Local
-                {
-                    self.leases
-                        .insert(&p.key, Held::Local, limit.cost, Duration::MAX);
-                }
-            }
-        }
-        outcome
-    }
-
-    /// A deny from the cache when one of the limits is cached as denied.
-    fn cached(&self, limits: &[Limit<'_>], prepared: &[Prepared], now: Nanos) -> Option<Outcome> {
-        if !self.deny.enabled() {
-            return None;
-        }
-        let hits: SmallVec<[Option<Decision>; 4]> = limits
-            .iter()
-            .zip(prepared)
-            .map(|(l, p)| self.deny.lookup(&p.key, l, now))
-            .collect();
-        if hits.iter().all(Option::is_none) {
-            return None;
-        }
-        // The other limits were not asked: they report their capacity, unconsumed.
-        let decisions = limits
-            .iter()
-            .zip(hits)
-            .map(|(l, hit)| hit.unwrap_or_else(|| untouched(l)))
-            .collect();
-        Some(Outcome { decisions })
-    }
-
-    /// Checks `limits`; see [`Store::check`]. Errors only for limits the store
-    /// cannot hold ([`StoreError::Invalid`]), never because Redis is down.
+    /// Checks `limits` in Redis; see [`Store::check`]. Errs when Redis does
+    /// not answer within the timeout ([`StoreError::Timeout`]) or fails
+    /// ([`StoreError::Backend`], saying whether a retry could help): deciding
+    /// without Redis is the job of the `Fallback` wrapper of tollgate-store.
     pub async fn check_limits(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
-        Ok(self.check_sourced(limits).await?.outcome)
+        Ok(self.check_stamped_limits(limits).await?.outcome)
     }
 
-    /// [`RedisStore::check_limits`], saying whether Redis decided and at what
-    /// time (µs, per limit), for the hybrid store.
-    pub(crate) async fn check_sourced(&self, limits: &[Limit<'_>]) -> Result<Sourced, StoreError> {
-        let local = |outcome| Sourced {
-            outcome,
-            redis_time: None,
-        };
+    /// [`RedisStore::check_limits`] with the script's time per limit (µs).
+    pub async fn check_stamped_limits(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
         if limits.is_empty() {
-            return Ok(local(Outcome::default()));
+            return Ok(Stamped {
+                outcome: Outcome::default(),
+                decided_at: Some(SmallVec::new()),
+            });
         }
         let prepared = self.prepare(limits)?;
-        let now = self.clock.now();
-        if let Some(outcome) = self.cached(limits, &prepared, now) {
-            bump(&self.counters.deny_cache_hits);
-            return Ok(local(outcome));
-        }
-        if !self.breaker.admit() {
-            return Ok(local(self.fallback(limits, &prepared)));
-        }
-        match self.check_redis(limits, &prepared, now).await {
-            Ok((outcome, times)) => {
-                self.breaker.success();
-                Ok(Sourced {
-                    outcome,
-                    redis_time: Some(times),
-                })
-            }
-            Err(StoreError::Invalid(reason)) => Err(StoreError::Invalid(reason)),
-            Err(e) => {
-                if self.breaker.failure() {
-                    bump(&self.counters.breaker_opens);
-                    tracing::warn!(error = %e, "Redis failing: circuit breaker open");
-                }
-                Ok(local(self.fallback(limits, &prepared)))
-            }
-        }
+        self.check_redis(limits, &prepared).await
     }
 
     /// Gives `limit.cost` units back to `limit`'s state in Redis, as taken by a
-    /// check at `now_us` (the script's refund). Best effort: false if it failed.
-    pub(crate) async fn give_back(&self, limit: &Limit<'_>, now_us: u64) -> bool {
-        let Ok(prepared) = self.prepare(std::slice::from_ref(limit)) else {
-            return false;
-        };
-        if !self.breaker.admit() {
-            return false;
-        }
-        let now = now_us.to_string();
-        match self.call(Op::Refund, &now, "", &[0], &prepared).await {
-            Ok(_) => {
-                self.breaker.success();
-                self.deny.forget(&prepared[0].key);
-                true
-            }
-            Err(_) => {
-                if self.breaker.failure() {
-                    bump(&self.counters.breaker_opens);
-                }
-                false
-            }
-        }
-    }
-
-    /// The store's local clock (the injected one, or a monotonic one).
-    pub(crate) fn local_clock(&self) -> &Arc<dyn Clock> {
-        &self.clock
+    /// check at `taken_at` (µs, the script's time): the script's refund.
+    pub async fn give_back_units(
+        &self,
+        limit: &Limit<'_>,
+        taken_at: u64,
+    ) -> Result<(), StoreError> {
+        let prepared = self.prepare(std::slice::from_ref(limit))?;
+        let now = taken_at.to_string();
+        self.call(Op::Refund, &now, "", &[0], &prepared).await?;
+        Ok(())
     }
 
     /// Gives back the concurrency permits of `limits` that this store acquired;
-    /// see [`Store::release`]. A lease that cannot be released now (Redis down)
-    /// expires after its quota's period.
+    /// see [`Store::release`]. A lease that cannot be released (Redis down: the
+    /// first error is returned) expires after its quota's period.
     pub async fn release_limits(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
         let mut keys = Vec::new();
         let mut members = Vec::new();
@@ -610,20 +455,14 @@ impl RedisStore {
             .filter(|l| l.algorithm == Algorithm::Concurrency)
         {
             let (key, aux) = redis_keys(&self.config.prefix, limit.algorithm, limit.key);
-            match self.leases.take(&key, limit.cost) {
-                Some(Held::Redis(member)) => {
-                    keys.push((key, aux));
-                    members.push(member);
-                }
-                Some(Held::Local) => self.local.release_now(std::slice::from_ref(limit)),
-                None => {}
+            if let Some(member) = self.leases.take(&key, limit.cost) {
+                keys.push((key, aux));
+                members.push(member);
             }
         }
+        let mut first_error = None;
         // One call per lease: leases of one request may sit on several slots.
         for ((key, aux), member) in keys.iter().zip(&members) {
-            if !self.breaker.admit() {
-                continue;
-            }
             let mut invocation = self.script.prepare_invoke();
             invocation
                 .key(key)
@@ -633,17 +472,12 @@ impl RedisStore {
                 .arg(0)
                 .arg("")
                 .arg(member);
-            match self.run::<Vec<i64>>(&invocation).await {
-                Ok(_) => self.breaker.success(),
-                Err(e) => {
-                    if self.breaker.failure() {
-                        bump(&self.counters.breaker_opens);
-                    }
-                    tracing::debug!(error = %e, "lease release failed; it expires after its period");
-                }
+            if let Err(e) = self.run::<Vec<i64>>(&invocation).await {
+                tracing::debug!(error = %e, "lease release failed; it expires after its period");
+                first_error.get_or_insert(e);
             }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 }
 
@@ -672,5 +506,20 @@ impl Store for RedisStore {
 
     fn ready(&self) -> impl Future<Output = bool> + Send {
         self.reachable()
+    }
+
+    fn check_stamped(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
+        self.check_stamped_limits(limits)
+    }
+
+    fn give_back(
+        &self,
+        limit: &Limit<'_>,
+        taken_at: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.give_back_units(limit, taken_at)
     }
 }

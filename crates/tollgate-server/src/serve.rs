@@ -83,8 +83,9 @@ pub(crate) struct Args {
     #[arg(long, env = "TOLLGATE_REDIS", value_name = "URL")]
     redis: Option<RedisUrl>,
 
-    /// How long a check may wait for Redis before each rule's failure policy
-    /// decides it (`fail_open`, `fail_closed`, or `local`, the default).
+    /// How long one round trip to Redis may take before each rule's failure
+    /// policy decides the check (`fail_open`, `fail_closed`, or `local`, the
+    /// default).
     #[arg(
         long,
         env = "TOLLGATE_REDIS_TIMEOUT",
@@ -103,6 +104,9 @@ pub(crate) struct Args {
         hide_env_values = true
     )]
     admin_token: Option<admin::AdminToken>,
+
+    #[command(flatten, next_help_heading = "Store (with --redis)")]
+    store: backend::StoreArgs,
 
     #[command(flatten, next_help_heading = "Gateway")]
     gateway: gateway::Args,
@@ -194,6 +198,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let store = Backend::open(
         args.redis.as_ref().map(|url| url.0.as_str()),
         args.redis_timeout,
+        &args.store,
     )
     .await?;
     tracing::info!(store = store.describe(), "store ready");

@@ -1,9 +1,11 @@
 //! `tollgate serve --redis`: instances sharing one real `redis-server` share
-//! their limits, and a Redis that cannot be reached at start-up is a clear error.
+//! their limits (in hybrid mode within the documented overshoot), and a Redis
+//! that cannot be reached at start-up is a clear error.
 
 mod common;
 
 use std::process::Stdio;
+use std::time::Instant;
 
 use common::{Redis, Server, free_port, rls_request, tollgate};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -125,4 +127,84 @@ async fn each_rule_falls_back_by_its_failure_policy_and_readyz_follows_redis() {
         value("tollgate_redis_breaker_state") > 0.0,
         "the breaker opened"
     );
+}
+
+/// One GCRA budget of 1,000 per hour (burst 1,000) shared by every instance.
+const HOT: &str = r#"domain: hot
+rules:
+  - name: api
+    match: [{ key: api }]
+    algorithm: gcra
+    limit: { requests: 1000, per: 1h }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_instances_on_one_redis_stay_within_the_documented_overshoot() {
+    const OK: i32 = 1;
+    const INSTANCES: u64 = 2;
+    const LIMIT: u64 = 1000;
+    // --hybrid-max-lease 0.05 of a capacity of 1,000.
+    const MAX_LEASE: u64 = 50;
+    let redis = Redis::start();
+    let url = redis.url();
+    let args = [
+        "--redis",
+        &url,
+        "--hybrid",
+        "--hybrid-max-lease",
+        "0.05",
+        "--hybrid-lease-ttl",
+        "1h",
+    ];
+    let a = Server::with_config(&[("hot.yaml", HOT)], &args);
+    let b = Server::with_config(&[("hot.yaml", HOT)], &args);
+    let mut clients = [a.grpc_client().await, b.grpc_client().await];
+    let started = Instant::now();
+    let mut admitted = 0u64;
+    let mut denied_in_a_row = 0;
+    let mut i = 0;
+    // Until both instances deny, several times each: the budget and every
+    // lease are spent.
+    while denied_in_a_row < 20 {
+        let code = clients[i % 2]
+            .should_rate_limit(rls_request("hot", &[&[("api", "x")]]))
+            .await
+            .expect("answers")
+            .into_inner()
+            .overall_code;
+        i += 1;
+        if code == OK {
+            admitted += 1;
+            denied_in_a_row = 0;
+        } else {
+            denied_in_a_row += 1;
+        }
+        assert!(i < 5_000, "still admitting after {i} requests");
+    }
+    // burst + rate × T + N × max_lease, with T the test's duration.
+    let refilled = (started.elapsed().as_secs_f64() * LIMIT as f64 / 3600.0).ceil() as u64;
+    let bound = LIMIT + refilled + INSTANCES * MAX_LEASE;
+    eprintln!("hybrid: admitted {admitted} of {LIMIT} (bound {bound}) in {i} requests");
+    assert!(admitted <= bound, "admitted {admitted} > {bound}");
+    assert!(
+        admitted + INSTANCES * MAX_LEASE >= LIMIT,
+        "admitted {admitted}: more than N × max lease held back"
+    );
+
+    let metrics = reqwest::get(a.url("/metrics"))
+        .await
+        .expect("answers")
+        .text()
+        .await
+        .expect("text");
+    let local = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("tollgate_hybrid_local_decisions_total")?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no hybrid metrics in\n{metrics}"));
+    assert!(local > 0.0, "decisions were made from leases");
 }

@@ -6,8 +6,8 @@ use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 use tollgate_core::{
     Algorithm, Clock, Concurrency, Decision, FixedWindow, Gcra, LeakyBucket, LeakyBucketShaping,
-    Leases, Limit, Nanos, Outcome, SlidingCounter, SlidingLog, StateMachine, Store, StoreError,
-    TokenBucket,
+    Leases, Limit, Nanos, Outcome, SlidingCounter, SlidingLog, Stamped, StateMachine, Store,
+    StoreError, TokenBucket,
 };
 
 use crate::FastClock;
@@ -435,5 +435,17 @@ impl<C: Clock> Store for MemoryStore<C> {
     fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.release_now(limits);
         ready(Ok(()))
+    }
+
+    fn check_stamped(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
+        let now = self.clock.now();
+        let outcome = self.check_at(limits, now);
+        ready(Ok(Stamped {
+            decided_at: Some(smallvec::smallvec![now / 1000; outcome.decisions.len()]),
+            outcome,
+        }))
     }
 }

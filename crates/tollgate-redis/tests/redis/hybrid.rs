@@ -1,4 +1,5 @@
-//! Hybrid mode: several stores (instances) share one Redis and spend leased
+//! Hybrid mode over Redis: several `Hybrid` wrappers (instances), each over a
+//! deny cache over its own Redis store, share one Redis and spend leased
 //! slices locally. The admitted count stays within the documented bound
 //! `burst + rate × T + N × max_lease`, hot keys get many decisions per Redis
 //! operation, and unspent units go back exactly.
@@ -6,19 +7,27 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, FailurePolicy, Limit, ManualClock, Quota};
-use tollgate_redis::{HybridConfig, HybridStore};
+use tollgate_core::{Algorithm, FailurePolicy, Limit, ManualClock, Quota, Store};
+use tollgate_redis::RedisStore;
+use tollgate_store::conformance;
+use tollgate_store::{DenyCache, Hybrid, HybridConfig};
 
-use crate::conformance;
-use crate::support::{RedisServer, manual_store_with};
+use crate::support::{RedisServer, manual_store, manual_store_with};
+
+type Instance = Hybrid<DenyCache<RedisStore>>;
 
 const INSTANCES: usize = 3;
 
-async fn instances(server: &RedisServer, clock: &Arc<ManualClock>) -> Vec<Arc<HybridStore>> {
+async fn instances(server: &RedisServer, clock: &Arc<ManualClock>) -> Vec<Instance> {
     let mut stores = Vec::new();
     for _ in 0..INSTANCES {
-        let redis = manual_store_with(&server.url(), clock, |c| c.deny_cache_capacity = 1024).await;
-        stores.push(HybridStore::new(redis, HybridConfig::default()));
+        let redis = manual_store(&server.url(), clock).await;
+        let cached = DenyCache::with_clock(redis, 1024, Arc::clone(clock) as _);
+        stores.push(Hybrid::with_clock(
+            cached,
+            HybridConfig::default(),
+            Arc::clone(clock) as _,
+        ));
     }
     stores
 }
@@ -34,10 +43,10 @@ fn limit(key: &str, quota: Quota, algorithm: Algorithm) -> Limit<'_> {
 }
 
 /// Redis operations of all instances: checks Redis decided plus returns.
-fn redis_ops(stores: &[Arc<HybridStore>]) -> u64 {
+fn redis_ops(stores: &[Instance]) -> u64 {
     stores
         .iter()
-        .map(|s| s.redis().stats().redis_checks + s.stats().returns)
+        .map(|s| s.inner().inner().stats().redis_checks + s.stats().returns)
         .sum()
 }
 
@@ -56,7 +65,7 @@ async fn overshoot_across_instances_stays_within_the_bound() {
         clock.advance(Duration::from_millis(1));
         for store in &stores {
             for _ in 0..4 {
-                if store.check_limits(&[l]).await.unwrap().allowed() {
+                if store.check(&[l]).await.unwrap().allowed() {
                     admitted += 1;
                 }
             }
@@ -87,7 +96,7 @@ async fn a_hot_key_gets_many_decisions_per_redis_operation_and_returns_exactly()
         let store = &stores[round % INSTANCES];
         for _ in 0..10 {
             decisions += 1;
-            admitted += u64::from(store.check_limits(&[l]).await.unwrap().allowed());
+            admitted += u64::from(store.check(&[l]).await.unwrap().allowed());
         }
     }
     assert_eq!(admitted, 20_000, "the budget covers every request");
@@ -106,7 +115,8 @@ async fn a_hot_key_gets_many_decisions_per_redis_operation_and_returns_exactly()
     let leased: u64 = stores.iter().map(|s| s.stats().units_leased).sum();
     assert!(returned > 0 && returned <= leased);
     let read = stores[0]
-        .redis()
+        .inner()
+        .inner()
         .check_limits(&[Limit { cost: 0, ..l }])
         .await
         .unwrap();
@@ -124,7 +134,7 @@ async fn fixed_window_leases_never_let_a_window_admit_more_than_its_limit() {
         let mut admitted = 0;
         for round in 0..300 {
             let store = &stores[round % INSTANCES];
-            admitted += u32::from(store.check_limits(&[l]).await.unwrap().allowed());
+            admitted += u32::from(store.check(&[l]).await.unwrap().allowed());
         }
         eprintln!("window {window}: admitted {admitted}");
         assert!(admitted <= 200, "window {window}: {admitted} > 200");
@@ -152,12 +162,12 @@ async fn requests_with_unleased_algorithms_and_multi_limit_atomicity_go_through(
         Quota::per_second(2).unwrap(),
         Algorithm::SlidingLog,
     );
-    assert!(store.check_limits(&[bucket, log]).await.unwrap().allowed());
-    assert!(store.check_limits(&[bucket, log]).await.unwrap().allowed());
-    let denied = store.check_limits(&[bucket, log]).await.unwrap();
+    assert!(store.check(&[bucket, log]).await.unwrap().allowed());
+    assert!(store.check(&[bucket, log]).await.unwrap().allowed());
+    let denied = store.check(&[bucket, log]).await.unwrap();
     assert!(!denied.allowed() && denied.decisions[0].allowed);
     // The bucket alone is served from its lease, all or nothing.
-    assert!(store.check_limits(&[bucket]).await.unwrap().allowed());
+    assert!(store.check(&[bucket]).await.unwrap().allowed());
     assert!(store.stats().local_decisions >= 1);
 }
 
@@ -171,7 +181,7 @@ async fn the_worst_case_overshoot_is_reached_and_not_exceeded() {
     // Each instance warms up until it holds a full lease of 50 units.
     for store in &stores {
         for _ in 0..1000 {
-            store.check_limits(&[l]).await.unwrap();
+            store.check(&[l]).await.unwrap();
             if store.held_units() == 50 {
                 break;
             }
@@ -187,7 +197,7 @@ async fn the_worst_case_overshoot_is_reached_and_not_exceeded() {
         admitted += 1;
     }
     for store in &stores {
-        while store.check_limits(&[l]).await.unwrap().allowed() {
+        while store.check(&[l]).await.unwrap().allowed() {
             admitted += 1;
         }
     }

@@ -3,8 +3,8 @@
 //! installed (`./scripts/test` installs it); a missing one fails, never skips.
 
 mod cluster;
-mod conformance;
 mod faults;
 mod hybrid;
 mod single;
+mod stack;
 mod support;

@@ -213,8 +213,8 @@ impl RedisCluster {
 }
 
 /// A store on `url` with an injected manual clock, a timeout long enough that a
-/// busy test machine never falls back, no deny cache, and TTLs padded so keys
-/// never expire in real time under the manual clock.
+/// busy test machine never times out, and TTLs padded so keys never expire in
+/// real time under the manual clock.
 pub(crate) async fn manual_store(url: &str, clock: &Arc<ManualClock>) -> RedisStore {
     manual_store_with(url, clock, |_| {}).await
 }
@@ -227,7 +227,6 @@ pub(crate) async fn manual_store_with(
     let mut config = RedisConfig {
         time: TimeSource::Clock(Arc::clone(clock) as _),
         timeout: Duration::from_secs(5),
-        deny_cache_capacity: 0,
         extra_ttl: Duration::from_secs(600),
         ..RedisConfig::default()
     };

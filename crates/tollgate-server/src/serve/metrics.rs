@@ -14,7 +14,9 @@ use metrics::{counter, describe_counter, describe_gauge, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use tollgate_core::StoreError;
 use tollgate_policy::{Decided, Descriptor, FailurePolicy, Observer, Rule, State};
-use tollgate_redis::{BreakerState, RedisStats};
+use tollgate_store::BreakerState;
+
+use super::backend::StackStats;
 
 mod hot;
 
@@ -37,9 +39,10 @@ const STORE_DURATION: &str = "tollgate_store_duration_seconds";
 const CHECKS_HELP: &str = "Requests answered, by API and result.";
 const CHECK_DURATION_HELP: &str = "Time to answer a request, by API.";
 const STORE_DURATION_HELP: &str = "Time a store call takes.";
-/// The Redis store's counters (with `--redis`), copied from its own at each
-/// scrape: checks Redis decided, deny-cache answers, calls that erred or timed
-/// out, cross-slot refunds, breaker openings; and the breaker's state.
+/// The Redis stack's counters (with `--redis`), copied from its parts' at each
+/// scrape: checks Redis decided and cross-slot refunds (the Redis store),
+/// deny-cache answers (the deny cache), checks that erred or timed out, breaker
+/// openings and the breaker's state (the fallback).
 const REDIS_CHECKS: &str = "tollgate_redis_checks_total";
 const REDIS_DENY_CACHE_HITS: &str = "tollgate_redis_deny_cache_hits_total";
 const REDIS_ERRORS: &str = "tollgate_redis_errors_total";
@@ -48,8 +51,15 @@ const REDIS_REFUNDS: &str = "tollgate_redis_refunds_total";
 const REDIS_BREAKER_OPENS: &str = "tollgate_redis_breaker_opens_total";
 /// Limits decided without Redis, by failure policy.
 const REDIS_FALLBACKS: &str = "tollgate_redis_fallbacks_total";
-/// 0 closed (checks go to Redis), 1 half-open (one probe out), 2 open.
+/// 0 closed (checks go to Redis), 1 half-open (the background probe is out),
+/// 2 open.
 const REDIS_BREAKER: &str = "tollgate_redis_breaker_state";
+/// Hybrid mode's counters (with `--hybrid`): checks decided from local
+/// leases, checks sent on to Redis, units leased and units given back.
+const HYBRID_LOCAL: &str = "tollgate_hybrid_local_decisions_total";
+const HYBRID_REMOTE: &str = "tollgate_hybrid_redis_checks_total";
+const HYBRID_LEASED: &str = "tollgate_hybrid_units_leased_total";
+const HYBRID_RETURNED: &str = "tollgate_hybrid_units_returned_total";
 /// Config reloads by result (`ok`, `error`) and trigger (`watch`, `admin`).
 const CONFIG_RELOADS: &str = "tollgate_config_reloads_total";
 
@@ -145,8 +155,8 @@ pub(crate) fn install(
         REDIS_DENY_CACHE_HITS,
         "Checks answered by the local deny cache without a Redis call."
     );
-    describe_counter!(REDIS_ERRORS, "Redis calls that failed.");
-    describe_counter!(REDIS_TIMEOUTS, "Redis calls that timed out.");
+    describe_counter!(REDIS_ERRORS, "Checks whose Redis calls failed.");
+    describe_counter!(REDIS_TIMEOUTS, "Checks whose Redis calls timed out.");
     describe_counter!(
         REDIS_REFUNDS,
         "Cross-slot checks refunded after a later slot denied."
@@ -161,8 +171,12 @@ pub(crate) fn install(
     );
     describe_gauge!(
         REDIS_BREAKER,
-        "The Redis circuit breaker: 0 closed, 1 half-open, 2 open."
+        "The Redis circuit breaker: 0 closed, 1 half-open (a probe is out), 2 open."
     );
+    describe_counter!(HYBRID_LOCAL, "Checks decided from local leases.");
+    describe_counter!(HYBRID_REMOTE, "Checks hybrid mode sent to Redis.");
+    describe_counter!(HYBRID_LEASED, "Units leased from Redis.");
+    describe_counter!(HYBRID_RETURNED, "Unspent leased units given back to Redis.");
     Ok(handle)
 }
 
@@ -327,26 +341,38 @@ pub(crate) fn config_reload(trigger: Trigger, ok: bool) {
     counter!(CONFIG_RELOADS, "result" => result, "trigger" => trigger).increment(1);
 }
 
-/// Copies the Redis store's counters into the registry (they are monotonic
-/// in the store, so each scrape sets them to its latest totals).
-pub(crate) fn redis(stats: &RedisStats) {
-    counter!(REDIS_CHECKS).absolute(stats.redis_checks);
-    counter!(REDIS_DENY_CACHE_HITS).absolute(stats.deny_cache_hits);
-    counter!(REDIS_ERRORS).absolute(stats.errors);
-    counter!(REDIS_TIMEOUTS).absolute(stats.timeouts);
-    counter!(REDIS_REFUNDS).absolute(stats.refunds);
-    counter!(REDIS_BREAKER_OPENS).absolute(stats.breaker_opens);
+/// Copies the Redis stack's counters into the registry (they are monotonic
+/// in the parts, so each scrape sets them to its latest totals).
+pub(crate) fn redis(stats: &StackStats) {
+    let StackStats {
+        redis,
+        deny_cache,
+        fallback,
+        hybrid,
+    } = stats;
+    counter!(REDIS_CHECKS).absolute(redis.redis_checks);
+    counter!(REDIS_DENY_CACHE_HITS).absolute(deny_cache.hits);
+    counter!(REDIS_ERRORS).absolute(fallback.errors);
+    counter!(REDIS_TIMEOUTS).absolute(fallback.timeouts);
+    counter!(REDIS_REFUNDS).absolute(redis.refunds);
+    counter!(REDIS_BREAKER_OPENS).absolute(fallback.breaker_opens);
     for (policy, n) in [
-        (FailurePolicy::FailOpen, stats.fallback_fail_open),
-        (FailurePolicy::FailClosed, stats.fallback_fail_closed),
-        (FailurePolicy::Local, stats.fallback_local),
+        (FailurePolicy::FailOpen, fallback.fallback_fail_open),
+        (FailurePolicy::FailClosed, fallback.fallback_fail_closed),
+        (FailurePolicy::Local, fallback.fallback_local),
     ] {
         counter!(REDIS_FALLBACKS, "failure" => policy.name()).absolute(n);
     }
-    let state = match stats.breaker {
+    let state = match fallback.breaker {
         BreakerState::Closed => 0.0,
         BreakerState::HalfOpen => 1.0,
         BreakerState::Open => 2.0,
     };
     gauge!(REDIS_BREAKER).set(state);
+    if let Some(hybrid) = hybrid {
+        counter!(HYBRID_LOCAL).absolute(hybrid.local_decisions);
+        counter!(HYBRID_REMOTE).absolute(hybrid.inner_checks);
+        counter!(HYBRID_LEASED).absolute(hybrid.units_leased);
+        counter!(HYBRID_RETURNED).absolute(hybrid.units_returned);
+    }
 }

@@ -1,15 +1,25 @@
-//! The conformance scenarios, written once and run on every store: the memory
-//! store (the reference), a single Redis and a Redis Cluster, each on the same
-//! manual clock, must give identical decisions.
+//! The conformance scenarios, written once and run on every store and every
+//! wrapper: the memory store (the reference), a single Redis and a Redis
+//! Cluster, and the deny cache, fallback and hybrid wrappers over each, all on
+//! the same injected manual clock.
 //!
-//! Times, periods and emission intervals are whole microseconds, where the Redis
-//! store is specified to decide exactly as the memory store does; the one
+//! A backend must give the reference's decisions exactly ([`assert_same`]).
+//! Times, periods and emission intervals are whole microseconds, where the
+//! Redis store is specified to decide exactly as the memory store does; the one
 //! documented difference is that a sliding counter's `retry_after` is the
 //! memory store's rounded up to the microsecond, so `retry_after` is compared
 //! after that rounding (the identity for every other algorithm).
 //!
-//! Every key of a scenario starts with the same hash tag, so on the cluster the
+//! A wrapper must give them exactly where it is specified to pass checks
+//! through (a fallback over a healthy store, hybrid mode on requests with an
+//! algorithm it does not lease, see [`Scenario::unleased`]); a deny cache, which
+//! answers a cached key's request without the others' decisions, must admit
+//! and deny exactly the same requests ([`assert_same_verdicts`]).
+//!
+//! Every key of a scenario starts with the same hash tag, so on a cluster the
 //! whole request is one slot and one atomic script, as on a single server.
+//!
+//! Enabled by the `conformance` feature, for the tests of any backend crate.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,9 +28,11 @@ use tollgate_core::{
     Algorithm, Clock, Decision, FailurePolicy, Limit, ManualClock, Outcome, Quota, Store,
 };
 
+use crate::{MemoryConfig, MemoryStore};
+
 /// What a scenario does next.
 #[derive(Debug, Clone)]
-pub(crate) enum Step {
+pub enum Step {
     /// Moves the clock (backwards when negative), in microseconds.
     Advance(i64),
     /// Checks these limits (indexes into the scenario's limit table, with costs).
@@ -31,10 +43,44 @@ pub(crate) enum Step {
 
 /// A named sequence of steps over a table of limits.
 #[derive(Debug, Clone)]
-pub(crate) struct Scenario {
-    pub(crate) name: String,
-    pub(crate) limits: Vec<(String, Quota, Algorithm)>,
-    pub(crate) steps: Vec<Step>,
+pub struct Scenario {
+    /// What it exercises, for failure messages.
+    pub name: String,
+    /// The limits its checks index: key, quota, algorithm.
+    pub limits: Vec<(String, Quota, Algorithm)>,
+    /// What it does, in order.
+    pub steps: Vec<Step>,
+}
+
+impl Scenario {
+    /// Whether no limit of the scenario has an algorithm that `leased` says is
+    /// leased: hybrid mode then passes every check to its inner store as it
+    /// is, and must decide exactly as the reference.
+    pub fn unleased(&self, leased: impl Fn(Algorithm) -> bool) -> bool {
+        self.limits
+            .iter()
+            .all(|(_, _, algorithm)| !leased(*algorithm))
+    }
+
+    /// The scenario with its clock never moving backwards (those steps stand
+    /// still instead), for parts whose answers are specified on a monotonic
+    /// clock only: a deny cached until `sent + retry_after` outlasts a clock
+    /// set back.
+    pub fn monotonic(&self) -> Scenario {
+        let steps = self
+            .steps
+            .iter()
+            .map(|step| match step {
+                Step::Advance(us) => Step::Advance((*us).max(0)),
+                other => other.clone(),
+            })
+            .collect();
+        Scenario {
+            name: format!("{} (monotonic)", self.name),
+            limits: self.limits.clone(),
+            steps,
+        }
+    }
 }
 
 /// A small deterministic generator (an LCG), so scenarios are the same on
@@ -107,7 +153,7 @@ fn key(name: &str) -> String {
 /// Every scenario: each rate algorithm alone under random traffic, all of them
 /// mixed in one request, the concurrency limiter with releases, and the
 /// hand-written all-or-nothing cases.
-pub(crate) fn scenarios() -> Vec<Scenario> {
+pub fn scenarios() -> Vec<Scenario> {
     let mut all = Vec::new();
     for (i, algorithm) in Algorithm::RATE
         .into_iter()
@@ -231,7 +277,7 @@ pub(crate) fn scenarios() -> Vec<Scenario> {
 }
 
 /// Runs a scenario on `store`, whose time is `clock`; returns every outcome.
-pub(crate) async fn run<S: Store>(
+pub async fn run<S: Store>(
     store: &S,
     clock: &Arc<ManualClock>,
     scenario: &Scenario,
@@ -289,13 +335,9 @@ fn normalized(d: &Decision) -> Decision {
     }
 }
 
-/// Asserts that `actual` matches the reference outcomes decision by decision.
-pub(crate) fn assert_same(
-    scenario: &Scenario,
-    reference: &[Outcome],
-    actual: &[Outcome],
-    store: &str,
-) {
+/// Asserts that `actual` matches the reference outcomes decision by decision
+/// (`retry_after` of both rounded up to whole microseconds).
+pub fn assert_same(scenario: &Scenario, reference: &[Outcome], actual: &[Outcome], store: &str) {
     assert_eq!(
         reference.len(),
         actual.len(),
@@ -308,7 +350,7 @@ pub(crate) fn assert_same(
         .filter(|s| matches!(s, Step::Check(_)));
     for (i, ((want, got), step)) in reference.iter().zip(actual).zip(checks).enumerate() {
         let want: Vec<Decision> = want.decisions.iter().map(normalized).collect();
-        let got: Vec<Decision> = got.decisions.to_vec();
+        let got: Vec<Decision> = got.decisions.iter().map(normalized).collect();
         assert_eq!(
             want, got,
             "{store}, scenario {:?}, check #{i} {step:?}: memory store said left, {store} said right",
@@ -317,8 +359,46 @@ pub(crate) fn assert_same(
     }
 }
 
+/// Asserts that `actual` admits and denies exactly the requests `reference`
+/// does (the decisions of the single limits may differ).
+pub fn assert_same_verdicts(
+    scenario: &Scenario,
+    reference: &[Outcome],
+    actual: &[Outcome],
+    store: &str,
+) {
+    let want: Vec<bool> = reference.iter().map(Outcome::allowed).collect();
+    let got: Vec<bool> = actual.iter().map(Outcome::allowed).collect();
+    assert_eq!(
+        want, got,
+        "{store}, scenario {:?}: which requests the memory store (left) and {store} (right) admitted",
+        scenario.name
+    );
+}
+
+/// The reference outcomes of `scenario`: the memory store's, on a fresh
+/// [`clock`]. Asserts that they are sane and that the scenario both admits
+/// and denies (one that never denies tests little).
+pub async fn reference(scenario: &Scenario) -> Vec<Outcome> {
+    let clock = clock();
+    let memory = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
+    let outcomes = run(&memory, &clock, scenario).await;
+    assert_sane(&outcomes);
+    assert!(
+        outcomes.iter().any(Outcome::allowed),
+        "{}: a scenario that never admits tests little",
+        scenario.name
+    );
+    assert!(
+        outcomes.iter().any(|o| !o.allowed()),
+        "{}: a scenario that never denies tests little",
+        scenario.name
+    );
+    outcomes
+}
+
 /// What every decision of the reference must satisfy.
-pub(crate) fn assert_sane(outcomes: &[Outcome]) {
+pub fn assert_sane(outcomes: &[Outcome]) {
     for o in outcomes {
         for d in &o.decisions {
             assert!(d.remaining <= d.limit, "{d:?}");
@@ -331,6 +411,98 @@ pub(crate) fn assert_sane(outcomes: &[Outcome]) {
 
 /// A fresh manual clock at a whole-microsecond time of today's order of
 /// magnitude (about 2026 in Unix microseconds).
-pub(crate) fn clock() -> Arc<ManualClock> {
+pub fn clock() -> Arc<ManualClock> {
     Arc::new(ManualClock::new(1_780_000_000_000_000_000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DenyCache, Fallback, FallbackConfig, Hybrid, HybridConfig, hybrid_leases};
+
+    fn memory(clock: &Arc<ManualClock>) -> MemoryStore<Arc<ManualClock>> {
+        MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(clock))
+    }
+
+    /// A fallback that never falls back on a busy test machine.
+    fn patient() -> FallbackConfig {
+        FallbackConfig {
+            timeout: Duration::from_secs(60),
+            ..FallbackConfig::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_memory_store_is_a_sane_reference_that_admits_and_denies() {
+        for scenario in scenarios() {
+            let reference = reference(&scenario).await;
+            let clock = clock();
+            let again = run(&memory(&clock), &clock, &scenario).await;
+            assert_same(&scenario, &reference, &again, "memory");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fallback_over_a_healthy_store_decides_as_the_store() {
+        for scenario in scenarios() {
+            let reference = reference(&scenario).await;
+            let clock = clock();
+            let store = Fallback::with_clock(memory(&clock), patient(), Arc::clone(&clock) as _);
+            let actual = run(&store, &clock, &scenario).await;
+            assert_same(&scenario, &reference, &actual, "fallback over memory");
+            assert_eq!(store.stats().fallbacks, 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_deny_cache_admits_and_denies_what_the_store_does() {
+        for scenario in scenarios().iter().map(Scenario::monotonic) {
+            let reference = reference(&scenario).await;
+            let clock = clock();
+            let store = DenyCache::with_clock(memory(&clock), 1024, Arc::clone(&clock) as _);
+            let actual = run(&store, &clock, &scenario).await;
+            assert_same_verdicts(&scenario, &reference, &actual, "deny cache over memory");
+        }
+    }
+
+    #[tokio::test]
+    async fn hybrid_mode_passes_unleased_requests_through_exactly() {
+        let mut ran = 0;
+        for scenario in scenarios().iter().filter(|s| s.unleased(hybrid_leases)) {
+            let reference = reference(scenario).await;
+            let clock = clock();
+            let store = Hybrid::with_clock(
+                memory(&clock),
+                HybridConfig::default(),
+                Arc::clone(&clock) as _,
+            );
+            let actual = run(&store, &clock, scenario).await;
+            assert_same(scenario, &reference, &actual, "hybrid over memory");
+            assert_eq!(store.stats().local_decisions, 0);
+            ran += 1;
+        }
+        assert!(ran >= 4, "only {ran} scenarios without leased algorithms");
+    }
+
+    #[tokio::test]
+    async fn the_whole_stack_admits_and_denies_what_the_store_does() {
+        for scenario in scenarios()
+            .iter()
+            .filter(|s| s.unleased(hybrid_leases))
+            .map(Scenario::monotonic)
+        {
+            let scenario = &scenario;
+            let reference = reference(scenario).await;
+            let clock = clock();
+            let hybrid = Hybrid::with_clock(
+                memory(&clock),
+                HybridConfig::default(),
+                Arc::clone(&clock) as _,
+            );
+            let fallback = Fallback::with_clock(hybrid, patient(), Arc::clone(&clock) as _);
+            let store = DenyCache::with_clock(fallback, 1024, Arc::clone(&clock) as _);
+            let actual = run(&store, &clock, scenario).await;
+            assert_same_verdicts(scenario, &reference, &actual, "the whole stack");
+        }
+    }
 }

@@ -1,47 +1,52 @@
-//! Hybrid mode: each instance leases a slice of a key's budget from Redis and
-//! spends it locally.
+//! Hybrid mode: a [`Store`] over another (Redis, typically) that leases slices
+//! of hot keys' budgets from it and spends them locally.
 //!
-//! When a check needs Redis anyway (no lease, or not enough left), the store
-//! asks for the request's cost **plus a lease** in the same atomic check; the
-//! extra units are consumed from the global state at once and kept locally.
-//! Later checks of the key spend them without a Redis call, all-or-nothing
-//! across the request's limits. If the global state cannot give the extra, the
-//! check is repeated for the cost alone, so a nearly spent budget still admits
-//! exactly what Redis would.
+//! When a check needs the inner store anyway (no lease, or not enough left),
+//! the wrapper asks for the request's cost **plus a lease** in the same atomic
+//! check; the extra units are consumed from the global state at once and kept
+//! locally. Later checks of the key spend them without calling the inner
+//! store, all-or-nothing across the request's limits. If the global state
+//! cannot give the extra, the check is repeated for the cost alone, so a nearly
+//! spent budget still admits exactly what the inner store would.
 //!
 //! Leases adapt to the key's traffic: a lease spent before it expires doubles
 //! the next one, up to `max_lease` (a fraction of the key's capacity); a lease
 //! that expires is returned and the key starts again at one unit. An instance
-//! never holds more than `max_lease` unspent units of a key. Unspent units go back to
-//! Redis (the script's refund, exact for buckets; for a fixed window, only in the
-//! window they were taken in) when the lease expires (`lease_ttl`, or the end of
-//! the fixed window it was taken in), by [`HybridStore::return_expired`], which a
-//! background task calls, or all at once by [`HybridStore::flush`].
+//! never holds more than `max_lease` unspent units of a key. Unspent units go
+//! back ([`Store::give_back`]: exact for buckets; for a fixed window, only in
+//! the window they were taken in) when the lease expires (`lease_ttl`, or the
+//! end of the fixed window it was taken in), by [`Hybrid::return_expired`],
+//! which a background task calls, or all at once by [`Hybrid::flush`].
+//!
+//! Leases need the inner store's time of decision ([`Store::check_stamped`]):
+//! units that come back without one (the inner store was down and a fallback
+//! under this wrapper decided) are not kept.
 //!
 //! **Worst-case overshoot.** Leased units are taken from the global state when
-//! leased, so Redis's accounting never admits more than the limit; what moves is
-//! *when* they are spent. Units leased before an interval and spent in it are at
-//! most what the N instances hold, each at most `max_lease` per key. So for the
-//! bucket algorithms, over any interval of length T, a key admits at most
+//! leased, so the global accounting never admits more than the limit; what
+//! moves is *when* they are spent. Units leased before an interval and spent in
+//! it are at most what the N instances hold, each at most `max_lease` per key.
+//! So for the bucket algorithms, over any interval of length T, a key admits at
+//! most
 //!
 //! ```text
 //!     burst + rate × T + N × max_lease,   max_lease = max(1, ⌊capacity × max_lease_fraction⌋)
 //! ```
 //!
-//! (the memory store's bound plus `N × max_lease`); for a fixed window, leased
-//! units expire with the window they were taken in, so a window still admits at
-//! most its limit: no overshoot. The price is the reverse: units held unspent by
-//! one instance are unavailable to the others until spent or returned (a false
-//! deny elsewhere, bounded by the same `N × max_lease`).
+//! (the exact bound plus `N × max_lease`); for a fixed window, leased units
+//! expire with the window they were taken in, so a window still admits at most
+//! its limit: no overshoot. The price is the reverse: units held unspent by one
+//! instance are unavailable to the others until spent or returned (a false deny
+//! elsewhere, bounded by the same `N × max_lease`).
 //!
 //! Algorithms leased: token bucket, GCRA, policing leaky bucket and fixed
 //! window. The others (shaping, whose delay depends on the queue; the sliding
 //! log and counter, whose units leave at their admission times; concurrency)
-//! go to Redis on every check, as does any request containing one of them.
+//! go to the inner store on every check, as does any request containing one.
 //!
 //! A decision made locally reports the instance's view: `remaining` is the
-//! units this instance still holds for the key, `reset_after` the one Redis gave
-//! when the lease was taken.
+//! units this instance still holds for the key, `reset_after` the one the inner
+//! store gave when the lease was taken.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,14 +55,16 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use smallvec::SmallVec;
+use tokio::task::JoinHandle;
 use tollgate_core::{
-    Algorithm, Decision, FailurePolicy, Limit, Nanos, Outcome, Quota, Store, StoreError,
+    Algorithm, Clock, Decision, FailurePolicy, Limit, Nanos, Outcome, Quota, Stamped, Store,
+    StoreError,
 };
 
-use crate::RedisStore;
-use crate::stats::bump;
+use crate::FastClock;
+use crate::decision::{budget, nanos};
 
-/// How the hybrid store leases.
+/// How the hybrid wrapper leases.
 #[derive(Debug, Clone)]
 pub struct HybridConfig {
     /// The most units one instance holds unspent for one key, as a fraction of
@@ -65,8 +72,7 @@ pub struct HybridConfig {
     /// least one unit. Default 0.05: with N instances, at most `N × 5%` of the
     /// capacity is in flight.
     pub max_lease_fraction: f64,
-    /// How long leased units may stay unspent before they go back to Redis.
-    /// Default 1 s.
+    /// How long leased units may stay unspent before they go back. Default 1 s.
     pub lease_ttl: Duration,
 }
 
@@ -79,16 +85,16 @@ impl Default for HybridConfig {
     }
 }
 
-/// The hybrid store's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The hybrid wrapper's counters, monotonic since it was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct HybridStats {
-    /// Checks decided from local leases, without Redis.
+    /// Checks decided from local leases, without the inner store.
     pub local_decisions: u64,
-    /// Checks sent to the Redis store (including repeats without a lease).
-    pub redis_checks: u64,
-    /// Units leased from Redis.
+    /// Checks sent to the inner store (including repeats without a lease).
+    pub inner_checks: u64,
+    /// Units leased from the inner store.
     pub units_leased: u64,
-    /// Unspent units given back to Redis.
+    /// Unspent units given back to the inner store.
     pub units_returned: u64,
     /// Calls that gave units back.
     pub returns: u64,
@@ -105,38 +111,56 @@ struct Lease {
     size: u64,
     /// Local time when the units must go back.
     expires: Nanos,
-    /// The script's time when they were taken (a fixed window's refund needs it).
-    taken_us: u64,
+    /// The inner store's time when they were taken (µs).
+    taken_at: u64,
     last: Decision,
 }
 
 #[derive(Debug, Default)]
 struct Counters {
     local_decisions: AtomicU64,
-    redis_checks: AtomicU64,
+    inner_checks: AtomicU64,
     units_leased: AtomicU64,
     units_returned: AtomicU64,
     returns: AtomicU64,
 }
 
-/// A [`RedisStore`] that leases slices of hot keys' budgets and spends them
-/// locally; see the module documentation for the overshoot bound.
-pub struct HybridStore {
-    redis: Arc<RedisStore>,
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+struct Shared<S> {
+    inner: S,
     config: HybridConfig,
+    clock: Arc<dyn Clock>,
     leases: Mutex<HashMap<String, Lease>>,
     counters: Counters,
 }
 
-impl std::fmt::Debug for HybridStore {
+/// A [`Store`] over `S` that leases slices of hot keys' budgets and spends
+/// them locally; see the module documentation for the overshoot bound.
+pub struct Hybrid<S> {
+    shared: Arc<Shared<S>>,
+    returner: JoinHandle<()>,
+}
+
+impl<S> std::fmt::Debug for Hybrid<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HybridStore")
-            .field("config", &self.config)
+        f.debug_struct("Hybrid")
+            .field("config", &self.shared.config)
             .finish_non_exhaustive()
     }
 }
 
-fn leased(algorithm: Algorithm) -> bool {
+impl<S> Drop for Hybrid<S> {
+    fn drop(&mut self) {
+        self.returner.abort();
+    }
+}
+
+/// Whether [`Hybrid`] leases units of this algorithm (the others always go to
+/// the inner store).
+pub fn hybrid_leases(algorithm: Algorithm) -> bool {
     matches!(
         algorithm,
         Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket | Algorithm::FixedWindow
@@ -150,58 +174,83 @@ fn capacity(limit: &Limit<'_>) -> u64 {
     }
 }
 
-/// The identity of a limit's budget: algorithm and key (as the stores use).
-fn id(limit: &Limit<'_>) -> String {
-    format!("{}\u{0}{}", limit.algorithm.name(), limit.key)
-}
+impl<S: Store + 'static> Hybrid<S> {
+    /// Wraps `inner`, with leases timed on a monotonic clock. Starts a task on
+    /// the current tokio runtime that returns expired leases every
+    /// `lease_ttl / 2`; it stops when this is dropped.
+    pub fn new(inner: S, config: HybridConfig) -> Self {
+        Self::with_clock(inner, config, Arc::new(FastClock::new()))
+    }
 
-impl HybridStore {
-    /// Wraps `redis`. Starts a background task on the current tokio runtime
-    /// that returns expired leases every `lease_ttl / 2`; it stops when the
-    /// store is dropped.
-    pub fn new(redis: RedisStore, config: HybridConfig) -> Arc<Self> {
-        let store = Arc::new(Self {
-            redis: Arc::new(redis),
+    /// [`Hybrid::new`] with leases timed on `clock` (for tests and
+    /// simulations, the clock the inner store was given).
+    pub fn with_clock(inner: S, config: HybridConfig, clock: Arc<dyn Clock>) -> Self {
+        let shared = Arc::new(Shared {
+            inner,
             config,
+            clock,
             leases: Mutex::new(HashMap::new()),
             counters: Counters::default(),
         });
-        let weak: Weak<Self> = Arc::downgrade(&store);
-        let every = (store.config.lease_ttl / 2).max(Duration::from_millis(10));
-        tokio::spawn(async move {
+        let weak: Weak<Shared<S>> = Arc::downgrade(&shared);
+        let every = (shared.config.lease_ttl / 2).max(Duration::from_millis(10));
+        let returner = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                let Some(store) = weak.upgrade() else {
+                let Some(shared) = weak.upgrade() else {
                     return;
                 };
-                store.return_expired().await;
+                shared.return_expired().await;
             }
         });
-        store
+        Self { shared, returner }
+    }
+}
+
+impl<S: Store> Hybrid<S> {
+    /// The store underneath.
+    pub fn inner(&self) -> &S {
+        &self.shared.inner
     }
 
-    /// The Redis store underneath (its stats, its concurrency leases).
-    pub fn redis(&self) -> &RedisStore {
-        &self.redis
-    }
-
-    /// The hybrid counters.
+    /// The counters.
     pub fn stats(&self) -> HybridStats {
+        let c = &self.shared.counters;
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         HybridStats {
-            local_decisions: get(&self.counters.local_decisions),
-            redis_checks: get(&self.counters.redis_checks),
-            units_leased: get(&self.counters.units_leased),
-            units_returned: get(&self.counters.units_returned),
-            returns: get(&self.counters.returns),
+            local_decisions: get(&c.local_decisions),
+            inner_checks: get(&c.inner_checks),
+            units_leased: get(&c.units_leased),
+            units_returned: get(&c.units_returned),
+            returns: get(&c.returns),
         }
     }
 
     /// Units this instance holds unspent, over all keys.
     pub fn held_units(&self) -> u64 {
-        self.leases.lock().values().map(|l| l.units).sum()
+        self.shared.leases.lock().values().map(|l| l.units).sum()
     }
 
+    /// Gives back the unspent units of every expired lease (and forgets the
+    /// leases). The background task calls it; tests on an injected clock call
+    /// it after moving the clock.
+    pub async fn return_expired(&self) {
+        self.shared.return_expired().await;
+    }
+
+    /// Gives back every lease's unspent units now (e.g. at shutdown).
+    pub async fn flush(&self) {
+        self.shared.give_back(|_, _| true).await;
+    }
+
+    /// Checks `limits`: locally from leases when possible, else through the
+    /// inner store, taking a lease on the way; see [`Store::check_stamped`].
+    pub async fn check_limits(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
+        self.shared.check(limits).await
+    }
+}
+
+impl<S: Store> Shared<S> {
     fn max_lease(&self, limit: &Limit<'_>) -> u64 {
         let part = capacity(limit) as f64 * self.config.max_lease_fraction;
         (part as u64).max(1)
@@ -209,10 +258,10 @@ impl HybridStore {
 
     /// All-or-nothing from local leases, if every limit has enough.
     fn try_local(&self, limits: &[Limit<'_>], now: Nanos) -> Option<Outcome> {
-        if !limits.iter().all(|l| leased(l.algorithm)) {
+        if limits.is_empty() || !limits.iter().all(|l| hybrid_leases(l.algorithm)) {
             return None;
         }
-        let ids: SmallVec<[String; 4]> = limits.iter().map(id).collect();
+        let ids: SmallVec<[String; 4]> = limits.iter().map(budget).collect();
         let mut leases = self.leases.lock();
         // What the request takes from each key (a key may appear twice).
         let mut need: SmallVec<[(usize, u64); 4]> = SmallVec::new();
@@ -249,14 +298,14 @@ impl HybridStore {
         Some(Outcome { decisions })
     }
 
-    /// Checks `limits`: locally from leases when possible, else through Redis,
-    /// taking a lease on the way.
-    pub async fn check_limits(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
-        let clock = Arc::clone(self.redis.local_clock());
-        let now = clock.now();
+    async fn check(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
+        let now = self.clock.now();
         if let Some(outcome) = self.try_local(limits, now) {
             bump(&self.counters.local_decisions);
-            return Ok(outcome);
+            return Ok(Stamped {
+                outcome,
+                decided_at: None,
+            });
         }
         // Leases of these keys that expired (or hold another quota's units) go
         // back first, so an instance never holds more than `max_lease`.
@@ -265,7 +314,7 @@ impl HybridStore {
             limits
                 .iter()
                 .filter_map(|l| {
-                    let id = id(l);
+                    let id = budget(l);
                     leases
                         .get(&id)
                         .filter(|x| x.expires <= now || x.quota != l.quota)
@@ -283,12 +332,12 @@ impl HybridStore {
             limits
                 .iter()
                 .map(|l| {
-                    if !leased(l.algorithm) || l.cost == 0 {
+                    if !hybrid_leases(l.algorithm) || l.cost == 0 {
                         return 0;
                     }
                     let max = self.max_lease(l);
                     let (size, held) = leases
-                        .get(&id(l))
+                        .get(&budget(l))
                         .map_or((1, 0), |lease| (lease.size, lease.units));
                     size.min(max.saturating_sub(held))
                         .min(capacity(l).saturating_sub(l.cost))
@@ -300,24 +349,21 @@ impl HybridStore {
                 .iter()
                 .zip(&extras)
                 .map(|(l, &e)| Limit {
-                    cost: l.cost + e,
+                    cost: l.cost.saturating_add(e),
                     ..*l
                 })
                 .collect();
-            bump(&self.counters.redis_checks);
-            let sourced = self.redis.check_sourced(&asked).await?;
-            if sourced.outcome.allowed() {
-                let mut outcome = sourced.outcome;
-                if let Some(times) = sourced.redis_time {
-                    self.keep(limits, &extras, &times, &mut outcome, now);
+            bump(&self.counters.inner_checks);
+            let mut stamped = self.inner.check_stamped(&asked).await?;
+            if stamped.outcome.allowed() {
+                if let Some(times) = &stamped.decided_at {
+                    self.keep(limits, &extras, times, &mut stamped.outcome, now);
                 }
-                // Without Redis (a fallback) the extras were taken from the local
-                // store: dropped, never spent, never returned to Redis.
-                return Ok(outcome);
+                return Ok(stamped);
             }
         }
-        bump(&self.counters.redis_checks);
-        self.redis.check_limits(limits).await
+        bump(&self.counters.inner_checks);
+        self.inner.check_stamped(limits).await
     }
 
     /// Keeps the extras of an admitted check as leases.
@@ -329,9 +375,9 @@ impl HybridStore {
         outcome: &mut Outcome,
         now: Nanos,
     ) {
-        let ttl = u64::try_from(self.config.lease_ttl.as_nanos()).unwrap_or(u64::MAX);
+        let ttl = nanos(self.config.lease_ttl);
         let mut leases = self.leases.lock();
-        for (((limit, &extra), &taken_us), decision) in limits
+        for (((limit, &extra), &taken_at), decision) in limits
             .iter()
             .zip(extras)
             .zip(times)
@@ -346,19 +392,19 @@ impl HybridStore {
             // A fixed window's units are void once its window ends.
             let mut life = ttl;
             if limit.algorithm == Algorithm::FixedWindow {
-                let period_us = limit.quota.period_ns().div_ceil(1000);
-                let left_us = period_us - taken_us % period_us;
+                let period_us = limit.quota.period_ns().div_ceil(1000).max(1);
+                let left_us = period_us - taken_at % period_us;
                 life = life.min(left_us.saturating_mul(1000));
             }
             let max = self.max_lease(limit);
-            let lease = leases.entry(id(limit)).or_insert_with(|| Lease {
+            let lease = leases.entry(budget(limit)).or_insert_with(|| Lease {
                 key: limit.key.to_owned(),
                 quota: limit.quota,
                 algorithm: limit.algorithm,
                 units: 0,
                 size: 1,
                 expires: 0,
-                taken_us,
+                taken_at,
                 last: *decision,
             });
             // A live lease that ran short: the key is hot, grow the next one.
@@ -367,9 +413,9 @@ impl HybridStore {
             } else {
                 lease.size.clamp(1, max)
             };
-            lease.units += extra;
+            lease.units = lease.units.saturating_add(extra);
             lease.expires = now.saturating_add(life);
-            lease.taken_us = taken_us;
+            lease.taken_at = taken_at;
             lease.quota = limit.quota;
             lease.last = *decision;
             // The instance's view: what it holds counts as available to it.
@@ -377,17 +423,9 @@ impl HybridStore {
         }
     }
 
-    /// Gives back to Redis the unspent units of every expired lease (and
-    /// forgets the leases). The background task calls it; tests on an injected
-    /// clock call it after moving the clock.
-    pub async fn return_expired(&self) {
-        let now = self.redis.local_clock().now();
+    async fn return_expired(&self) {
+        let now = self.clock.now();
         self.give_back(|_, lease| lease.expires <= now).await;
-    }
-
-    /// Gives back every lease's unspent units now (e.g. at shutdown).
-    pub async fn flush(&self) {
-        self.give_back(|_, _| true).await;
     }
 
     async fn give_back(&self, due: impl Fn(&str, &Lease) -> bool) {
@@ -413,29 +451,45 @@ impl HybridStore {
                 cost: lease.units,
                 failure: FailurePolicy::Local,
             };
-            if self.redis.give_back(&limit, lease.taken_us).await {
-                bump(&self.counters.returns);
-                self.counters
-                    .units_returned
-                    .fetch_add(lease.units, Ordering::Relaxed);
+            match self.inner.give_back(&limit, lease.taken_at).await {
+                Ok(()) => {
+                    bump(&self.counters.returns);
+                    self.counters
+                        .units_returned
+                        .fetch_add(lease.units, Ordering::Relaxed);
+                }
+                // The units stay spent: strict, never generous.
+                Err(e) => tracing::debug!(error = %e, "unspent leased units not given back"),
             }
         }
     }
 }
 
-impl Store for HybridStore {
-    fn check(
-        &self,
-        limits: &[Limit<'_>],
-    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        self.check_limits(limits)
+impl<S: Store> Store for Hybrid<S> {
+    async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
+        Ok(self.shared.check(limits).await?.outcome)
     }
 
     fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.redis.release_limits(limits)
+        self.shared.inner.release(limits)
     }
 
     fn ready(&self) -> impl Future<Output = bool> + Send {
-        self.redis.reachable()
+        self.shared.inner.ready()
+    }
+
+    fn check_stamped(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
+        self.shared.check(limits)
+    }
+
+    fn give_back(
+        &self,
+        limit: &Limit<'_>,
+        taken_at: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.shared.inner.give_back(limit, taken_at)
     }
 }

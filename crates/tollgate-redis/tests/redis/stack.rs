@@ -1,0 +1,156 @@
+//! The wrappers of tollgate-store over real Redis: the conformance scenarios
+//! through each of them on a single server and a cluster, and the fallback's
+//! recovery when a real `redis-server` dies and comes back.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tollgate_core::{Algorithm, FailurePolicy, Limit, ManualClock, Quota, Store};
+use tollgate_redis::RedisStore;
+use tollgate_store::conformance::{
+    self, Scenario, assert_same, assert_same_verdicts, reference, run, scenarios,
+};
+use tollgate_store::{
+    BreakerState, DenyCache, Fallback, FallbackConfig, Hybrid, HybridConfig, hybrid_leases,
+};
+
+use crate::support::{RedisCluster, RedisServer, manual_store_with};
+
+/// A Redis store whose keys no other run on the same server shares.
+async fn fresh(url: &str, clock: &Arc<ManualClock>, run: &str) -> RedisStore {
+    manual_store_with(url, clock, |c| c.prefix = format!("stack-{run}")).await
+}
+
+/// A fallback that never falls back on a busy test machine.
+fn patient() -> FallbackConfig {
+    FallbackConfig {
+        timeout: Duration::from_secs(5),
+        ..FallbackConfig::default()
+    }
+}
+
+/// Every wrapper over Redis at `url`, held to the suite: a fallback over a
+/// healthy store and hybrid mode on unleased requests decide exactly as the
+/// memory store; a deny cache, alone or atop the whole stack, admits and denies
+/// the same requests.
+async fn wrappers_conform(url: &str, name: &str) {
+    for (n, scenario) in scenarios().iter().enumerate() {
+        let expected = reference(scenario).await;
+        let clock = conformance::clock();
+        let redis = fresh(url, &clock, &format!("fallback-{n}")).await;
+        let store = Fallback::with_clock(redis, patient(), Arc::clone(&clock) as _);
+        let actual = run(&store, &clock, scenario).await;
+        assert_same(
+            scenario,
+            &expected,
+            &actual,
+            &format!("fallback over {name}"),
+        );
+        assert_eq!(store.stats().fallbacks, 0);
+
+        let monotonic = scenario.monotonic();
+        let expected = reference(&monotonic).await;
+        let clock = conformance::clock();
+        let redis = fresh(url, &clock, &format!("deny-{n}")).await;
+        let store = DenyCache::with_clock(redis, 1024, Arc::clone(&clock) as _);
+        let actual = run(&store, &clock, &monotonic).await;
+        let what = format!("deny cache over {name}");
+        assert_same_verdicts(&monotonic, &expected, &actual, &what);
+    }
+    let unleased: Vec<Scenario> = scenarios()
+        .into_iter()
+        .filter(|s| s.unleased(hybrid_leases))
+        .collect();
+    assert!(unleased.len() >= 4);
+    for (n, scenario) in unleased.iter().enumerate() {
+        let expected = reference(scenario).await;
+        let clock = conformance::clock();
+        let redis = fresh(url, &clock, &format!("hybrid-{n}")).await;
+        let store = Hybrid::with_clock(redis, HybridConfig::default(), Arc::clone(&clock) as _);
+        let actual = run(&store, &clock, scenario).await;
+        assert_same(scenario, &expected, &actual, &format!("hybrid over {name}"));
+
+        let monotonic = scenario.monotonic();
+        let expected = reference(&monotonic).await;
+        let clock = conformance::clock();
+        let redis = fresh(url, &clock, &format!("stack-{n}")).await;
+        let hybrid = Hybrid::with_clock(redis, HybridConfig::default(), Arc::clone(&clock) as _);
+        let fallback = Fallback::with_clock(hybrid, patient(), Arc::clone(&clock) as _);
+        let store = DenyCache::with_clock(fallback, 1024, Arc::clone(&clock) as _);
+        let actual = run(&store, &clock, &monotonic).await;
+        let what = format!("the whole stack over {name}");
+        assert_same_verdicts(&monotonic, &expected, &actual, &what);
+    }
+}
+
+#[tokio::test]
+async fn every_wrapper_over_a_single_redis_conforms() {
+    let server = RedisServer::start();
+    wrappers_conform(&server.url(), "single Redis").await;
+}
+
+#[tokio::test]
+async fn every_wrapper_over_a_redis_cluster_conforms() {
+    let cluster = RedisCluster::start();
+    wrappers_conform(&cluster.url(), "Redis Cluster").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_return_to_a_restarted_redis_within_a_cool_down_and_a_probe_without_checks() {
+    let mut server = RedisServer::start();
+    let clock = conformance::clock();
+    let cool_down = Duration::from_millis(300);
+    let timeout = Duration::from_millis(100);
+    let redis = manual_store_with(&server.url(), &clock, |c| c.timeout = timeout).await;
+    let config = FallbackConfig {
+        timeout,
+        breaker_failures: 1,
+        breaker_cool_down: cool_down,
+        ..FallbackConfig::default()
+    };
+    let store = Fallback::with_clock(redis, config, Arc::clone(&clock) as _);
+    let limit = Limit::new("recovering", Quota::per_hour(2).unwrap(), Algorithm::Gcra)
+        .with_failure(FailurePolicy::Local);
+    assert!(store.check(&[limit]).await.unwrap().allowed());
+    assert_eq!(store.stats().checks, 1);
+
+    server.kill();
+    assert!(store.check(&[limit]).await.unwrap().allowed(), "local");
+    let down = store.stats();
+    assert_eq!((down.fallbacks, down.breaker_opens), (1, 1));
+    assert_ne!(down.breaker, BreakerState::Closed);
+
+    // Down for a few probes, then back; no check is sent until the breaker
+    // has closed by itself.
+    tokio::time::sleep(3 * cool_down).await;
+    assert_ne!(store.stats().breaker, BreakerState::Closed);
+    server.restart();
+    let back = Instant::now();
+    // One cool-down and one probe (a PING on loopback: well under the slack
+    // left for a busy machine).
+    let bound = cool_down + Duration::from_millis(200);
+    while store.stats().breaker != BreakerState::Closed {
+        assert!(
+            back.elapsed() < bound,
+            "still {:?} {:?} after Redis came back",
+            store.stats().breaker,
+            back.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let closed = store.stats();
+    assert_eq!(
+        (closed.checks, closed.fallbacks),
+        (1, 1),
+        "no check was sent"
+    );
+    assert!(closed.probes >= 2, "{closed:?}");
+    eprintln!("closed {:?} after Redis came back", back.elapsed());
+
+    // Redis restarted empty (SIGKILL, no persistence): it decides again.
+    let first = store.check(&[limit]).await.unwrap();
+    assert!(first.allowed());
+    assert_eq!(first.decisions[0].remaining, 1);
+    assert_eq!(store.stats().checks, 2);
+    assert_eq!(store.inner().stats().redis_checks, 2);
+}

@@ -1,0 +1,138 @@
+//! The fallback's circuit breaker: after `threshold` consecutive failures it
+//! opens and keeps every check away from the inner store. Requests never
+//! close it: the fallback's prober task does, when a probe of the inner store
+//! succeeds (half-open is "a probe is out"). So no request, cancelled or not,
+//! can leave it half-open.
+//!
+//! Its time is the prober's (tokio's) timer: it is about the inner store's
+//! health, not about rate limit time.
+
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+
+use tokio::sync::Notify;
+
+const CLOSED: u8 = 0;
+const OPEN: u8 = 1;
+const HALF_OPEN: u8 = 2;
+
+/// The circuit breaker's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BreakerState {
+    /// Checks go to the inner store.
+    #[default]
+    Closed,
+    /// Checks are decided by their failure policies without calling the inner
+    /// store; the prober waits out the cool-down.
+    Open,
+    /// The prober is asking the inner store whether it answers; checks still
+    /// use their failure policies.
+    HalfOpen,
+}
+
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    threshold: u32,
+    state: AtomicU8,
+    failures: AtomicU32,
+    opens: AtomicU64,
+    /// Wakes the prober when the breaker opens.
+    pub(crate) opened: Notify,
+}
+
+impl Breaker {
+    pub(crate) fn new(threshold: u32) -> Self {
+        Self {
+            threshold: threshold.max(1),
+            state: AtomicU8::new(CLOSED),
+            failures: AtomicU32::new(0),
+            opens: AtomicU64::new(0),
+            opened: Notify::new(),
+        }
+    }
+
+    /// Whether a call may go to the inner store.
+    pub(crate) fn admit(&self) -> bool {
+        self.state.load(Ordering::Acquire) == CLOSED
+    }
+
+    pub(crate) fn success(&self) {
+        self.failures.store(0, Ordering::Release);
+    }
+
+    /// Records a failure; true when it opened the breaker.
+    pub(crate) fn failure(&self) -> bool {
+        let failures = self
+            .failures
+            .fetch_add(1, Ordering::AcqRel)
+            .saturating_add(1);
+        if failures < self.threshold
+            || self
+                .state
+                .compare_exchange(CLOSED, OPEN, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return false;
+        }
+        self.opens.fetch_add(1, Ordering::Relaxed);
+        self.opened.notify_one();
+        true
+    }
+
+    /// The prober sends a probe.
+    pub(crate) fn probing(&self) {
+        self.state.store(HALF_OPEN, Ordering::Release);
+    }
+
+    /// The probe's answer: closes the breaker, or opens it for another cool-down.
+    pub(crate) fn probed(&self, answered: bool) {
+        if answered {
+            self.failures.store(0, Ordering::Release);
+            self.state.store(CLOSED, Ordering::Release);
+        } else {
+            self.state.store(OPEN, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn opens(&self) -> u64 {
+        self.opens.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn state(&self) -> BreakerState {
+        match self.state.load(Ordering::Acquire) {
+            CLOSED => BreakerState::Closed,
+            OPEN => BreakerState::Open,
+            _ => BreakerState::HalfOpen,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_consecutive_failures_and_only_a_probe_closes_it() {
+        let b = Breaker::new(3);
+        assert!(b.admit());
+        assert!(!b.failure());
+        b.success();
+        assert!(!b.failure() && !b.failure());
+        assert!(b.failure(), "the third consecutive failure opens it");
+        assert_eq!((b.state(), b.opens()), (BreakerState::Open, 1));
+        assert!(!b.admit());
+        assert!(!b.failure(), "already open");
+        b.success();
+        assert!(!b.admit(), "a late success of a request does not close it");
+        b.probing();
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert!(!b.admit());
+        b.probed(false);
+        assert_eq!(b.state(), BreakerState::Open);
+        b.probing();
+        b.probed(true);
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert!(b.admit());
+        assert!(!b.failure(), "the count started again");
+        assert_eq!(b.opens(), 1);
+    }
+}

@@ -1,0 +1,656 @@
+//! A [`Store`] over another that answers when the other cannot: a timeout,
+//! a circuit breaker, and each limit's [`FailurePolicy`] with a local
+//! in-memory store behind it.
+//!
+//! A check goes to the inner store while the breaker is closed. If the inner
+//! store errs (anything but [`StoreError::Invalid`] and
+//! [`StoreError::Unsupported`], which are the caller's to see) or does not
+//! answer within the timeout, the check is decided by its limits' failure
+//! policies, all-or-nothing as any check: a `fail_closed` limit refuses the
+//! request before the local store is touched (the `local` limits beside it are
+//! only peeked at, at cost 0), otherwise the `local` limits are checked
+//! together on the local store, and `fail_open` limits admit without counting.
+//!
+//! After `breaker_failures` consecutive failures the breaker opens and checks
+//! stop calling the inner store. A task owned by the wrapper then probes it in
+//! the background ([`Store::ready`]) every `breaker_cool_down`, and closes the
+//! breaker when it answers: decisions return to the inner store within one
+//! cool-down plus one probe after it is back, with no request traffic needed,
+//! and no request ever carries a probe, so a cancelled request cannot leave the
+//! breaker half-open.
+//!
+//! Concurrency permits go back where they were taken: to the local store if
+//! the fallback admitted them, to the inner store otherwise.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use smallvec::SmallVec;
+use tokio::task::JoinHandle;
+use tollgate_core::{
+    Algorithm, Clock, Decision, FailurePolicy, Limit, Outcome, Stamped, Store, StoreError,
+};
+
+use crate::breaker::{Breaker, BreakerState};
+use crate::decision::{budget, capacity, untouched};
+use crate::permits::{Held, Permits};
+use crate::{FastClock, MemoryConfig, MemoryStore};
+
+/// How the fallback decides when to stop asking its inner store.
+#[derive(Debug, Clone)]
+pub struct FallbackConfig {
+    /// How long a call to the inner store may take before the check is
+    /// decided by the failure policies. Default 10 ms. A store with a timeout
+    /// of its own (the Redis store) is best given a longer one here, as a
+    /// bound on the whole call rather than on each round trip.
+    pub timeout: Duration,
+    /// Consecutive failures (errors or timeouts) that open the breaker.
+    /// Default 5.
+    pub breaker_failures: u32,
+    /// How long the open breaker waits before each probe. Default 1 s.
+    pub breaker_cool_down: Duration,
+    /// The local store that limits with [`FailurePolicy::Local`] fall back to.
+    pub local: MemoryConfig,
+}
+
+impl Default for FallbackConfig {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_millis(10),
+            breaker_failures: 5,
+            breaker_cool_down: Duration::from_secs(1),
+            local: MemoryConfig {
+                max_keys: 100_000,
+                ..MemoryConfig::default()
+            },
+        }
+    }
+}
+
+/// The fallback's counters (monotonic since it was made) and breaker state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FallbackStats {
+    /// Checks the inner store decided.
+    pub checks: u64,
+    /// Checks decided by their limits' failure policies (the inner store
+    /// failed, timed out, or the breaker was open).
+    pub fallbacks: u64,
+    /// Limits decided by [`FailurePolicy::FailOpen`] in those checks.
+    pub fallback_fail_open: u64,
+    /// Limits decided by [`FailurePolicy::FailClosed`] in those checks.
+    pub fallback_fail_closed: u64,
+    /// Limits decided by [`FailurePolicy::Local`] in those checks.
+    pub fallback_local: u64,
+    /// Calls to the inner store that erred.
+    pub errors: u64,
+    /// Calls to the inner store that timed out (its own timeout or this one).
+    pub timeouts: u64,
+    /// Times the breaker opened.
+    pub breaker_opens: u64,
+    /// Probes the prober sent.
+    pub probes: u64,
+    /// The breaker's state now.
+    pub breaker: BreakerState,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    checks: AtomicU64,
+    fallbacks: AtomicU64,
+    /// Indexed by [`policy_index`].
+    policies: [AtomicU64; 3],
+    errors: AtomicU64,
+    timeouts: AtomicU64,
+    probes: AtomicU64,
+}
+
+fn policy_index(policy: FailurePolicy) -> usize {
+    match policy {
+        FailurePolicy::FailOpen => 0,
+        FailurePolicy::FailClosed => 1,
+        FailurePolicy::Local => 2,
+    }
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+struct Shared<S> {
+    inner: S,
+    config: FallbackConfig,
+    local: MemoryStore<Arc<dyn Clock>>,
+    breaker: Breaker,
+    permits: Permits,
+    counters: Counters,
+}
+
+/// A [`Store`] over `S` with a timeout, a circuit breaker probing in the
+/// background, and per-limit failure policies; see the module documentation.
+pub struct Fallback<S> {
+    shared: Arc<Shared<S>>,
+    prober: JoinHandle<()>,
+}
+
+impl<S> std::fmt::Debug for Fallback<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fallback")
+            .field("config", &self.shared.config)
+            .field("breaker", &self.shared.breaker.state())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Drop for Fallback<S> {
+    fn drop(&mut self) {
+        self.prober.abort();
+    }
+}
+
+impl<S: Store + 'static> Fallback<S> {
+    /// Wraps `inner`; the local store reads a monotonic clock. Starts the
+    /// prober on the current tokio runtime (it stops when this is dropped).
+    pub fn new(inner: S, config: FallbackConfig) -> Self {
+        Self::with_clock(inner, config, Arc::new(FastClock::new()))
+    }
+
+    /// [`Fallback::new`] with the local store on `clock` (for tests and
+    /// simulations, the clock the inner store was given).
+    pub fn with_clock(inner: S, config: FallbackConfig, clock: Arc<dyn Clock>) -> Self {
+        let shared = Arc::new(Shared {
+            local: MemoryStore::with_clock(config.local.clone(), clock),
+            breaker: Breaker::new(config.breaker_failures),
+            permits: Permits::default(),
+            counters: Counters::default(),
+            inner,
+            config,
+        });
+        let prober = tokio::spawn(probe(Arc::clone(&shared)));
+        Self { shared, prober }
+    }
+}
+
+/// Waits for the breaker to open, then probes the inner store every cool-down
+/// until it answers, and closes the breaker.
+async fn probe<S: Store>(shared: Arc<Shared<S>>) {
+    let cool_down = shared.config.breaker_cool_down;
+    // A readiness probe may take longer than one check (the Redis store's
+    // waits at least 250 ms), but never longer than a cool-down.
+    let patience = cool_down.max(shared.config.timeout);
+    loop {
+        shared.breaker.opened.notified().await;
+        loop {
+            tokio::time::sleep(cool_down).await;
+            shared.breaker.probing();
+            bump(&shared.counters.probes);
+            let answered = matches!(
+                tokio::time::timeout(patience, shared.inner.ready()).await,
+                Ok(true)
+            );
+            shared.breaker.probed(answered);
+            if answered {
+                tracing::info!("the inner store answers again: circuit breaker closed");
+                break;
+            }
+        }
+    }
+}
+
+impl<S: Store> Fallback<S> {
+    /// The store underneath.
+    pub fn inner(&self) -> &S {
+        &self.shared.inner
+    }
+
+    /// The counters and the breaker's state.
+    pub fn stats(&self) -> FallbackStats {
+        let c = &self.shared.counters;
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        FallbackStats {
+            checks: get(&c.checks),
+            fallbacks: get(&c.fallbacks),
+            fallback_fail_open: get(&c.policies[0]),
+            fallback_fail_closed: get(&c.policies[1]),
+            fallback_local: get(&c.policies[2]),
+            errors: get(&c.errors),
+            timeouts: get(&c.timeouts),
+            breaker_opens: self.shared.breaker.opens(),
+            probes: get(&c.probes),
+            breaker: self.shared.breaker.state(),
+        }
+    }
+
+    /// Records a failed call; the caller then decides by the failure policies.
+    fn failed(&self, error: Option<&StoreError>) {
+        let c = &self.shared.counters;
+        match error {
+            None | Some(StoreError::Timeout(_)) => bump(&c.timeouts),
+            Some(_) => bump(&c.errors),
+        }
+        if self.shared.breaker.failure() {
+            match error {
+                Some(e) => tracing::warn!(error = %e, "store failing: circuit breaker open"),
+                None => tracing::warn!("store timing out: circuit breaker open"),
+            }
+        }
+    }
+
+    /// Checks `limits`; see [`Store::check_stamped`]. Errs only with what the
+    /// caller must see ([`StoreError::Invalid`], [`StoreError::Unsupported`]),
+    /// never because the inner store is down.
+    pub async fn check_limits(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
+        let shared = &self.shared;
+        if !shared.breaker.admit() {
+            return Ok(self.fallback(limits));
+        }
+        match tokio::time::timeout(shared.config.timeout, shared.inner.check_stamped(limits)).await
+        {
+            Ok(Ok(stamped)) => {
+                shared.breaker.success();
+                bump(&shared.counters.checks);
+                if stamped.outcome.allowed() {
+                    self.hold(limits, Held::Inner, |_| true);
+                }
+                Ok(stamped)
+            }
+            Ok(Err(e @ (StoreError::Invalid(_) | StoreError::Unsupported(_)))) => Err(e),
+            Ok(Err(e)) => {
+                self.failed(Some(&e));
+                Ok(self.fallback(limits))
+            }
+            Err(_) => {
+                self.failed(None);
+                Ok(self.fallback(limits))
+            }
+        }
+    }
+
+    /// Remembers where the admitted concurrency permits among `limits` were
+    /// taken.
+    fn hold(&self, limits: &[Limit<'_>], held: Held, which: impl Fn(&Limit<'_>) -> bool) {
+        for limit in limits {
+            if limit.algorithm == Algorithm::Concurrency && limit.cost > 0 && which(limit) {
+                self.shared
+                    .permits
+                    .insert(budget(limit), held, limit.cost, limit.quota.period());
+            }
+        }
+    }
+
+    /// What the limits' failure policies decide.
+    fn fallback(&self, limits: &[Limit<'_>]) -> Stamped {
+        let shared = &self.shared;
+        bump(&shared.counters.fallbacks);
+        for limit in limits {
+            bump(&shared.counters.policies[policy_index(limit.failure)]);
+        }
+        let closed = limits
+            .iter()
+            .any(|l| l.failure == FailurePolicy::FailClosed);
+        let local: SmallVec<[Limit<'_>; 4]> = limits
+            .iter()
+            .filter(|l| l.failure == FailurePolicy::Local)
+            .map(|l| Limit {
+                // Only a peek when another limit refuses anyway.
+                cost: if closed { 0 } else { l.cost },
+                ..*l
+            })
+            .collect();
+        let mut local_decisions = shared.local.check_now(&local).decisions.into_iter();
+        let retry = shared.config.breaker_cool_down.max(shared.config.timeout);
+        let decisions: SmallVec<[Decision; 4]> = limits
+            .iter()
+            .map(|l| match l.failure {
+                FailurePolicy::Local => local_decisions
+                    .next()
+                    .expect("one local decision per local limit"),
+                FailurePolicy::FailOpen => untouched(l),
+                FailurePolicy::FailClosed => Decision {
+                    allowed: false,
+                    limit: capacity(l),
+                    remaining: 0,
+                    reset_after: Duration::ZERO,
+                    retry_after: Some(retry),
+                    delay: Duration::ZERO,
+                },
+            })
+            .collect();
+        let outcome = Outcome { decisions };
+        if outcome.allowed() {
+            self.hold(limits, Held::Local, |l| l.failure == FailurePolicy::Local);
+        }
+        Stamped {
+            outcome,
+            decided_at: None,
+        }
+    }
+
+    /// Gives back the concurrency permits of `limits` where they were taken;
+    /// see [`Store::release`]. A permit of the inner store that cannot be
+    /// released now (breaker open, an error) lapses after its quota's period.
+    pub async fn release_limits(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+        let shared = &self.shared;
+        let mut inner: SmallVec<[Limit<'_>; 4]> = SmallVec::new();
+        for limit in limits
+            .iter()
+            .filter(|l| l.algorithm == Algorithm::Concurrency)
+        {
+            match shared.permits.take(&budget(limit), limit.cost) {
+                Some(Held::Inner) => inner.push(*limit),
+                Some(Held::Local) => shared.local.release_now(std::slice::from_ref(limit)),
+                None => {}
+            }
+        }
+        if inner.is_empty() || !shared.breaker.admit() {
+            return Ok(());
+        }
+        match tokio::time::timeout(shared.config.timeout, shared.inner.release(&inner)).await {
+            Ok(Ok(())) => shared.breaker.success(),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "a release failed; the permit lapses after its period");
+                self.failed(Some(&e));
+            }
+            Err(_) => self.failed(None),
+        }
+        Ok(())
+    }
+
+    /// Gives units back to the inner store when it is reachable; see
+    /// [`Store::give_back`].
+    pub async fn give_back_units(
+        &self,
+        limit: &Limit<'_>,
+        taken_at: u64,
+    ) -> Result<(), StoreError> {
+        let shared = &self.shared;
+        if !shared.breaker.admit() {
+            return Err(StoreError::Backend {
+                source: "the circuit breaker is open".into(),
+                retryable: true,
+            });
+        }
+        match tokio::time::timeout(
+            shared.config.timeout,
+            shared.inner.give_back(limit, taken_at),
+        )
+        .await
+        {
+            Ok(Ok(())) => {
+                shared.breaker.success();
+                Ok(())
+            }
+            Ok(Err(e @ (StoreError::Invalid(_) | StoreError::Unsupported(_)))) => Err(e),
+            Ok(Err(e)) => {
+                self.failed(Some(&e));
+                Err(e)
+            }
+            Err(_) => {
+                self.failed(None);
+                Err(StoreError::Timeout(shared.config.timeout))
+            }
+        }
+    }
+}
+
+impl<S: Store> Store for Fallback<S> {
+    async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
+        Ok(self.check_limits(limits).await?.outcome)
+    }
+
+    fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.release_limits(limits)
+    }
+
+    fn ready(&self) -> impl Future<Output = bool> + Send {
+        self.shared.inner.ready()
+    }
+
+    fn check_stamped(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
+        self.check_limits(limits)
+    }
+
+    fn give_back(
+        &self,
+        limit: &Limit<'_>,
+        taken_at: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.give_back_units(limit, taken_at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::pending;
+    use std::sync::atomic::AtomicU8;
+
+    use tollgate_core::{ManualClock, Quota};
+
+    use super::*;
+
+    const UP: u8 = 0;
+    const ERRS: u8 = 1;
+    const HANGS: u8 = 2;
+
+    /// A memory store behind a switch: up, failing every call, or never
+    /// answering (as a store behind a dead network). The switch is the fault;
+    /// the state is a real memory store's.
+    struct Switch {
+        memory: MemoryStore<Arc<ManualClock>>,
+        mode: AtomicU8,
+        checks: AtomicU64,
+    }
+
+    impl Switch {
+        fn new(clock: &Arc<ManualClock>) -> Self {
+            Self {
+                memory: MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(clock)),
+                mode: AtomicU8::new(UP),
+                checks: AtomicU64::new(0),
+            }
+        }
+
+        fn set(&self, mode: u8) {
+            self.mode.store(mode, Ordering::Relaxed);
+        }
+
+        async fn fault(&self) -> Result<(), StoreError> {
+            match self.mode.load(Ordering::Relaxed) {
+                UP => Ok(()),
+                ERRS => Err(StoreError::Backend {
+                    source: "switched off".into(),
+                    retryable: true,
+                }),
+                _ => pending().await,
+            }
+        }
+    }
+
+    impl Store for Switch {
+        async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
+            self.checks.fetch_add(1, Ordering::Relaxed);
+            self.fault().await?;
+            Ok(self.memory.check_now(limits))
+        }
+
+        async fn release(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+            self.fault().await?;
+            self.memory.release_now(limits);
+            Ok(())
+        }
+
+        async fn ready(&self) -> bool {
+            self.fault().await.is_ok()
+        }
+    }
+
+    fn config() -> FallbackConfig {
+        FallbackConfig {
+            timeout: Duration::from_millis(10),
+            breaker_failures: 3,
+            breaker_cool_down: Duration::from_millis(100),
+            ..FallbackConfig::default()
+        }
+    }
+
+    fn store() -> (Fallback<Switch>, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let store = Fallback::with_clock(Switch::new(&clock), config(), Arc::clone(&clock) as _);
+        (store, clock)
+    }
+
+    fn gcra(key: &str, failure: FailurePolicy) -> Limit<'_> {
+        Limit::new(key, Quota::per_second(1).unwrap(), Algorithm::Gcra).with_failure(failure)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_breaker_is_closed_by_a_background_probe_with_no_checks_sent() {
+        let (store, _clock) = store();
+        let l = gcra("k", FailurePolicy::Local);
+        store.inner().set(ERRS);
+        for _ in 0..3 {
+            assert!(store.check(&[l]).await.is_ok(), "a check never errs");
+        }
+        let stats = store.stats();
+        assert_eq!(
+            (stats.breaker, stats.breaker_opens, stats.errors),
+            (BreakerState::Open, 1, 3)
+        );
+        store.check(&[l]).await.unwrap();
+        assert_eq!(
+            store.inner().checks.load(Ordering::Relaxed),
+            3,
+            "open: not asked"
+        );
+
+        // A probe that fails keeps it open for another cool-down.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(
+            (store.stats().probes, store.stats().breaker),
+            (1, BreakerState::Open)
+        );
+        store.inner().set(UP);
+        // Within one cool-down plus one probe, with no check in between.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let stats = store.stats();
+        assert_eq!((stats.probes, stats.breaker), (2, BreakerState::Closed));
+        assert_eq!(store.inner().checks.load(Ordering::Relaxed), 3);
+        assert!(
+            store
+                .check(&[gcra("fresh", FailurePolicy::Local)])
+                .await
+                .unwrap()
+                .allowed()
+        );
+        assert_eq!(store.stats().checks, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cancelled_checks_against_a_hung_store_never_leave_the_breaker_half_open() {
+        let (store, _clock) = store();
+        let l = gcra("k", FailurePolicy::Local);
+        store.inner().set(HANGS);
+        // Callers that give up before the timeout (a client hanging up) count
+        // nothing; those that wait see the timeout.
+        for _ in 0..5 {
+            let gave_up = tokio::time::timeout(Duration::from_millis(1), store.check(&[l])).await;
+            assert!(gave_up.is_err());
+        }
+        assert_eq!(store.stats().breaker, BreakerState::Closed);
+        for _ in 0..3 {
+            store.check(&[l]).await.unwrap();
+        }
+        assert_eq!(
+            (store.stats().timeouts, store.stats().breaker),
+            (3, BreakerState::Open)
+        );
+        // The probe hangs too: it is cut at the cool-down and the breaker
+        // stays open, not half-open.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(store.stats().breaker, BreakerState::Open);
+        store.inner().set(UP);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(store.stats().breaker, BreakerState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_limit_falls_back_by_its_own_policy_all_or_nothing() {
+        let (store, _clock) = store();
+        let open = gcra("open", FailurePolicy::FailOpen);
+        let closed = gcra("closed", FailurePolicy::FailClosed);
+        let local = gcra("local", FailurePolicy::Local);
+        store.inner().set(ERRS);
+        for _ in 0..3 {
+            let o = store.check(&[open]).await.unwrap();
+            assert!(o.allowed());
+            assert_eq!(o.decisions[0].remaining, 1, "nothing counted");
+            let c = store.check(&[closed]).await.unwrap();
+            assert!(!c.allowed());
+            assert_eq!(c.decisions[0].retry_after, Some(Duration::from_millis(100)));
+        }
+        assert!(store.check(&[local]).await.unwrap().allowed());
+        assert!(!store.check(&[local]).await.unwrap().allowed());
+        let fresh = gcra("fresh", FailurePolicy::Local);
+        let mixed = store.check(&[fresh, closed, open]).await.unwrap();
+        assert!(!mixed.allowed());
+        assert!(mixed.decisions[0].allowed && mixed.decisions[2].allowed);
+        assert!(store.check(&[fresh, open]).await.unwrap().allowed());
+        assert!(
+            !store.check(&[fresh, open]).await.unwrap().allowed(),
+            "the local limit counted only the admitted request"
+        );
+        let stats = store.stats();
+        assert_eq!(stats.fallbacks, 11);
+        assert_eq!(
+            (
+                stats.fallback_fail_open,
+                stats.fallback_fail_closed,
+                stats.fallback_local
+            ),
+            (6, 4, 5)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn permits_go_back_to_the_store_that_gave_them() {
+        let (store, _clock) = store();
+        let slots = Limit::new(
+            "uploads",
+            Quota::per_minute(1).unwrap(),
+            Algorithm::Concurrency,
+        );
+        // Taken from the inner store while it was up...
+        assert!(store.check(&[slots]).await.unwrap().allowed());
+        store.inner().set(ERRS);
+        for _ in 0..3 {
+            store
+                .check(&[gcra("trip", FailurePolicy::FailOpen)])
+                .await
+                .unwrap();
+        }
+        // ...then one from the local store while it is down.
+        assert!(store.check(&[slots]).await.unwrap().allowed());
+        assert!(!store.check(&[slots]).await.unwrap().allowed());
+        store.release(&[slots]).await.unwrap();
+        assert!(
+            store.check(&[slots]).await.unwrap().allowed(),
+            "the local permit came back"
+        );
+        store.inner().set(UP);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(store.stats().breaker, BreakerState::Closed);
+        assert!(
+            !store.check(&[slots]).await.unwrap().allowed(),
+            "the inner one is still held"
+        );
+        store.release(&[slots]).await.unwrap();
+        store.release(&[slots]).await.unwrap();
+        assert!(
+            store.check(&[slots]).await.unwrap().allowed(),
+            "the inner permit came back"
+        );
+    }
+}
