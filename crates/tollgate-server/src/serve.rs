@@ -27,7 +27,6 @@ mod admin;
 mod backend;
 mod envoy;
 mod envoy_json;
-mod gateway;
 mod grpc;
 mod http;
 mod metrics;
@@ -38,6 +37,7 @@ use backend::Backend;
 use grpc::{RateLimitGrpc, RateLimitServiceServer};
 use http::AppState;
 use reload::Fingerprint;
+use tollgate_gateway::Gateway;
 use tollgate_policy::Enforcer;
 
 /// How long requests in flight may take to finish once a shutdown starts.
@@ -109,7 +109,7 @@ pub(crate) struct Args {
     store: backend::StoreArgs,
 
     #[command(flatten, next_help_heading = "Gateway")]
-    gateway: gateway::Args,
+    gateway: tollgate_gateway::Options,
 }
 
 /// A Redis timeout: a duration such as `10ms`, above zero and at most a minute.
@@ -182,7 +182,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let domains: Vec<&str> = policy.domains().collect();
     tracing::info!(?domains, source = %source(&args.config), "policy loaded");
 
-    let gateway = gateway::bind(args.gateway, &policy).await?;
+    let gateway = match tollgate_gateway::Settings::resolve(args.gateway)? {
+        Some(settings) => Some(Gateway::bind(settings, &policy).await?),
+        None => None,
+    };
     let http_listener = bind("HTTP", &args.http).await?;
     let grpc_listener = bind("gRPC", &args.grpc).await?;
     for (what, listener) in [("HTTP", &http_listener), ("gRPC", &grpc_listener)] {
@@ -245,7 +248,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     .with_graceful_shutdown(signalled(stopped.clone()));
     let mut http_task: JoinHandle<anyhow::Result<()>> =
         tokio::spawn(async move { http_server.await.context("the HTTP server failed") });
-    let mut gateway_task = gateway.map(|g| g.spawn(&enforcer, stopped.clone()));
+    let mut gateway_task = gateway.map(|g| g.spawn(&enforcer, stopped.clone(), metrics::gateway));
 
     if let (Some(path), Some(fingerprint)) = (args.config, fingerprint) {
         tokio::spawn(reload::watch(
@@ -316,11 +319,11 @@ async fn bind(what: &str, addr: &str) -> anyhow::Result<TcpListener> {
 }
 
 /// The result of an optional task; never resolves when there is no task.
-async fn finished<T>(
-    task: &mut Option<JoinHandle<anyhow::Result<T>>>,
+async fn finished<T, E: Into<anyhow::Error>>(
+    task: &mut Option<JoinHandle<Result<T, E>>>,
 ) -> Result<anyhow::Result<T>, tokio::task::JoinError> {
     match task {
-        Some(task) => task.await,
+        Some(task) => task.await.map(|result| result.map_err(Into::into)),
         None => std::future::pending().await,
     }
 }

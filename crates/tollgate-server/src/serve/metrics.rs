@@ -204,6 +204,15 @@ pub(crate) fn check(api: Api, result: CheckResult, elapsed: Duration) {
     }
 }
 
+/// Records one request answered by the gateway: the hook it is spawned with.
+pub(crate) fn gateway(outcome: tollgate_gateway::Outcome, elapsed: Duration) {
+    let result = match outcome {
+        tollgate_gateway::Outcome::Forwarded => CheckResult::Ok,
+        tollgate_gateway::Outcome::Limited => CheckResult::OverLimit,
+    };
+    check(Api::Gateway, result, elapsed);
+}
+
 /// `/metrics`: the exporter's text and the metrics kept in [`hot`].
 pub(crate) fn render(handle: &PrometheusHandle) -> String {
     let mut text = handle.render();

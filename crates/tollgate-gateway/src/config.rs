@@ -29,9 +29,9 @@ use serde::Deserialize;
 use tollgate_http::ForwardedHeader;
 use tollgate_policy::ConfigError;
 
-use super::actions::{Prefix, RateLimitSpec};
-use super::proxy::Upstream;
-use super::routes::Template;
+use crate::actions::{Prefix, RateLimitSpec};
+use crate::proxy::Upstream;
+use crate::routes::Template;
 
 /// The gateway's config file, as read.
 #[derive(Debug, Default, Deserialize)]
@@ -96,7 +96,7 @@ impl From<HeaderChoice> for ForwardedHeader {
 /// A network in CIDR notation, or a single address (a /32 or /128).
 #[derive(Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
-pub(crate) struct Cidr(pub(crate) IpNet);
+pub struct Cidr(pub(crate) IpNet);
 
 impl FromStr for Cidr {
     type Err = String;
@@ -171,13 +171,13 @@ rate_limits:
     fn the_example_reads() {
         let file: GatewayFile = tollgate_policy::parse_yaml(
             "examples/gateway/gateway.yaml",
-            include_str!("../../../../../examples/gateway/gateway.yaml"),
+            include_str!("../../../examples/gateway/gateway.yaml"),
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(file.rate_limits.len(), 3);
         let policy = tollgate_policy::Policy::parse(
             "examples/gateway/policy.yaml",
-            include_str!("../../../../../examples/gateway/policy.yaml"),
+            include_str!("../../../examples/gateway/policy.yaml"),
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(file.domain.as_deref(), policy.domains().next());

@@ -40,7 +40,7 @@ use hyper::body::Incoming;
 use tollgate_http::{ClientIpConfig, ResponseBody};
 use tower_service::Service;
 
-use super::pool::{Pool, PooledBody};
+use crate::pool::{Pool, PooledBody};
 
 /// How long the upstream may take to send its response head (connecting
 /// included).
@@ -68,7 +68,7 @@ const HOP_BY_HOP: [HeaderName; 10] = [
 /// path that every request path is appended to.
 #[derive(Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(try_from = "String")]
-pub(crate) struct Upstream {
+pub struct Upstream {
     authority: Authority,
     /// Empty, or a path that starts with `/` and does not end with one.
     base: String,
@@ -77,7 +77,7 @@ pub(crate) struct Upstream {
 /// An upstream URL Tollgate cannot forward to.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub(crate) enum UpstreamError {
+pub enum UpstreamError {
     /// Not a URL.
     #[error("not a URL: {0}")]
     Invalid(String),

@@ -5,14 +5,14 @@
 //! no task or wake-up crosses threads on the way through a proxied request;
 //! on a small machine, those hand-offs cost more than the rate limit check
 //! itself. (The HTTP API, whose requests are much shorter, measured no
-//! better this way: see `serve.rs`.)
+//! better this way: see the server's `serve.rs`.)
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::Context;
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
 use hyper::server::conn::http1;
@@ -22,6 +22,8 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
+
+use crate::Error;
 
 /// The most bytes a request's start line and headers may take (`431` beyond).
 pub(crate) const MAX_HEADER_SIZE: usize = 32 * 1024;
@@ -38,27 +40,31 @@ const LISTEN_BACKLOG: u32 = 1024;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// One listening socket per worker, all on one address.
+#[derive(Debug)]
 pub(crate) struct Listeners {
     listeners: Vec<std::net::TcpListener>,
     addr: SocketAddr,
 }
 
 /// Resolves `addr` and binds it once per worker (port 0 picks a free port,
-/// the same for every worker). `what` names the listener in errors.
-pub(crate) async fn bind(what: &str, addr: &str) -> anyhow::Result<Listeners> {
-    let cannot = || format!("cannot listen for {what} on {addr}");
+/// the same for every worker).
+pub(crate) async fn bind(addr: &str) -> Result<Listeners, Error> {
+    bind_all(addr).await.map_err(|source| Error::Listen {
+        addr: addr.to_owned(),
+        source,
+    })
+}
+
+async fn bind_all(addr: &str) -> io::Result<Listeners> {
     let resolved = tokio::net::lookup_host(addr)
-        .await
-        .with_context(cannot)?
+        .await?
         .next()
-        .with_context(|| format!("{}: the name has no address", cannot()))?;
-    let first = listen(resolved).with_context(cannot)?;
-    let bound = first
-        .local_addr()
-        .with_context(|| format!("cannot read the {what} listener's address"))?;
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the name has no address"))?;
+    let first = listen(resolved)?;
+    let bound = first.local_addr()?;
     let mut listeners = vec![first];
     for _ in 1..workers() {
-        listeners.push(listen(bound).with_context(cannot)?);
+        listeners.push(listen(bound)?);
     }
     Ok(Listeners {
         listeners,
@@ -77,7 +83,7 @@ fn workers() -> usize {
 }
 
 /// A listening socket on `addr`, shareable with the other workers'.
-fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+fn listen(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     let socket = match addr {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
@@ -103,10 +109,9 @@ impl Listeners {
     /// every worker has finished.
     pub(crate) fn serve<M, H, F, B>(
         self,
-        name: &'static str,
         stopped: watch::Receiver<()>,
         make: M,
-    ) -> JoinHandle<anyhow::Result<()>>
+    ) -> JoinHandle<Result<(), Error>>
     where
         M: Fn() -> H + Clone + Send + 'static,
         H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + 'static,
@@ -120,23 +125,20 @@ impl Listeners {
             let (done, result) = oneshot::channel();
             let (stopped, make) = (stopped.clone(), make.clone());
             let started = std::thread::Builder::new()
-                .name(format!("tollgate-{name}-{index}"))
+                .name(format!("tollgate-gateway-{index}"))
                 .spawn(move || {
                     let _ = done.send(worker(listener, stopped, make));
                 });
             if let Err(error) = started {
                 // The workers already started stop with the shutdown signal.
-                return tokio::spawn(async move {
-                    Err(error).with_context(|| format!("cannot start a {name} worker thread"))
-                });
+                return tokio::spawn(async move { Err(Error::Worker(error)) });
             }
             finished.push(result);
         }
         tokio::spawn(async move {
             for result in finished {
-                result
-                    .await
-                    .with_context(|| format!("a {name} worker panicked"))??;
+                // The sender is dropped unsent only by a panic.
+                result.await.map_err(|_| Error::WorkerPanicked)??;
             }
             Ok(())
         })
@@ -148,7 +150,7 @@ fn worker<M, H, F, B>(
     listener: std::net::TcpListener,
     stopped: watch::Receiver<()>,
     make: M,
-) -> anyhow::Result<()>
+) -> Result<(), Error>
 where
     M: Fn() -> H,
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + 'static,
@@ -160,12 +162,10 @@ where
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .context("cannot start a worker's runtime")?;
+        .map_err(Error::Worker)?;
     runtime.block_on(async move {
-        listener
-            .set_nonblocking(true)
-            .context("cannot set up a listener")?;
-        let listener = TcpListener::from_std(listener).context("cannot set up a listener")?;
+        listener.set_nonblocking(true).map_err(Error::Worker)?;
+        let listener = TcpListener::from_std(listener).map_err(Error::Worker)?;
         accept(listener, stopped, make()).await;
         Ok(())
     })

@@ -1,0 +1,180 @@
+//! The gateway itself: [`RateLimitLayer`] around a [`Proxy`] on every worker,
+//! and what each request goes through on its way.
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tollgate_core::Store;
+use tollgate_http::{ClientIpKey, RateLimit, RateLimitLayer, ResponseBody};
+use tollgate_policy::{Enforcer, Policy};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::proxy::{Proxy, ProxyBody};
+use crate::routes::Routes;
+use crate::settings::Settings;
+use crate::workers::{self, Listeners};
+
+/// Why the gateway cannot listen or stopped serving.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The address cannot be resolved or bound.
+    #[error("cannot listen for the gateway on {addr}")]
+    Listen {
+        /// The address as given.
+        addr: String,
+        /// Why not.
+        #[source]
+        source: io::Error,
+    },
+    /// A worker thread, its runtime or its listener cannot be set up.
+    #[error("cannot start a gateway worker")]
+    Worker(#[source] io::Error),
+    /// A worker thread panicked.
+    #[error("a gateway worker panicked")]
+    WorkerPanicked,
+}
+
+/// How the gateway answered a request, as told to the `observe` hook of
+/// [`Gateway::spawn`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted and handed to the proxy (whatever the upstream then answered).
+    Forwarded,
+    /// Answered by the rate limit layer (`429`) without reaching the upstream.
+    Limited,
+}
+
+/// A gateway whose listeners are bound, ready to serve.
+#[derive(Debug)]
+pub struct Gateway {
+    settings: Settings,
+    listeners: Listeners,
+}
+
+/// The layer around the proxy: what every gateway request goes through.
+type GatewayService = RateLimit<Proxy>;
+
+/// What the gateway answers with: the upstream's body or the proxy's error
+/// JSON, or the layer's 429 JSON.
+type GatewayBody = ResponseBody<ProxyBody>;
+
+impl Gateway {
+    /// Binds the gateway's listeners (one per worker, see `workers`).
+    /// `policy` is only looked at, to warn when it has no rules for the
+    /// gateway's domain.
+    ///
+    /// # Errors
+    ///
+    /// When the address cannot be resolved or bound.
+    pub async fn bind(settings: Settings, policy: &Policy) -> Result<Self, Error> {
+        let listeners = workers::bind(&settings.listen).await?;
+        tracing::info!(
+            "listening for the gateway on {} with upstream {}",
+            listeners.local_addr(),
+            settings.upstream
+        );
+        if policy.rules(&settings.domain).is_empty() {
+            tracing::warn!(
+                domain = settings.domain,
+                "the policy has no rules for the gateway's domain: every request is forwarded unlimited"
+            );
+        }
+        Ok(Self {
+            settings,
+            listeners,
+        })
+    }
+
+    /// The address every worker listens on (port 0 resolved).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listeners.local_addr()
+    }
+
+    /// Serves, on the worker threads, until `stopped` changes, checking
+    /// requests with `enforcer`'s policy, kill switch and store. Each answer
+    /// is told to `observe` with the time it took until its response head
+    /// (the caller's metrics; a function item costs nothing to carry). The
+    /// task ends when every worker has finished its requests in flight.
+    pub fn spawn<S, O>(
+        self,
+        enforcer: &Arc<Enforcer<S>>,
+        stopped: watch::Receiver<()>,
+        observe: O,
+    ) -> JoinHandle<Result<(), Error>>
+    where
+        S: Store + 'static,
+        O: Fn(Outcome, Duration) + Clone + Send + 'static,
+    {
+        let layer = layer(&self.settings, enforcer);
+        let (upstream, client_ip) = (self.settings.upstream, self.settings.client_ip);
+        let routes = self.settings.routes;
+        // Each worker gets a proxy, and so a pool of upstream connections, of
+        // its own.
+        self.listeners.serve(stopped, move || {
+            let service = layer.layer(Proxy::new(upstream.clone(), client_ip.clone()));
+            let routes = Arc::clone(&routes);
+            let observe = observe.clone();
+            move |peer, request| handle(&service, &routes, &observe, peer, request)
+        })
+    }
+}
+
+/// The layer, deciding with the service's enforcer (its policy, kill
+/// switch, store and observer).
+fn layer<S: Store + 'static>(settings: &Settings, enforcer: &Arc<Enforcer<S>>) -> RateLimitLayer {
+    let mut builder = RateLimitLayer::shared(settings.domain.clone(), Arc::clone(enforcer));
+    if settings.rate_limits.is_empty() {
+        builder = builder.descriptor(ClientIpKey::new(settings.client_ip.clone()));
+    }
+    for spec in &settings.rate_limits {
+        builder = builder.descriptor(spec.source(&settings.client_ip));
+    }
+    builder.build()
+}
+
+/// One request of a connection from `peer`: the peer address (which
+/// `ClientIpKey` and the proxy read) and the route template go into the
+/// request; the answer is told to `observe`: [`Outcome::Forwarded`] when it
+/// went through to the proxy, [`Outcome::Limited`] when the layer answered
+/// it.
+fn handle<O>(
+    service: &GatewayService,
+    routes: &Routes,
+    observe: &O,
+    peer: SocketAddr,
+    mut request: Request<Incoming>,
+) -> impl Future<Output = Result<Response<GatewayBody>, Infallible>> + Send + use<O>
+where
+    O: Fn(Outcome, Duration) + Clone + Send + 'static,
+{
+    let started = Instant::now();
+    request.extensions_mut().insert(peer);
+    if !routes.is_empty()
+        && let Some(template) = routes.template(request.uri().path())
+    {
+        request.extensions_mut().insert(template);
+    }
+    // The proxy is always ready (its pool makes a connection when none is
+    // idle), so the layer is too: there is no `poll_ready` to wait for.
+    let response = service.clone().call(request);
+    let observe = observe.clone();
+    async move {
+        let response = response.await?;
+        let outcome = if response.body().is_inner() {
+            Outcome::Forwarded
+        } else {
+            Outcome::Limited
+        };
+        observe(outcome, started.elapsed());
+        Ok(response)
+    }
+}

@@ -1,0 +1,171 @@
+//! The gateway's options (flags, environment variables, or a library
+//! user's values) and the settings they resolve to over the
+//! `--gateway-config` file and the defaults.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tollgate_http::ClientIpConfig;
+use tollgate_policy::ConfigError;
+
+use crate::actions::RateLimitSpec;
+use crate::config::{Cidr, GatewayFile};
+use crate::proxy::Upstream;
+use crate::routes::Routes;
+
+/// The domain the gateway checks requests in unless told otherwise.
+const DEFAULT_DOMAIN: &str = "gateway";
+/// IPv6 clients are keyed by their network of this many bits unless told otherwise.
+const DEFAULT_IPV6_PREFIX: u8 = 64;
+
+/// Options of the gateway, part of `tollgate serve`'s. A flag (or its
+/// environment variable) overrides the `--gateway-config` file's field.
+/// With the `clap` feature, these are the flags.
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+#[cfg_attr(feature = "clap", group(id = "gateway"))]
+pub struct Options {
+    /// Runs the gateway: a reverse proxy listening on ADDR that checks every
+    /// request against the policy and forwards admitted ones to --upstream
+    /// (port 0 picks a free port; the log says which).
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, env = "TOLLGATE_PROXY_LISTEN", value_name = "ADDR")
+    )]
+    pub proxy_listen: Option<String>,
+
+    /// The gateway's upstream: http://host:port, optionally with a base path.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, env = "TOLLGATE_UPSTREAM", value_name = "URL")
+    )]
+    pub upstream: Option<Upstream>,
+
+    /// The policy domain the gateway checks requests in [default: gateway].
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, env = "TOLLGATE_PROXY_DOMAIN", value_name = "DOMAIN")
+    )]
+    pub proxy_domain: Option<String>,
+
+    /// A proxy in front of the gateway (an address or a CIDR network) whose
+    /// X-Forwarded-For is believed; repeat for several (the environment
+    /// variable takes a comma-separated list).
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long = "trusted-proxy",
+            env = "TOLLGATE_TRUSTED_PROXIES",
+            value_name = "CIDR",
+            value_delimiter = ','
+        )
+    )]
+    pub trusted_proxies: Vec<Cidr>,
+
+    /// Keys IPv6 clients by their network of this many bits [default: 64].
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long,
+            env = "TOLLGATE_IPV6_PREFIX",
+            value_name = "BITS",
+            value_parser = clap::value_parser!(u8).range(0..=128)
+        )
+    )]
+    pub ipv6_prefix: Option<u8>,
+
+    /// The gateway's YAML config: the `rate_limits` actions that make each
+    /// request's descriptors (Envoy's), route templates, and any of the
+    /// options above. Read once at start.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, env = "TOLLGATE_GATEWAY_CONFIG", value_name = "PATH")
+    )]
+    pub gateway_config: Option<PathBuf>,
+}
+
+/// Why the gateway's options do not make a gateway.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SettingsError {
+    /// The config file cannot be used.
+    #[error("gateway config does not validate: {0}")]
+    Config(#[from] ConfigError),
+    /// An upstream or a config file, but nowhere to listen.
+    #[error(
+        "the gateway has no address: give --proxy-listen (or `listen` in the gateway config) with --upstream"
+    )]
+    NoListen,
+    /// An address, but nowhere to forward.
+    #[error("the gateway has no upstream: give --upstream (or `upstream` in the gateway config)")]
+    NoUpstream,
+    /// An empty domain, which no rule can be in.
+    #[error("the gateway's domain cannot be empty")]
+    EmptyDomain,
+}
+
+/// The gateway's settings: the options over the config file over the
+/// defaults, checked.
+#[derive(Debug)]
+pub struct Settings {
+    pub(crate) listen: String,
+    pub(crate) upstream: Upstream,
+    pub(crate) domain: String,
+    pub(crate) client_ip: ClientIpConfig,
+    pub(crate) routes: Arc<Routes>,
+    pub(crate) rate_limits: Vec<RateLimitSpec>,
+}
+
+impl Settings {
+    /// The settings, or `None` when the options do not ask for a gateway
+    /// (no address, no upstream, no config file). Reads the config file.
+    ///
+    /// # Errors
+    ///
+    /// When the config file cannot be read or does not validate, or the
+    /// options ask for a gateway without saying where it listens or forwards.
+    pub fn resolve(options: Options) -> Result<Option<Self>, SettingsError> {
+        let file = match &options.gateway_config {
+            Some(path) => GatewayFile::load(path)?,
+            None => GatewayFile::default(),
+        };
+        let upstream = options.upstream.or(file.upstream);
+        let Some(listen) = options.proxy_listen.or(file.listen) else {
+            if upstream.is_some() || options.gateway_config.is_some() {
+                return Err(SettingsError::NoListen);
+            }
+            return Ok(None);
+        };
+        let upstream = upstream.ok_or(SettingsError::NoUpstream)?;
+        let domain = options
+            .proxy_domain
+            .or(file.domain)
+            .unwrap_or_else(|| DEFAULT_DOMAIN.to_owned());
+        if domain.is_empty() {
+            return Err(SettingsError::EmptyDomain);
+        }
+        let trusted = if options.trusted_proxies.is_empty() {
+            file.trusted_proxies.unwrap_or_default()
+        } else {
+            options.trusted_proxies
+        };
+        let ipv6_prefix = options
+            .ipv6_prefix
+            .or(file.ipv6_prefix.map(|p| p.0))
+            .unwrap_or(DEFAULT_IPV6_PREFIX);
+        let mut client_ip = ClientIpConfig::new()
+            .trust(trusted.into_iter().map(|c| c.0))
+            .ipv6_prefix(ipv6_prefix);
+        if let Some(header) = file.forwarded_header {
+            client_ip = client_ip.header(header.into());
+        }
+        Ok(Some(Self {
+            listen,
+            upstream,
+            domain,
+            client_ip,
+            routes: Arc::new(Routes(file.routes)),
+            rate_limits: file.rate_limits,
+        }))
+    }
+}

@@ -1,0 +1,101 @@
+//! The library on real sockets: options resolved, bound on port 0, served
+//! with an enforcer in front of a local upstream, stopped by the signal,
+//! with every answer told to the hook. (The binary's flags, config file and
+//! every proxy behaviour are tested through `tollgate serve`, in
+//! tollgate-server's `tests/gateway.rs`.)
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tollgate_gateway::{Gateway, Options, Outcome, Settings};
+use tollgate_policy::{Enforcer, Policy};
+use tollgate_store::MemoryStore;
+
+/// An upstream that answers every request `200 hello`; its base URL.
+async fn upstream() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let hello = service_fn(|_: Request<Incoming>| async {
+                Ok::<_, Infallible>(Response::new(String::from("hello")))
+            });
+            tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), hello));
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_gateway_forwards_limits_tells_the_hook_and_stops() {
+    let options = Options {
+        proxy_listen: Some("127.0.0.1:0".into()),
+        upstream: Some(upstream().await.parse().expect("an upstream URL")),
+        ..Options::default()
+    };
+    let settings = Settings::resolve(options)
+        .expect("valid options")
+        .expect("a gateway is asked for");
+    let policy = Policy::parse(
+        "inline",
+        "
+domain: gateway
+rules:
+  - name: per-ip
+    match: [{ key: remote_address }]
+    limit: { requests: 1, per: 1h }
+",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let gateway = Gateway::bind(settings, &policy).await.expect("bind");
+    let addr = gateway.local_addr();
+    assert_ne!(addr.port(), 0, "port 0 is resolved");
+
+    let enforcer = Arc::new(Enforcer::new(policy, MemoryStore::default()));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    let task = gateway.spawn(&enforcer, stopped, {
+        let seen = Arc::clone(&seen);
+        move |outcome, _elapsed| seen.lock().expect("not poisoned").push(outcome)
+    });
+
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/anything");
+    let first = client.get(&url).send().await.expect("first request");
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(first.text().await.expect("body"), "hello");
+    let second = client.get(&url).send().await.expect("second request");
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        *seen.lock().expect("not poisoned"),
+        [Outcome::Forwarded, Outcome::Limited]
+    );
+
+    drop(client);
+    stop.send(()).expect("the gateway listens for the signal");
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the workers stop")
+        .expect("no worker panicked")
+        .expect("the gateway served without error");
+}
+
+#[test]
+fn no_address_and_no_upstream_is_no_gateway() {
+    assert!(matches!(Settings::resolve(Options::default()), Ok(None)));
+    let upstream_only = Options {
+        upstream: Some("http://127.0.0.1:9".parse().expect("an upstream URL")),
+        ..Options::default()
+    };
+    assert!(matches!(
+        Settings::resolve(upstream_only),
+        Err(tollgate_gateway::SettingsError::NoListen)
+    ));
+}
