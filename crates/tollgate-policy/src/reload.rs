@@ -117,10 +117,10 @@ impl Safeguards {
 #[non_exhaustive]
 pub enum Refusal {
     /// It defines no rules: every limit would be off.
-    #[error("it defines no rules, so every limit would be off")]
+    #[error("defines no rules, so every limit would be off")]
     NoRules,
     /// It lacks domains that are in force.
-    #[error("it drops domains in force: {}", domains.join(", "))]
+    #[error("drops domains in force: {}", domains.join(", "))]
     DomainsRemoved {
         /// The domains it lacks, in name order.
         domains: Vec<String>,
@@ -135,7 +135,7 @@ pub enum ReloadError {
     #[error(transparent)]
     Invalid(#[from] ConfigError),
     /// The config is valid but the [`Safeguards`] refuse it.
-    #[error("the config at {} was refused: {refusal}", path.display())]
+    #[error("the config at {} {refusal}", path.display())]
     Refused {
         /// The config path.
         path: PathBuf,
