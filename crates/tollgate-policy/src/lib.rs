@@ -22,7 +22,7 @@
 //! A [`Reloader`] keeps a [`PolicyHandle`] in step with a config path: it
 //! reloads on change, keeps the last good config when the new one is invalid
 //! or would silently turn limits off ([`Safeguards`]), and reports each
-//! attempt to an observer. Its poll loop, [`Reloader::watch`], needs the
+//! attempt to an observer. Its poll loop, `Reloader::watch`, needs the
 //! `watch` feature (and tokio); everything else works without a runtime.
 
 mod config;

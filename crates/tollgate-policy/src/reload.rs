@@ -19,7 +19,7 @@
 //! [`Reloader::last`]. The same contents are not tried again until they
 //! change.
 //!
-//! With the `watch` feature, [`Reloader::watch`] runs the poll loop on tokio.
+//! With the `watch` feature, `Reloader::watch` runs the poll loop on tokio.
 
 use std::collections::hash_map::DefaultHasher;
 use std::fmt;
@@ -613,6 +613,34 @@ mod tests {
         assert_eq!(reloader.poll_once(), None);
         assert_eq!(reloader.poll_once(), None);
         assert_eq!(seen.lock().expect("lock").len(), 1);
+    }
+
+    #[test]
+    fn a_reloader_of_an_existing_handle_reloads_only_later_changes() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let file = dir.path().join("api.yaml");
+        std::fs::write(&file, config("api", 1)).expect("writable");
+        let handle = PolicyHandle::new(Policy::load(&file).expect("valid"));
+        let before = handle.load();
+        let reloader = Reloader::new(&file, handle.clone(), Safeguards::default());
+        assert_eq!(reloader.poll_once(), None);
+        assert_eq!(reloader.poll_once(), None, "what the handle holds already");
+        std::fs::write(&file, config("renamed", 1)).expect("writable");
+        let reload = poll_twice(&reloader);
+        assert!(
+            matches!(
+                &reload.outcome,
+                Err(ReloadError::Refused { refusal: Refusal::DomainsRemoved { domains }, .. })
+                    if domains == &["api"]
+            ),
+            "{reload:?}"
+        );
+        std::fs::write(&file, config("api", 2)).expect("writable");
+        assert_eq!(poll_twice(&reloader).outcome, Ok(vec!["api".into()]));
+        assert!(
+            !Arc::ptr_eq(&before, &handle.load()),
+            "the caller's handle sees the swap"
+        );
     }
 
     #[cfg(feature = "watch")]
