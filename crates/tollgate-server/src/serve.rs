@@ -180,6 +180,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     tracing::info!(?domains, source = %source(&args.config), "policy loaded");
 
     let gateway = gateway::bind(args.gateway, &policy).await?;
+    // The handle holds what is in force; this start-up snapshot would
+    // otherwise stay in memory past every reload.
+    drop(policy);
     let http_listener = bind("HTTP", &args.http).await?;
     let grpc_listener = bind("gRPC", &args.grpc).await?;
     for (what, listener) in [("HTTP", &http_listener), ("gRPC", &grpc_listener)] {
