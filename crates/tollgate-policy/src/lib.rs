@@ -18,6 +18,12 @@
 //! value it lists without a limit exempts that value (`docs/envoy.md`). A
 //! config is parsed, validated and only then used; every error names the file,
 //! line, field and reason.
+//!
+//! A [`Reloader`] keeps a [`PolicyHandle`] in step with a config path: it
+//! reloads on change, keeps the last good config when the new one is invalid
+//! or would silently turn limits off ([`Safeguards`]), and reports each
+//! attempt to an observer. Its poll loop, `Reloader::watch`, needs the
+//! `watch` feature (and tokio); everything else works without a runtime.
 
 mod config;
 mod descriptor;
@@ -28,6 +34,7 @@ mod kill_switch;
 mod native;
 mod policy;
 mod policy_handle;
+mod reload;
 mod rule;
 mod tree;
 
@@ -41,6 +48,7 @@ pub use error::{ConfigError, RequestError};
 pub use kill_switch::KillSwitch;
 pub use policy::{Applied, Policy, Resolved};
 pub use policy_handle::PolicyHandle;
+pub use reload::{Fingerprint, Refusal, Reload, ReloadError, Reloader, Safeguards, Trigger};
 pub use rule::Rule;
 pub use tollgate_core::FailurePolicy;
 pub use tollgate_core::{ParseDurationError, parse_duration};

@@ -1,5 +1,5 @@
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tollgate_core::{Algorithm, Limit, Quota};
@@ -103,18 +103,7 @@ impl Policy {
             field: "file".into(),
             reason: e.to_string(),
         };
-        let files = if path.is_dir() {
-            let mut files: Vec<_> = std::fs::read_dir(path)
-                .map_err(|e| io_error(path, e))?
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-                .collect();
-            files.sort();
-            files
-        } else {
-            vec![path.to_owned()]
-        };
+        let files = config_files(path).map_err(|e| io_error(path, e))?;
         let mut policy = Policy::default();
         for file in files {
             let text = std::fs::read_to_string(&file).map_err(|e| io_error(&file, e))?;
@@ -130,7 +119,7 @@ impl Policy {
         Ok(policy)
     }
 
-    fn add_file(&mut self, path: &Path, text: &str) -> Result<(), ConfigError> {
+    pub(crate) fn add_file(&mut self, path: &Path, text: &str) -> Result<(), ConfigError> {
         let (name, domain) = crate::config::read_any(path, text)?;
         if let Some(existing) = self.domains.get(&name) {
             return Err(ConfigError {
@@ -146,6 +135,11 @@ impl Policy {
         }
         self.domains.insert(name, domain);
         Ok(())
+    }
+
+    /// Whether no domain has a rule: a policy that limits nothing.
+    pub fn is_empty(&self) -> bool {
+        self.domains.values().all(|d| d.rules.is_empty())
     }
 
     /// The domains, in name order.
@@ -191,6 +185,22 @@ impl Policy {
         apply_replaces(&mut resolved);
         Ok(resolved)
     }
+}
+
+/// The files a config path stands for: the path itself, or a directory's
+/// `.yaml`/`.yml` files in name order. [`Policy::load`] reads them and the
+/// reloader's fingerprint hashes them, so both see the same files.
+pub(crate) fn config_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut files: Vec<_> = std::fs::read_dir(path)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    Ok(files)
 }
 
 fn match_rule(domain_name: &str, domain: &Domain, descriptor: &Descriptor, cost: u64) -> Resolved {

@@ -20,7 +20,7 @@ use anyhow::{Context, bail};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tollgate_policy::Policy;
+use tollgate_policy::{Policy, PolicyHandle};
 use tracing_subscriber::EnvFilter;
 
 mod admin;
@@ -36,7 +36,6 @@ mod reload;
 use backend::Backend;
 use grpc::{RateLimitGrpc, RateLimitServiceServer};
 use http::AppState;
-use reload::Fingerprint;
 use tollgate_gateway::Gateway;
 use tollgate_policy::Enforcer;
 
@@ -108,6 +107,9 @@ pub(crate) struct Args {
     #[command(flatten, next_help_heading = "Store (with --redis)")]
     store: backend::StoreArgs,
 
+    #[command(flatten, next_help_heading = "Reload")]
+    reload: reload::Args,
+
     #[command(flatten, next_help_heading = "Gateway")]
     gateway: tollgate_gateway::Options,
 }
@@ -169,16 +171,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
 
 async fn serve(args: Args) -> anyhow::Result<()> {
     let mut signals = Signals::install()?;
-    let (policy, fingerprint) = match &args.config {
-        Some(path) => {
-            // Taken before loading, so a change in between is seen by the watcher.
-            let fingerprint = Fingerprint::of(path);
-            let policy =
-                Policy::load(path).map_err(|e| anyhow::anyhow!("config does not validate: {e}"))?;
-            (policy, Some(fingerprint))
-        }
-        None => (Policy::builtin(), None),
+    let reloader = match &args.config {
+        Some(path) => Some(reload::load(path, &args.reload)?),
+        None => None,
     };
+    let handle = reloader.as_ref().map_or_else(
+        || PolicyHandle::new(Policy::builtin()),
+        |r| r.handle().clone(),
+    );
+    let policy = handle.load();
     let domains: Vec<&str> = policy.domains().collect();
     tracing::info!(?domains, source = %source(&args.config), "policy loaded");
 
@@ -186,6 +187,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         Some(settings) => Some(Gateway::bind(settings, &policy).await?),
         None => None,
     };
+    // The handle holds what is in force; this start-up snapshot would
+    // otherwise stay in memory past every reload.
+    drop(policy);
     let http_listener = bind("HTTP", &args.http).await?;
     let grpc_listener = bind("gRPC", &args.grpc).await?;
     for (what, listener) in [("HTTP", &http_listener), ("gRPC", &grpc_listener)] {
@@ -206,7 +210,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     .await?;
     tracing::info!(store = store.describe(), "store ready");
     let enforcer: Arc<Enforcer<Backend>> =
-        Arc::new(Enforcer::new(policy, store).with_observer(Arc::new(metrics::Observe)));
+        Arc::new(Enforcer::new(handle, store).with_observer(Arc::new(metrics::Observe)));
     let (stop, stopped) = watch::channel(());
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -235,7 +239,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         metrics: metrics_handle.clone(),
         store_metrics,
         admin_token: args.admin_token,
-        config: args.config.clone(),
+        reloader: reloader.clone(),
     });
     // On the shared multi-threaded runtime, not the gateway's per-CPU
     // workers: measured both ways (`scripts/bench-http`), per-CPU workers
@@ -250,13 +254,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         tokio::spawn(async move { http_server.await.context("the HTTP server failed") });
     let mut gateway_task = gateway.map(|g| g.spawn(&enforcer, stopped.clone(), metrics::gateway));
 
-    if let (Some(path), Some(fingerprint)) = (args.config, fingerprint) {
-        tokio::spawn(reload::watch(
-            Arc::clone(&enforcer),
-            path,
-            fingerprint,
-            stopped.clone(),
-        ));
+    if let Some(reloader) = reloader {
+        tokio::spawn(reloader.watch(reload::POLL, signalled(stopped.clone())));
     }
     tokio::spawn(upkeep(metrics_handle, stopped));
 

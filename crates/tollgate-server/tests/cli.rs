@@ -75,6 +75,10 @@ fn help_shows_every_flag_its_default_and_its_variable() {
         "TOLLGATE_GRPC",
         "TOLLGATE_REDIS",
         "TOLLGATE_ADMIN_TOKEN",
+        "--allow-empty-config",
+        "TOLLGATE_ALLOW_EMPTY_CONFIG",
+        "--allow-domain-removal",
+        "TOLLGATE_ALLOW_DOMAIN_REMOVAL",
     ] {
         assert!(help.contains(needle), "{needle} missing from:\n{help}");
     }

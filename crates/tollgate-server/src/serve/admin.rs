@@ -2,7 +2,7 @@
 //!
 //! | endpoint | does |
 //! | --- | --- |
-//! | `POST /admin/reload` | reloads `--config` now: 200 `{"domains": [...]}`; 422 with the config error (the old config stays); 409 without `--config` |
+//! | `POST /admin/reload` | reloads `--config` now: 200 `{"domains": [...]}`; 422 with the config error, or 409 `{"error", "refused": true, "removed_domains"}` when the safeguards refuse it (either way the old config stays); 409 without `--config` |
 //! | `GET /admin/kill-switch` | `{"disabled": [{"domain": "api", "rule": "per-ip" or null}]}` |
 //! | `POST /admin/kill-switch` | `{"domain": "api", "rule": "per-ip" (optional), "enforce": false}` turns enforcement of a rule or a whole domain off (or back on); answers the listing; 404 when disabling a domain or rule the current policy does not have |
 //! | `GET /admin/keys/{key}?limit=10&period=1s[&burst=20][&algorithm=gcra]` | the state of store key `key` under that limit, read at cost 0 (nothing consumed) |
@@ -26,11 +26,10 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 use tollgate_core::Store;
+use tollgate_policy::{Refusal, ReloadError};
 
 use super::http::{ApiError, AppState};
-use super::metrics::Trigger;
 use super::native::quota_of;
-use super::reload;
 
 /// The admin API's bearer token. Its `Debug` does not show it.
 #[derive(Clone)]
@@ -105,27 +104,60 @@ async fn authorize<S: Store + 'static>(
 }
 
 async fn reload_now<S: Store + 'static>(State(state): State<Arc<AppState<S>>>) -> Response {
-    let Some(path) = &state.config else {
+    let Some(reloader) = state.reloader.clone() else {
         return ApiError::new(
             StatusCode::CONFLICT,
             "no --config was given: the built-in policy has nothing to reload",
         )
         .into_response();
     };
-    match reload::reload(&state.enforcer, path, Trigger::Admin).await {
-        Ok(domains) => Json(serde_json::json!({ "domains": domains })).into_response(),
+    // Logged and counted by the reloader's observer.
+    let reload = match tokio::task::spawn_blocking(move || reloader.reload()).await {
+        Ok(reload) => reload,
         Err(e) => {
-            let body = serde_json::json!({
+            return ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the reload task failed: {e}"),
+            )
+            .into_response();
+        }
+    };
+    let error = match reload.outcome {
+        Ok(domains) => return Json(serde_json::json!({ "domains": domains })).into_response(),
+        Err(error) => error,
+    };
+    let (status, body) = match &error {
+        ReloadError::Invalid(e) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            serde_json::json!({
                 "error": e.to_string(),
                 "path": e.path.display().to_string(),
                 "line": e.line,
                 "column": e.column,
                 "field": e.field,
                 "reason": e.reason,
-            });
-            (StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response()
+            }),
+        ),
+        ReloadError::Refused { refusal, .. } => {
+            let removed = match refusal {
+                Refusal::DomainsRemoved { domains } => domains.as_slice(),
+                _ => &[],
+            };
+            (
+                StatusCode::CONFLICT,
+                serde_json::json!({
+                    "error": error.to_string(),
+                    "refused": true,
+                    "removed_domains": removed,
+                }),
+            )
         }
-    }
+        _ => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            serde_json::json!({ "error": error.to_string() }),
+        ),
+    };
+    (status, Json(body)).into_response()
 }
 
 /// A switched-off domain or rule.

@@ -42,7 +42,7 @@ pub(crate) struct CurrentLimit<'a> {
 
 /// The answer to `verdict`.
 pub(crate) fn answer(verdict: &Verdict) -> Answer<'_> {
-    let mut headers = http::HeaderMap::new();
+    let mut headers = axum::http::HeaderMap::new();
     HeaderStyle::ENVOY.write(&reports(verdict), verdict.started_at, &mut headers);
     Answer {
         ok: verdict.allowed(),

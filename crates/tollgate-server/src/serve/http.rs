@@ -8,13 +8,12 @@
 //! | `POST /v1/release` | gives back a checked request's concurrency permits |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /healthz` | 200 while the process runs |
-//! | `GET /readyz` | 200 when the store answers a probe check, 503 otherwise |
+//! | `GET /readyz` | 200 when the store answers a probe check, 503 otherwise; the body also says when the last config reload was refused or failed (still 200: the last good config is enforced) |
 //! | `/admin/...` | see `admin` |
 //!
 //! Errors are `{"error": "..."}` with a 4xx or 5xx status.
 
 use std::convert::Infallible;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -29,8 +28,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tollgate_core::Store;
 
 use super::admin::{self, AdminToken};
-use super::{envoy_json, metrics, native};
-use tollgate_policy::Enforcer;
+use super::{envoy_json, metrics, native, reload};
+use tollgate_policy::{Enforcer, Reloader};
 
 /// What every handler shares.
 pub(crate) struct AppState<S> {
@@ -43,9 +42,9 @@ pub(crate) struct AppState<S> {
     pub(crate) store_metrics: Option<Box<dyn Fn() + Send + Sync>>,
     /// The bearer token of the admin API; `None` disables it.
     pub(crate) admin_token: Option<AdminToken>,
-    /// The `--config` path that `POST /admin/reload` reads; `None` when the
-    /// built-in policy is in force.
-    pub(crate) config: Option<PathBuf>,
+    /// Reloads `--config` for `POST /admin/reload` and tells `/readyz` how
+    /// the last reload went; `None` when the built-in policy is in force.
+    pub(crate) reloader: Option<Reloader>,
 }
 
 /// An error answer: a status and `{"error": message}`.
@@ -171,7 +170,11 @@ async fn healthz() -> &'static str {
 
 async fn readyz<S: Store + 'static>(State(state): State<Arc<AppState<S>>>) -> Response {
     if state.enforcer.ready().await {
-        "ready\n".into_response()
+        let note = state.reloader.as_ref().and_then(reload::readiness_note);
+        match note {
+            Some(note) => format!("ready\n{note}\n").into_response(),
+            None => "ready\n".into_response(),
+        }
     } else {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the store does not answer").into_response()
     }
@@ -200,7 +203,7 @@ mod tests {
             metrics: metrics::recorder().expect("valid buckets").handle(),
             store_metrics: None,
             admin_token: admin_token.map(|t| t.parse().expect("a token")),
-            config: None,
+            reloader: None,
         };
         router(Arc::new(state))
     }
@@ -275,7 +278,7 @@ mod tests {
                 metrics: metrics::recorder().expect("valid buckets").handle(),
                 store_metrics: None,
                 admin_token: None,
-                config: None,
+                reloader: None,
             })
         };
         let too_big = format!(r#"{{"key": "{}"}}"#, "k".repeat(3 << 20));

@@ -13,7 +13,7 @@ use std::time::Duration;
 use metrics::{counter, describe_counter, describe_gauge, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use tollgate_core::StoreError;
-use tollgate_policy::{Decided, Descriptor, FailurePolicy, Observer, Rule, State};
+use tollgate_policy::{Decided, Descriptor, FailurePolicy, Observer, Rule, State, Trigger};
 use tollgate_store::BreakerState;
 
 use super::backend::StackStats;
@@ -60,7 +60,8 @@ const HYBRID_LOCAL: &str = "tollgate_hybrid_local_decisions_total";
 const HYBRID_REMOTE: &str = "tollgate_hybrid_redis_checks_total";
 const HYBRID_LEASED: &str = "tollgate_hybrid_units_leased_total";
 const HYBRID_RETURNED: &str = "tollgate_hybrid_units_returned_total";
-/// Config reloads by result (`ok`, `error`) and trigger (`watch`, `admin`).
+/// Config reloads by result (`ok`, `error`, `refused`) and trigger (`watch`,
+/// `admin`).
 const CONFIG_RELOADS: &str = "tollgate_config_reloads_total";
 
 /// Histogram buckets for every `*_duration_seconds` metric: 10 µs to 1 s.
@@ -106,15 +107,6 @@ pub(crate) enum CheckResult {
     OverLimit,
     /// Refused as malformed.
     Invalid,
-}
-
-/// What triggered a config reload.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Trigger {
-    /// The file watcher saw a change.
-    Watch,
-    /// `POST /admin/reload`.
-    Admin,
 }
 
 /// A Prometheus recorder (not installed) with this service's buckets and help
@@ -340,13 +332,15 @@ fn store_fallback(failure: FailurePolicy) {
     counter!(STORE_FALLBACKS, "failure" => failure.name()).increment(1);
 }
 
-/// Records a config reload.
-pub(crate) fn config_reload(trigger: Trigger, ok: bool) {
-    let trigger = match trigger {
-        Trigger::Watch => "watch",
-        Trigger::Admin => "admin",
+/// Records a config reload attempt: `result` is `ok`, `error` (invalid) or
+/// `refused` (valid, but the safeguards kept the last good config).
+pub(crate) fn config_reload(trigger: Trigger, result: &'static str) {
+    // Only `POST /admin/reload` reloads on demand.
+    let trigger = if trigger == Trigger::Watch {
+        "watch"
+    } else {
+        "admin"
     };
-    let result = if ok { "ok" } else { "error" };
     counter!(CONFIG_RELOADS, "result" => result, "trigger" => trigger).increment(1);
 }
 

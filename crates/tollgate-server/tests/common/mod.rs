@@ -49,6 +49,8 @@ pub(crate) fn tollgate() -> Command {
         "TOLLGATE_TRUSTED_PROXIES",
         "TOLLGATE_IPV6_PREFIX",
         "TOLLGATE_GATEWAY_CONFIG",
+        "TOLLGATE_ALLOW_EMPTY_CONFIG",
+        "TOLLGATE_ALLOW_DOMAIN_REMOVAL",
     ] {
         command.env_remove(var);
     }
