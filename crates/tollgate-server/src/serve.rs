@@ -225,15 +225,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let mut grpc_task: JoinHandle<anyhow::Result<()>> =
         tokio::spawn(async move { grpc_server.await.context("the gRPC server failed") });
 
-    let store_metrics: Option<Box<dyn Fn() + Send + Sync>> =
-        enforcer.store().redis_stats().is_some().then(|| {
-            let enforcer = Arc::clone(&enforcer);
-            Box::new(move || {
-                if let Some(stats) = enforcer.store().redis_stats() {
-                    metrics::redis(&stats);
-                }
-            }) as Box<dyn Fn() + Send + Sync>
-        });
+    let store_metrics: Option<Box<dyn Fn() + Send + Sync>> = {
+        let enforcer = Arc::clone(&enforcer);
+        Some(Box::new(move || enforcer.store().record_metrics()))
+    };
     let state = Arc::new(AppState {
         enforcer: Arc::clone(&enforcer),
         metrics: metrics_handle.clone(),

@@ -17,9 +17,23 @@ use tollgate_store::{
 /// Keys the deny cache holds when it is on.
 const DENY_CACHE_KEYS: usize = 65_536;
 
-/// How the Redis stack is built (with `--redis`; ignored in memory).
+/// How the store is built: the memory store's bound, and the Redis stack
+/// (with `--redis`).
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct StoreArgs {
+    /// The most keys the in-process store holds (the memory store, or with
+    /// `--redis` the local fallback store). A new key past it evicts a key
+    /// whose state is back to full, and when none is, it is refused (its
+    /// check denied) rather than forgetting a key that is limiting.
+    #[arg(
+        long,
+        env = "TOLLGATE_MAX_KEYS",
+        value_name = "N",
+        default_value_t = 1_000_000,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    max_keys: u64,
+
     /// Whether keys that Redis denied are denied locally until their
     /// `retry_after` passes, without a Redis call (`true` or `false`).
     #[arg(
@@ -178,9 +192,13 @@ impl Backend {
         timeout: Duration,
         args: &StoreArgs,
     ) -> anyhow::Result<Self> {
+        let memory = MemoryConfig {
+            max_keys: usize::try_from(args.max_keys).unwrap_or(usize::MAX),
+            ..MemoryConfig::default()
+        };
         let Some(url) = redis else {
             return Ok(Backend::Memory(MemoryStore::with_clock(
-                MemoryConfig::default(),
+                memory,
                 SystemClock,
             )));
         };
@@ -209,13 +227,25 @@ impl Backend {
             timeout: timeout.saturating_mul(3),
             breaker_failures: args.breaker_failures,
             breaker_cool_down: args.breaker_cool_down,
-            ..FallbackConfig::default()
+            local: memory,
         };
         let capacity = if args.deny_cache { DENY_CACHE_KEYS } else { 0 };
         Ok(Backend::Redis(Box::new(DenyCache::new(
             Fallback::new(remote, fallback),
             capacity,
         ))))
+    }
+
+    /// Copies the store's counters into the metrics registry (at each scrape).
+    pub(crate) fn record_metrics(&self) {
+        match self {
+            Backend::Memory(m) => super::metrics::memory(&m.stats()),
+            Backend::Redis(_) => {
+                if let Some(stats) = self.redis_stats() {
+                    super::metrics::redis(&stats);
+                }
+            }
+        }
     }
 
     /// The counters of the Redis stack's parts; `None` in memory.

@@ -14,7 +14,7 @@ use metrics::{counter, describe_counter, describe_gauge, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use tollgate_core::StoreError;
 use tollgate_policy::{Decided, Descriptor, FailurePolicy, Observer, Rule, State, Trigger};
-use tollgate_store::BreakerState;
+use tollgate_store::{BreakerState, MemoryStats};
 
 use super::backend::StackStats;
 
@@ -60,6 +60,11 @@ const HYBRID_LOCAL: &str = "tollgate_hybrid_local_decisions_total";
 const HYBRID_REMOTE: &str = "tollgate_hybrid_redis_checks_total";
 const HYBRID_LEASED: &str = "tollgate_hybrid_units_leased_total";
 const HYBRID_RETURNED: &str = "tollgate_hybrid_units_returned_total";
+/// The in-process store's keys now, and the keys it evicted (at rest) or
+/// refused (nothing at rest to evict) to stay within `--max-keys`.
+const MEMORY_KEYS: &str = "tollgate_memory_keys";
+const MEMORY_EVICTIONS: &str = "tollgate_memory_evictions_total";
+const MEMORY_REFUSALS: &str = "tollgate_memory_refusals_total";
 /// Config reloads by result (`ok`, `error`, `refused`) and trigger (`watch`,
 /// `admin`).
 const CONFIG_RELOADS: &str = "tollgate_config_reloads_total";
@@ -169,6 +174,15 @@ pub(crate) fn install(
     describe_counter!(HYBRID_REMOTE, "Checks hybrid mode sent to Redis.");
     describe_counter!(HYBRID_LEASED, "Units leased from Redis.");
     describe_counter!(HYBRID_RETURNED, "Unspent leased units given back to Redis.");
+    describe_gauge!(MEMORY_KEYS, "Keys the in-process store holds.");
+    describe_counter!(
+        MEMORY_EVICTIONS,
+        "Keys at rest the in-process store evicted to stay within --max-keys."
+    );
+    describe_counter!(
+        MEMORY_REFUSALS,
+        "New keys the in-process store refused (denied) because nothing at rest could be evicted."
+    );
     Ok(handle)
 }
 
@@ -342,6 +356,13 @@ pub(crate) fn config_reload(trigger: Trigger, result: &'static str) {
         "admin"
     };
     counter!(CONFIG_RELOADS, "result" => result, "trigger" => trigger).increment(1);
+}
+
+/// Copies the memory store's counters into the registry.
+pub(crate) fn memory(stats: &MemoryStats) {
+    gauge!(MEMORY_KEYS).set(stats.keys as f64);
+    counter!(MEMORY_EVICTIONS).absolute(stats.evictions);
+    counter!(MEMORY_REFUSALS).absolute(stats.refusals);
 }
 
 /// Copies the Redis stack's counters into the registry (they are monotonic
