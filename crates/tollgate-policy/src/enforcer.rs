@@ -59,7 +59,8 @@ pub enum Check<'a> {
 
 /// A limit given in the request itself rather than by a policy (Tollgate's
 /// `POST /v1/check` with `key`). Its key is namespaced apart from every
-/// policy's, and it has the default failure policy, `local`.
+/// policy's and by its own quota and algorithm, and it has the default
+/// failure policy, `local`.
 #[derive(Debug, Clone)]
 pub struct AdHoc {
     /// The caller's key, before namespacing.
@@ -73,19 +74,34 @@ pub struct AdHoc {
 }
 
 impl AdHoc {
-    /// The store key of this ad-hoc limit.
+    /// The store key of this ad-hoc limit:
+    /// `adhoc:<algorithm>:<limit>:<period ns>:<burst>:<key>` (a shaping
+    /// limit's `delay_after` follows its algorithm's name). The quota is part
+    /// of the key, so naming the same key with another quota spends another
+    /// budget: a client cannot lock a key's owner out by checking it with a
+    /// stricter or longer quota.
     pub fn store_key(&self) -> String {
-        adhoc_key(&self.key)
+        // Not `format!`: this runs on every ad-hoc check.
+        let mut numbers = itoa::Buffer::new();
+        let mut key = String::with_capacity(ADHOC_PREFIX.len() + 64 + self.key.len());
+        key.push_str(ADHOC_PREFIX);
+        key.push_str(self.algorithm.name());
+        if let Algorithm::LeakyBucketShaping { delay_after } = self.algorithm {
+            key.push('+');
+            key.push_str(numbers.format(delay_after));
+        }
+        for n in [
+            self.quota.limit(),
+            self.quota.period_ns(),
+            self.quota.burst(),
+        ] {
+            key.push(':');
+            key.push_str(numbers.format(n));
+        }
+        key.push(':');
+        key.push_str(&self.key);
+        key
     }
-}
-
-/// The store key of an ad-hoc limit the caller named `key`.
-pub fn adhoc_key(key: &str) -> String {
-    // Not `format!`: this runs on every ad-hoc check.
-    let mut namespaced = String::with_capacity(ADHOC_PREFIX.len() + key.len());
-    namespaced.push_str(ADHOC_PREFIX);
-    namespaced.push_str(key);
-    namespaced
 }
 
 /// What happened to one descriptor.
@@ -428,6 +444,51 @@ impl Observer for NoObserver {
     fn decided(&self, _: &Decided<'_>) {}
 }
 
+/// How large a request the enforcer takes. A request is resolved and checked
+/// in one piece, so without a bound one client's request of 100,000
+/// descriptors would hold a worker (and the store) while every other check
+/// waits; a request past these is refused as a bad request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Descriptors per request (default 128; Envoy's rate limit actions make
+    /// a handful).
+    pub descriptors: usize,
+    /// Entries per descriptor (default 32).
+    pub entries: usize,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        Self {
+            descriptors: 128,
+            entries: 32,
+        }
+    }
+}
+
+impl RequestLimits {
+    fn check(&self, request: &Request<'_>) -> Result<(), RequestError> {
+        let count = request.descriptors.len();
+        if count > self.descriptors {
+            return Err(RequestError::TooManyDescriptors {
+                count,
+                max: self.descriptors,
+            });
+        }
+        for (index, descriptor) in request.descriptors.iter().enumerate() {
+            let count = descriptor.entries.len();
+            if count > self.entries {
+                return Err(RequestError::TooManyEntries {
+                    index,
+                    count,
+                    max: self.entries,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The one evaluator: owns the policy handle, the kill switch and the store,
 /// and turns every door's requests into [`Verdict`]s. See the module docs.
 pub struct Enforcer<S> {
@@ -436,6 +497,7 @@ pub struct Enforcer<S> {
     store: S,
     observer: Arc<dyn Observer>,
     clock: Arc<dyn Clock>,
+    limits: RequestLimits,
 }
 
 impl<S> fmt::Debug for Enforcer<S> {
@@ -464,7 +526,14 @@ impl<S: Store> Enforcer<S> {
             store,
             observer: Arc::new(NoObserver),
             clock: Arc::new(SystemClock),
+            limits: RequestLimits::default(),
         }
+    }
+
+    /// The same enforcer, taking requests up to `limits`.
+    #[must_use]
+    pub fn with_request_limits(self, limits: RequestLimits) -> Self {
+        Self { limits, ..self }
     }
 
     /// The same enforcer, reporting every decision to `observer`.
@@ -524,6 +593,7 @@ impl<S: Store> Enforcer<S> {
     }
 
     async fn enforce_policy(&self, request: &Request<'_>) -> Result<Verdict, RequestError> {
+        self.limits.check(request)?;
         let policy = self.policy.load();
         let resolved = policy.resolve(request)?;
         let started_at = self.clock.now();

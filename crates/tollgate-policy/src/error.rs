@@ -38,6 +38,24 @@ pub enum RequestError {
         /// Which descriptor.
         index: usize,
     },
+    /// The request has more descriptors than the enforcer takes.
+    #[error("the request has {count} descriptors; at most {max} are taken")]
+    TooManyDescriptors {
+        /// How many it has.
+        count: usize,
+        /// The most the enforcer takes ([`crate::RequestLimits`]).
+        max: usize,
+    },
+    /// A descriptor has more entries than the enforcer takes.
+    #[error("descriptor {index} has {count} entries; at most {max} are taken")]
+    TooManyEntries {
+        /// Which descriptor.
+        index: usize,
+        /// How many entries it has.
+        count: usize,
+        /// The most the enforcer takes ([`crate::RequestLimits`]).
+        max: usize,
+    },
     /// A limit override is not a usable quota.
     #[error("descriptor {index} has an invalid limit override: {reason}")]
     InvalidOverride {

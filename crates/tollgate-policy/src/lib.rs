@@ -42,7 +42,7 @@ pub use config::parse_yaml;
 pub use descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 pub use enforcer::{
     AdHoc, Check, Decided, DescriptorVerdict, Enforcer, InvalidToken, NoObserver, Observer, Permit,
-    State, Verdict, adhoc_key,
+    RequestLimits, State, Verdict,
 };
 pub use error::{ConfigError, RequestError};
 pub use kill_switch::KillSwitch;

@@ -356,3 +356,85 @@ async fn the_observer_sees_every_decision() {
         ]
     );
 }
+
+/// Regression: checking someone's ad-hoc key with a quota of 1 per 900 days
+/// locked its owner out, since both quotas spent one budget. The quota is
+/// part of the ad-hoc key now.
+#[tokio::test]
+async fn an_adhoc_key_checked_with_another_quota_is_another_budget() {
+    let enforcer = memory(POLICY);
+    let owner = AdHoc {
+        key: "tenant-7".into(),
+        quota: Quota::per_hour(2).expect("valid"),
+        algorithm: Algorithm::Gcra,
+        cost: 1,
+    };
+    let attacker = AdHoc {
+        quota: Quota::new(1, Duration::from_secs(900 * 86_400)).expect("valid"),
+        ..owner.clone()
+    };
+    for _ in 0..3 {
+        let _ = enforcer.enforce(Check::AdHoc(&attacker)).await;
+    }
+    for _ in 0..2 {
+        let verdict = enforcer
+            .enforce(Check::AdHoc(&owner))
+            .await
+            .expect("ad hoc");
+        assert!(verdict.allowed(), "the owner's budget is untouched");
+    }
+    assert_ne!(owner.store_key(), attacker.store_key());
+    let shaping = AdHoc {
+        algorithm: Algorithm::LeakyBucketShaping { delay_after: 3 },
+        ..owner.clone()
+    };
+    assert_ne!(
+        shaping.store_key(),
+        AdHoc {
+            algorithm: Algorithm::LeakyBucketShaping { delay_after: 4 },
+            ..owner
+        }
+        .store_key()
+    );
+}
+
+/// Regression: one gRPC request of 100,000 descriptors held a worker for
+/// hundreds of milliseconds while every other check waited. Requests past
+/// the limits are refused whole, before any rule or store is touched.
+#[tokio::test]
+async fn requests_past_the_limits_are_refused_before_the_store() {
+    let enforcer = memory(POLICY).with_request_limits(tollgate_policy::RequestLimits {
+        descriptors: 3,
+        entries: 2,
+    });
+    let many: Vec<Descriptor> = (0..4)
+        .map(|i| descriptor("user", &format!("u{i}")))
+        .collect();
+    let request = |descriptors| {
+        Check::Policy(Request {
+            domain: "api",
+            descriptors,
+            hits_addend: 1,
+        })
+    };
+    let error = enforcer.enforce(request(&many)).await.expect_err("4 > 3");
+    assert_eq!(
+        error.to_string(),
+        "the request has 4 descriptors; at most 3 are taken"
+    );
+    let wide = [Descriptor {
+        entries: (0..3).map(|i| Entry::new(format!("k{i}"), "v")).collect(),
+        ..Descriptor::default()
+    }];
+    let error = enforcer.enforce(request(&wide)).await.expect_err("3 > 2");
+    assert_eq!(
+        error.to_string(),
+        "descriptor 0 has 3 entries; at most 2 are taken"
+    );
+    // Nothing was spent by the refused requests.
+    let verdict = run(&enforcer, "api", &many[..1]).await;
+    assert_eq!(
+        verdict.descriptors[0].decision.map(|d| d.remaining),
+        Some(1)
+    );
+}

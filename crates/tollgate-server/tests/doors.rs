@@ -274,3 +274,46 @@ async fn fail_closed_store_failure_is_over_limit() {
         );
     }
 }
+
+/// One request may not carry more than 128 descriptors: gRPC answers
+/// INVALID_ARGUMENT and the JSON doors 400, each saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_requests_are_refused_at_every_door() {
+    let (server, _actions) = serve(POLICY, &[]).await;
+    let values: Vec<String> = (0..129).map(|i| format!("u{i}")).collect();
+    let entries: Vec<[(&str, &str); 1]> = values.iter().map(|v| [("user", v.as_str())]).collect();
+    let entries: Vec<&[(&str, &str)]> = entries.iter().map(|e| &e[..]).collect();
+    let status = server
+        .grpc_client()
+        .await
+        .should_rate_limit(rls_request("gateway", &entries))
+        .await
+        .expect_err("too many descriptors");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("at most 128"),
+        "{}",
+        status.message()
+    );
+    let body = json!({"domain": "gateway", "descriptors": values
+        .iter()
+        .map(|v| json!({"entries": [{"key": "user", "value": v}]}))
+        .collect::<Vec<Value>>()});
+    for path in ["/json", "/v1/check"] {
+        let response = reqwest::Client::new()
+            .post(server.url(path))
+            .json(&body)
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(response.status(), 400, "{path}");
+        let error: Value = response.json().await.expect("a JSON body");
+        assert!(
+            error["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("at most 128"),
+            "{path}: {error}"
+        );
+    }
+}

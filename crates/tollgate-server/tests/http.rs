@@ -571,3 +571,48 @@ descriptors:
         assert!(metrics.contains(needle), "missing {needle}:\n{metrics}");
     }
 }
+
+/// Regression: `detailed_metric` turned client-chosen values into an unbounded
+/// label set (50,000 values: 3.6 MB of `/metrics`). A rule gets 1,000 values;
+/// the rest share the `detailed_metric_overflow` label.
+#[tokio::test]
+async fn detailed_metric_labels_are_bounded_with_an_overflow_label() {
+    let config = "
+domain: detailed
+descriptors:
+  - key: user
+    detailed_metric: true
+    rate_limit: { unit: day, requests_per_unit: 10 }
+";
+    let server = Server::with_config(&[("detailed.yaml", config)], &[]);
+    let http = reqwest::Client::new();
+    for i in 0..1_010 {
+        let body = json!({"domain": "detailed",
+            "descriptors": [{"entries": [{"key": "user", "value": format!("u{i}")}]}]});
+        let status = http
+            .post(server.url("/json"))
+            .json(&body)
+            .send()
+            .await
+            .expect("an answer")
+            .status();
+        assert_eq!(status, StatusCode::OK);
+    }
+    let metrics = reqwest::get(server.url("/metrics"))
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("text");
+    let series = metrics
+        .lines()
+        .filter(|l| l.starts_with(r#"tollgate_decisions_total{domain="detailed""#))
+        .count();
+    assert_eq!(series, 1_001, "1,000 values and the overflow");
+    assert!(
+        metrics.contains(
+            r#"tollgate_decisions_total{domain="detailed",rule="detailed_metric_overflow",result="ok"} 10"#
+        ),
+        "{metrics}"
+    );
+}

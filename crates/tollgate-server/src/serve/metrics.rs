@@ -7,7 +7,8 @@
 //! the request itself are labelled `override`.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use metrics::{counter, describe_counter, describe_gauge, gauge, histogram};
@@ -256,7 +257,8 @@ impl Observer for Observe {
             let detailed = rule
                 .detailed_metric()
                 .then(|| decided.descriptors.get(index).map(detailed_label))
-                .flatten();
+                .flatten()
+                .map(|label| bounded(domain, rule.id(), label));
             let rule = detailed.as_deref().unwrap_or_else(|| rule_label(rule));
             decision(domain, rule, descriptor.result());
             if descriptor.shadow_denied() {
@@ -279,6 +281,31 @@ impl Observer for Observe {
 
     fn release_failed(&self, error: &StoreError) {
         tracing::warn!(%error, "release failed; the permits lapse after their period");
+    }
+}
+
+/// How many distinct `detailed_metric` labels one rule gets; the values past
+/// it share [`DETAILED_OVERFLOW`]. Descriptor values are the client's, so
+/// without a bound a client could grow `/metrics` (and memory) without limit.
+const DETAILED_VALUES: usize = 1_000;
+/// The `rule` label of a detailed rule's decisions past [`DETAILED_VALUES`].
+const DETAILED_OVERFLOW: &str = "detailed_metric_overflow";
+
+/// `label` if the rule `rule` of `domain` has room for it (or has it
+/// already), else [`DETAILED_OVERFLOW`].
+fn bounded(domain: &str, rule: &str, label: String) -> String {
+    static SEEN: Mutex<BTreeMap<(String, String), HashSet<String>>> = Mutex::new(BTreeMap::new());
+    let mut seen = SEEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let labels = seen
+        .entry((domain.to_owned(), rule.to_owned()))
+        .or_default();
+    if labels.contains(&label) || labels.len() < DETAILED_VALUES {
+        labels.insert(label.clone());
+        label
+    } else {
+        DETAILED_OVERFLOW.to_owned()
     }
 }
 
