@@ -256,12 +256,13 @@ async fn v1_check_adhoc_shape() {
     .await;
     assert_eq!(body["remaining"], 6);
 
-    // The admin API reads the same key (namespaced) without spending it.
+    // The admin API reads the same key without spending it: ad-hoc keys are
+    // namespaced by algorithm and quota (limit, period in ns, burst).
     for _ in 0..2 {
         let (status, state) = admin(
             &server,
             reqwest::Method::GET,
-            "/admin/keys/adhoc:k?limit=2&period=1h",
+            "/admin/keys/adhoc:gcra:2:3600000000000:2:k?limit=2&period=1h",
             None,
         )
         .await;

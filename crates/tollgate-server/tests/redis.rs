@@ -5,7 +5,7 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::{Redis, Server, free_port, rls_request, tollgate};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -207,4 +207,93 @@ async fn hybrid_instances_on_one_redis_stay_within_the_documented_overshoot() {
         })
         .unwrap_or_else(|| panic!("no hybrid metrics in\n{metrics}"));
     assert!(local > 0.0, "decisions were made from leases");
+}
+
+/// Five per hour for each `user`, shared by every instance.
+const SHARED: &str = "domain: shared\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: hour\n      requests_per_unit: 5\n";
+
+/// One gRPC check with a 1 ms deadline and one `/json` check whose client
+/// hangs up after 1 ms.
+async fn give_up(
+    client: &mut RateLimitServiceClient<Channel>,
+    http: &reqwest::Client,
+    server: &Server,
+) {
+    let mut request = tonic::Request::new(rls_request("shared", &[&[("user", "eve")]]));
+    request.set_timeout(Duration::from_millis(1));
+    let _ = client.should_rate_limit(request).await;
+    let body = r#"{"domain":"shared","descriptors":[{"entries":[{"key":"user","value":"eve"}]}]}"#;
+    let _ = tokio::time::timeout(
+        Duration::from_millis(1),
+        http.post(server.url("/json")).body(body).send(),
+    )
+    .await;
+}
+
+/// Regression: the breaker's probe rode on a request, so a request cancelled
+/// by its client (a gRPC deadline shorter than the Redis timeout, an HTTP
+/// client hanging up) left it half-open forever: every later check was
+/// decided locally while Redis was healthy again, and two instances admitted
+/// twice the shared limit. Probing is the store's own now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_checks_cannot_keep_decisions_from_returning_to_redis() {
+    let mut redis = Redis::start();
+    let url = redis.url();
+    let args = [
+        "--redis",
+        url.as_str(),
+        "--redis-timeout",
+        "50ms",
+        "--breaker-cool-down",
+        "200ms",
+    ];
+    let a = Server::with_config(&[("shared.yaml", SHARED)], &args);
+    let b = Server::with_config(&[("shared.yaml", SHARED)], &args);
+    let mut clients = [a.grpc_client().await, b.grpc_client().await];
+    let http = reqwest::Client::new();
+    for server in [&a, &b] {
+        assert!(
+            server.wait_for_log(&["store ready"], common::STARTUP).await,
+            "{}",
+            server.log()
+        );
+    }
+
+    redis.kill();
+    // While Redis is down and after it is back, `a`'s clients give up on
+    // every check before it can answer.
+    for _ in 0..20 {
+        give_up(&mut clients[0], &http, &a).await;
+    }
+    redis.restart();
+    for _ in 0..20 {
+        give_up(&mut clients[0], &http, &a).await;
+    }
+
+    // Within a bound (a cool-down and a probe, with room for a loaded
+    // machine), both instances decide with Redis again: they share one
+    // budget of 5, so together they admit exactly 5.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut round = 0;
+    loop {
+        let user = format!("user-{round}");
+        let mut admitted = 0;
+        for i in 0..12 {
+            let answer = clients[i % 2]
+                .should_rate_limit(rls_request("shared", &[&[("user", &user)]]))
+                .await
+                .unwrap_or_else(|e| panic!("{e}\na:\n{}\nb:\n{}", a.log(), b.log()))
+                .into_inner();
+            admitted += usize::from(answer.overall_code == 1);
+        }
+        if admitted == 5 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still deciding locally after the restart: {admitted} admitted for a shared limit of 5"
+        );
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

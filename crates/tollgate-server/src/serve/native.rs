@@ -10,7 +10,8 @@
 //! - an ad-hoc check with no config, `{"key": "k", "limit": 10, "period":
 //!   "1s", "burst": 20, "algorithm": "gcra", "cost": 1}` (`burst`,
 //!   `algorithm` (default `gcra`) and `cost` (default 1) are optional). Ad-hoc
-//!   keys live in their own namespace, `adhoc:<key>` in the store.
+//!   keys live in their own namespace, by algorithm and quota
+//!   (`AdHoc::store_key`).
 //!
 //! The answer is 200 when allowed, 429 when denied, with the most restrictive
 //! decision at the top and one entry per descriptor:

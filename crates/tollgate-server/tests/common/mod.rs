@@ -281,19 +281,24 @@ impl Redis {
     pub(crate) fn start() -> Redis {
         let port = free_port();
         let dir = tempfile::tempdir().expect("a temp dir");
+        let child = Self::spawn(port, dir.path());
+        Redis {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    /// Starts a server on `port` and waits until it accepts connections.
+    fn spawn(port: u16, dir: &Path) -> Child {
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--dir"])
-            .arg(dir.path())
+            .arg(dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server is installed (./scripts/test installs it through apt)");
-        let redis = Redis {
-            child,
-            port,
-            _dir: dir,
-        };
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -302,7 +307,14 @@ impl Redis {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        redis
+        child
+    }
+
+    /// Starts an empty server again on the same port (after [`Redis::kill`]),
+    /// as a restarted Redis without persistence comes back.
+    pub(crate) fn restart(&mut self) {
+        self.kill();
+        self.child = Self::spawn(self.port, self._dir.path());
     }
 
     pub(crate) fn url(&self) -> String {
