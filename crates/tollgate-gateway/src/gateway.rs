@@ -119,7 +119,8 @@ impl Gateway {
         let routes = self.settings.routes;
         // Each worker gets a proxy, and so a pool of upstream connections, of
         // its own.
-        self.listeners.serve(stopped, move || {
+        let max_connections = self.settings.max_connections;
+        self.listeners.serve(stopped, max_connections, move || {
             let service = layer.layer(Proxy::new(upstream.clone(), client_ip.clone()));
             let routes = Arc::clone(&routes);
             let observe = observe.clone();

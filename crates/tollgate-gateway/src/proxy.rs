@@ -253,7 +253,9 @@ impl Inner {
                 Response::from_parts(parts, ResponseBody::inner(body))
             }
             Ok(Err(e)) => {
-                tracing::debug!(error = %chain(&e), "upstream request failed");
+                // Warned, not debugged: a refused or exhausted upstream
+                // connection (EMFILE) is what an operator must see.
+                tracing::warn!(error = %chain(&e), "upstream request failed");
                 error(StatusCode::BAD_GATEWAY, "bad_gateway", &chain(&e))
             }
             Err(_) => error(

@@ -18,6 +18,11 @@ const DEFAULT_DOMAIN: &str = "gateway";
 /// IPv6 clients are keyed by their network of this many bits unless told otherwise.
 const DEFAULT_IPV6_PREFIX: u8 = 64;
 
+/// Client connections held open at once unless told otherwise: well under
+/// the usual 65,536 file descriptors, so the upstream pool and the other
+/// listeners keep theirs.
+const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+
 /// Options of the gateway, part of `tollgate serve`'s. A flag (or its
 /// environment variable) overrides the `--gateway-config` file's field.
 /// With the `clap` feature, these are the flags.
@@ -82,6 +87,21 @@ pub struct Options {
         arg(long, env = "TOLLGATE_GATEWAY_CONFIG", value_name = "PATH")
     )]
     pub gateway_config: Option<PathBuf>,
+
+    /// The most client connections the gateway holds open at once, over all
+    /// its workers [default: 10000]. Past it, new connections wait in the
+    /// listen backlog until one closes, so a flood of idle connections
+    /// cannot take every file descriptor the API and gRPC listeners need.
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long,
+            env = "TOLLGATE_PROXY_MAX_CONNECTIONS",
+            value_name = "N",
+            value_parser = clap::value_parser!(u32).range(1..)
+        )
+    )]
+    pub proxy_max_connections: Option<u32>,
 }
 
 /// Why the gateway's options do not make a gateway.
@@ -114,6 +134,7 @@ pub struct Settings {
     pub(crate) client_ip: ClientIpConfig,
     pub(crate) routes: Arc<Routes>,
     pub(crate) rate_limits: Vec<RateLimitSpec>,
+    pub(crate) max_connections: usize,
 }
 
 impl Settings {
@@ -166,6 +187,9 @@ impl Settings {
             client_ip,
             routes: Arc::new(Routes(file.routes)),
             rate_limits: file.rate_limits,
+            max_connections: options
+                .proxy_max_connections
+                .map_or(DEFAULT_MAX_CONNECTIONS, |n| n as usize),
         }))
     }
 }

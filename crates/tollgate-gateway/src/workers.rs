@@ -11,6 +11,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -20,7 +21,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::Error;
@@ -38,6 +39,8 @@ const LISTEN_BACKLOG: u32 = 1024;
 /// How long to wait before accepting again after `accept` failed (e.g. out
 /// of file descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// Connections a listener could not accept, by listener.
+pub(crate) const ACCEPT_ERRORS: &str = "tollgate_accept_errors_total";
 
 /// One listening socket per worker, all on one address.
 #[derive(Debug)]
@@ -110,6 +113,7 @@ impl Listeners {
     pub(crate) fn serve<M, H, F, B>(
         self,
         stopped: watch::Receiver<()>,
+        max_connections: usize,
         make: M,
     ) -> JoinHandle<Result<(), Error>>
     where
@@ -121,13 +125,16 @@ impl Listeners {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let mut finished = Vec::with_capacity(self.listeners.len());
+        // One cap over every worker: a tokio semaphore works across runtimes.
+        let connections = Arc::new(Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS)));
         for (index, listener) in self.listeners.into_iter().enumerate() {
             let (done, result) = oneshot::channel();
             let (stopped, make) = (stopped.clone(), make.clone());
+            let connections = Arc::clone(&connections);
             let started = std::thread::Builder::new()
                 .name(format!("tollgate-gateway-{index}"))
                 .spawn(move || {
-                    let _ = done.send(worker(listener, stopped, make));
+                    let _ = done.send(worker(listener, stopped, connections, make));
                 });
             if let Err(error) = started {
                 // The workers already started stop with the shutdown signal.
@@ -149,6 +156,7 @@ impl Listeners {
 fn worker<M, H, F, B>(
     listener: std::net::TcpListener,
     stopped: watch::Receiver<()>,
+    connections: Arc<Semaphore>,
     make: M,
 ) -> Result<(), Error>
 where
@@ -166,15 +174,19 @@ where
     runtime.block_on(async move {
         listener.set_nonblocking(true).map_err(Error::Worker)?;
         let listener = TcpListener::from_std(listener).map_err(Error::Worker)?;
-        accept(listener, stopped, make()).await;
+        accept(listener, stopped, connections, make()).await;
         Ok(())
     })
 }
 
-/// Accepts connections until `stopped` changes, then waits for the open
-/// ones to finish their requests in flight.
-async fn accept<H, F, B>(listener: TcpListener, mut stopped: watch::Receiver<()>, handler: H)
-where
+/// Accepts connections, while fewer than the cap are open, until `stopped`
+/// changes, then waits for the open ones to finish their requests in flight.
+async fn accept<H, F, B>(
+    listener: TcpListener,
+    mut stopped: watch::Receiver<()>,
+    connections: Arc<Semaphore>,
+    handler: H,
+) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + 'static,
     F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
     B: Body + Send + 'static,
@@ -192,11 +204,23 @@ where
         .header_read_timeout(HEADER_READ_TIMEOUT);
     let graceful = GracefulShutdown::new();
     loop {
+        // Past the cap, connections wait in the backlog rather than take
+        // file descriptors from everything else in the process.
+        let permit = tokio::select! {
+            permit = Arc::clone(&connections).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            _ = stopped.changed() => break,
+        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
-                    tracing::warn!(%error, "cannot accept a connection");
+                    // Out of file descriptors, most often: said loudly, and
+                    // counted, since every listener of the process suffers.
+                    tracing::warn!(%error, "cannot accept a gateway connection");
+                    metrics::counter!(ACCEPT_ERRORS, "listener" => "gateway").increment(1);
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
@@ -213,6 +237,7 @@ where
             if let Err(error) = connection.await {
                 tracing::debug!(%error, %peer, "connection ended with an error");
             }
+            drop(permit);
         });
     }
     drop(listener);

@@ -99,3 +99,66 @@ fn no_address_and_no_upstream_is_no_gateway() {
         Err(tollgate_gateway::SettingsError::NoListen)
     ));
 }
+
+/// Regression: at 10,000 gateway connections the process ran out of file
+/// descriptors, and the API, gRPC and upstream connections failed with it.
+/// Past `proxy_max_connections`, a new connection waits in the backlog until
+/// an open one closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_wait_until_one_closes() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let options = Options {
+        proxy_listen: Some("127.0.0.1:0".into()),
+        upstream: Some(upstream().await.parse().expect("an upstream URL")),
+        proxy_max_connections: Some(2),
+        ..Options::default()
+    };
+    let settings = Settings::resolve(options)
+        .expect("valid")
+        .expect("a gateway");
+    let policy =
+        Policy::parse("inline", "domain: gateway\nrules: []\n").unwrap_or_else(|e| panic!("{e}"));
+    let gateway = Gateway::bind(settings, &policy).await.expect("bind");
+    let addr = gateway.local_addr();
+    let enforcer = Arc::new(Enforcer::new(policy, MemoryStore::default()));
+    let (_stop, stopped) = tokio::sync::watch::channel(());
+    let _task = gateway.spawn(&enforcer, stopped, |_, _| {});
+
+    // Two idle connections take the cap.
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        let mut stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connects");
+        // A request answered proves the gateway accepted it.
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("writes");
+        let mut buf = [0u8; 12];
+        stream.read_exact(&mut buf).await.expect("an answer");
+        assert_eq!(&buf, b"HTTP/1.1 200");
+        idle.push(stream);
+    }
+    let mut third = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("the backlog takes it");
+    third
+        .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("writes");
+    let mut buf = [0u8; 12];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), third.read_exact(&mut buf))
+            .await
+            .is_err(),
+        "a third connection is not served while two are open"
+    );
+    drop(idle.pop());
+    tokio::time::timeout(Duration::from_secs(30), third.read_exact(&mut buf))
+        .await
+        .expect("served once a connection closed")
+        .expect("an answer");
+    assert_eq!(&buf, b"HTTP/1.1 200");
+}
