@@ -7,8 +7,8 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_saphyr::{Location, Spanned};
 
-use crate::ConfigError;
 use crate::policy::Domain;
+use crate::{ConfigError, StoreSettings};
 
 /// Where in a file something is, for errors.
 #[derive(Clone, Copy)]
@@ -118,12 +118,21 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
 
 #[derive(Deserialize)]
 struct Probe {
+    domain: Option<IgnoredAny>,
     rules: Option<IgnoredAny>,
     descriptors: Option<IgnoredAny>,
+    store: Option<IgnoredAny>,
+}
+
+/// The `store:` section of a Tollgate-format file, the rest left to the
+/// policy's reader.
+#[derive(Deserialize)]
+struct StoreSection {
+    store: StoreSettings,
 }
 
 /// Reads one file of either format into its domain.
-pub(crate) fn read_any(path: &Path, text: &str) -> Result<(String, Domain), ConfigError> {
+pub(crate) fn read_any(path: &Path, text: &str) -> Result<Read, ConfigError> {
     let file = File { path };
     if text.trim().is_empty() {
         return Err(ConfigError {
@@ -135,7 +144,26 @@ pub(crate) fn read_any(path: &Path, text: &str) -> Result<(String, Domain), Conf
         });
     }
     let probe: Probe = file.parse(text)?;
-    match (probe.rules.is_some(), probe.descriptors.is_some()) {
+    let store = match probe.store {
+        Some(_) if probe.descriptors.is_some() => {
+            return Err(ConfigError {
+                path: path.to_owned(),
+                line: 1,
+                column: 1,
+                field: "store".into(),
+                reason: "`store` goes in a Tollgate-format file or a file of its own, not in an envoyproxy/ratelimit-format one".into(),
+            });
+        }
+        Some(_) => Some(file.parse::<StoreSection>(text)?.store),
+        None => None,
+    };
+    if store.is_some() && probe.domain.is_none() && probe.rules.is_none() {
+        return Ok(Read {
+            domain: None,
+            store,
+        });
+    }
+    let domain = match (probe.rules.is_some(), probe.descriptors.is_some()) {
         (true, true) => Err(ConfigError {
             path: path.to_owned(),
             line: 1,
@@ -145,5 +173,15 @@ pub(crate) fn read_any(path: &Path, text: &str) -> Result<(String, Domain), Conf
         }),
         (true, false) => crate::native::compile(file, file.parse(text)?),
         (false, _) => crate::envoy::read(file, text),
-    }
+    }?;
+    Ok(Read {
+        domain: Some(domain),
+        store,
+    })
+}
+
+/// What one config file holds: a domain, a `store:` section, or both.
+pub(crate) struct Read {
+    pub(crate) domain: Option<(String, Domain)>,
+    pub(crate) store: Option<StoreSettings>,
 }

@@ -36,6 +36,7 @@ mod policy;
 mod policy_handle;
 mod reload;
 mod rule;
+mod store_settings;
 mod tree;
 
 pub use config::parse_yaml;
@@ -50,5 +51,6 @@ pub use policy::{Applied, Policy, Resolved};
 pub use policy_handle::PolicyHandle;
 pub use reload::{Fingerprint, Refusal, Reload, ReloadError, Reloader, Safeguards, Trigger};
 pub use rule::Rule;
+pub use store_settings::StoreSettings;
 pub use tollgate_core::FailurePolicy;
 pub use tollgate_core::{ParseDurationError, parse_duration};

@@ -28,6 +28,9 @@ use crate::{ConfigError, FailurePolicy, Rule, parse_duration};
 #[serde(deny_unknown_fields)]
 pub(crate) struct NativeFile {
     domain: Spanned<String>,
+    /// Read by `config::read_any`, not here.
+    #[serde(default, rename = "store")]
+    _store: Option<serde::de::IgnoredAny>,
     #[serde(default)]
     defaults: Defaults,
     rules: Vec<Spanned<NativeRule>>,

@@ -6,7 +6,9 @@ use tollgate_core::{Algorithm, Limit, Quota};
 
 use crate::rule::{Action, Limited, envoy_limit};
 use crate::tree::Node;
-use crate::{ConfigError, Descriptor, Entry, FailurePolicy, Request, RequestError, Rule};
+use crate::{
+    ConfigError, Descriptor, Entry, FailurePolicy, Request, RequestError, Rule, StoreSettings,
+};
 
 /// A limit to check for one descriptor: everything a store needs, plus the
 /// rule it came from.
@@ -63,6 +65,8 @@ pub enum Resolved {
 #[derive(Debug, Default)]
 pub struct Policy {
     pub(crate) domains: BTreeMap<String, Domain>,
+    /// The `store:` section and the file that holds it.
+    pub(crate) store: Option<(PathBuf, StoreSettings)>,
 }
 
 #[derive(Debug, Default)]
@@ -120,7 +124,25 @@ impl Policy {
     }
 
     pub(crate) fn add_file(&mut self, path: &Path, text: &str) -> Result<(), ConfigError> {
-        let (name, domain) = crate::config::read_any(path, text)?;
+        let read = crate::config::read_any(path, text)?;
+        if let Some(store) = read.store {
+            if let Some((first, _)) = &self.store {
+                return Err(ConfigError {
+                    path: path.to_owned(),
+                    line: 1,
+                    column: 1,
+                    field: "store".into(),
+                    reason: format!(
+                        "a second `store` section; the first is in {}",
+                        first.display()
+                    ),
+                });
+            }
+            self.store = Some((path.to_owned(), store));
+        }
+        let Some((name, domain)) = read.domain else {
+            return Ok(());
+        };
         if let Some(existing) = self.domains.get(&name) {
             return Err(ConfigError {
                 path: path.to_owned(),
@@ -135,6 +157,14 @@ impl Policy {
         }
         self.domains.insert(name, domain);
         Ok(())
+    }
+
+    /// The config's `store:` section, if one of its files has it, with that
+    /// file (for errors). See [`StoreSettings`].
+    pub fn store(&self) -> Option<(&Path, &StoreSettings)> {
+        self.store
+            .as_ref()
+            .map(|(path, store)| (path.as_path(), store))
     }
 
     /// Whether no domain has a rule: a policy that limits nothing.

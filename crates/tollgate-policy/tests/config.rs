@@ -764,3 +764,85 @@ fn a_config_of_200000_rules_loads_and_a_larger_budget_breach_is_explained() {
         "{error}"
     );
 }
+
+mod store_section {
+    use std::time::Duration;
+
+    use tollgate_policy::{Policy, StoreSettings};
+
+    #[test]
+    fn a_native_file_or_a_file_of_its_own_holds_the_store_section() {
+        let inline = Policy::parse(
+            "api.yaml",
+            "
+domain: api
+store:
+  redis: redis://127.0.0.1:6379
+  redis_timeout: 20ms
+  hybrid: true
+  hybrid_max_lease: 0.1
+rules:
+  - name: user
+    match: [{ key: user }]
+    limit: { requests: 5, per: 1m }
+",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let (file, store) = inline.store().expect("a store section");
+        assert_eq!(file.to_str(), Some("api.yaml"));
+        assert_eq!(
+            store,
+            &StoreSettings {
+                redis: Some("redis://127.0.0.1:6379".into()),
+                redis_timeout: Some(Duration::from_millis(20)),
+                hybrid: Some(true),
+                hybrid_max_lease: Some(0.1),
+                ..StoreSettings::default()
+            }
+        );
+        assert_eq!(inline.rules("api").len(), 1);
+
+        let dir = tempfile::tempdir().expect("a temp dir");
+        std::fs::write(
+            dir.path().join("store.yaml"),
+            "store:\n  deny_cache: false\n  max_keys: 10\n",
+        )
+        .expect("written");
+        std::fs::write(
+            dir.path().join("envoy.yaml"),
+            "domain: e\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
+        )
+        .expect("written");
+        let policy = Policy::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let (_, store) = policy.store().expect("a store section");
+        assert_eq!((store.deny_cache, store.max_keys), (Some(false), Some(10)));
+        assert_eq!(policy.domains().collect::<Vec<_>>(), ["e"]);
+    }
+
+    #[test]
+    fn store_mistakes_name_the_file_line_and_field() {
+        let unknown = Policy::parse("s.yaml", "store:\n  redis: redis://x:1\n  hybird: true\n")
+            .expect_err("a misspelt field");
+        assert_eq!((unknown.line, unknown.path.to_str()), (3, Some("s.yaml")));
+        assert!(unknown.to_string().contains("hybird"), "{unknown}");
+        let duration =
+            Policy::parse("s.yaml", "store:\n  redis_timeout: soon\n").expect_err("not a duration");
+        assert_eq!(duration.line, 2, "{duration}");
+        let envoy = Policy::parse(
+            "e.yaml",
+            "domain: e\nstore: {}\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
+        )
+        .expect_err("store in an envoyproxy/ratelimit file");
+        assert_eq!(envoy.field, "store");
+
+        let dir = tempfile::tempdir().expect("a temp dir");
+        for name in ["a.yaml", "b.yaml"] {
+            std::fs::write(dir.path().join(name), "store:\n  hybrid: true\n").expect("written");
+        }
+        let twice = Policy::load(dir.path()).expect_err("two store sections");
+        assert!(
+            twice.to_string().contains("a second `store` section"),
+            "{twice}"
+        );
+    }
+}
