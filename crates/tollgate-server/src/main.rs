@@ -26,7 +26,7 @@ enum Command {
     Simulate(simulate::Args),
     /// Serve rate limit checks: Envoy's Rate Limit Service over gRPC and an
     /// HTTP API, with metrics, health checks, an admin API and hot reload.
-    Serve(serve::Args),
+    Serve(Box<serve::Args>),
 }
 
 /// Whether the error is only that whoever read our output stopped reading
@@ -41,7 +41,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

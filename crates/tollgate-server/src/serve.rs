@@ -77,22 +77,21 @@ pub(crate) struct Args {
     grpc: String,
 
     /// A Redis store: `redis://host:port` for one server,
-    /// `redis+cluster://host:port,host:port` for a cluster. Without it, the
-    /// in-memory store.
+    /// `redis+cluster://host:port,host:port` for a cluster. Without it (and
+    /// without `redis` in the config's `store:` section), the in-memory store.
     #[arg(long, env = "TOLLGATE_REDIS", value_name = "URL")]
     redis: Option<RedisUrl>,
 
     /// How long one round trip to Redis may take before each rule's failure
     /// policy decides the check (`fail_open`, `fail_closed`, or `local`, the
-    /// default).
+    /// default) [default: 10ms].
     #[arg(
         long,
         env = "TOLLGATE_REDIS_TIMEOUT",
         value_name = "DURATION",
-        default_value = "10ms",
         value_parser = redis_timeout
     )]
-    redis_timeout: Duration,
+    redis_timeout: Option<Duration>,
 
     /// The bearer token of the admin API (`/admin/...`). Without it, the admin
     /// API is off.
@@ -104,7 +103,7 @@ pub(crate) struct Args {
     )]
     admin_token: Option<admin::AdminToken>,
 
-    #[command(flatten, next_help_heading = "Store (with --redis)")]
+    #[command(flatten, next_help_heading = "Store")]
     store: backend::StoreArgs,
 
     #[command(flatten, next_help_heading = "Reload")]
@@ -116,11 +115,7 @@ pub(crate) struct Args {
 
 /// A Redis timeout: a duration such as `10ms`, above zero and at most a minute.
 fn redis_timeout(s: &str) -> Result<Duration, String> {
-    let timeout = tollgate_policy::parse_duration(s).map_err(|e| e.to_string())?;
-    if timeout.is_zero() || timeout > Duration::from_secs(60) {
-        return Err("must be above 0 and at most 1m".into());
-    }
-    Ok(timeout)
+    backend::check_redis_timeout(tollgate_policy::parse_duration(s).map_err(|e| e.to_string())?)
 }
 
 /// A Redis URL whose scheme has been checked. Its `Debug` shows no password.
@@ -187,9 +182,6 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         Some(settings) => Some(Gateway::bind(settings, &policy).await?),
         None => None,
     };
-    // The handle holds what is in force; this start-up snapshot would
-    // otherwise stay in memory past every reload.
-    drop(policy);
     let http_listener = bind("HTTP", &args.http).await?;
     let grpc_listener = bind("gRPC", &args.grpc).await?;
     for (what, listener) in [("HTTP", &http_listener), ("gRPC", &grpc_listener)] {
@@ -206,8 +198,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         args.redis.as_ref().map(|url| url.0.as_str()),
         args.redis_timeout,
         &args.store,
+        policy.store(),
     )
     .await?;
+    // The handle holds what is in force; this start-up snapshot would
+    // otherwise stay in memory past every reload.
+    drop(policy);
     tracing::info!(store = store.describe(), "store ready");
     let enforcer: Arc<Enforcer<Backend>> =
         Arc::new(Enforcer::new(handle, store).with_observer(Arc::new(metrics::Observe)));

@@ -297,3 +297,65 @@ async fn cancelled_checks_cannot_keep_decisions_from_returning_to_redis() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The config's `store:` section builds the stack when no flag says
+/// otherwise, and a flag overrides it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_section_builds_the_stack_and_flags_override_it() {
+    let redis = Redis::start();
+    let store = format!(
+        "store:\n  redis: {}\n  hybrid: true\n  hybrid_max_lease: 0.1\n  redis_timeout: 100ms\n",
+        redis.url()
+    );
+    let files = [("shared.yaml", SHARED), ("store.yaml", store.as_str())];
+    let from_file = Server::with_config(&files, &[]);
+    assert!(
+        from_file
+            .wait_for_log(&["store ready", "redis, hybrid"], common::STARTUP)
+            .await,
+        "{}",
+        from_file.log()
+    );
+    let overridden = Server::with_config(&files, &["--hybrid", "false"]);
+    assert!(
+        overridden
+            .wait_for_log(&["store ready store=\"redis\""], common::STARTUP)
+            .await,
+        "{}",
+        overridden.log()
+    );
+    // Both decide with the one Redis: together they admit the shared 5.
+    let mut clients = [
+        from_file.grpc_client().await,
+        overridden.grpc_client().await,
+    ];
+    let mut admitted = 0;
+    for i in 0..12 {
+        let answer = clients[i % 2]
+            .should_rate_limit(rls_request("shared", &[&[("user", "zoe")]]))
+            .await
+            .expect("answers")
+            .into_inner();
+        admitted += usize::from(answer.overall_code == 1);
+    }
+    assert!(
+        (5..=6).contains(&admitted),
+        "{admitted} admitted for a shared limit of 5 (hybrid may lease one more)"
+    );
+
+    let bad = "store:\n  breaker_failures: 0\n";
+    let mut refused = common::tollgate();
+    let dir = common::config_dir(&[("shared.yaml", SHARED), ("store.yaml", bad)]);
+    let output = refused
+        .args(["serve", "--config"])
+        .arg(dir.path())
+        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("store.breaker_failures") && stderr.contains("store.yaml"),
+        "{stderr}"
+    );
+}

@@ -5,9 +5,11 @@
 //! DenyCache → Fallback (timeout, breaker, failure policies, local store) → [Hybrid] → Redis
 //! ```
 
+use std::path::Path;
 use std::time::Duration;
 
 use tollgate_core::{Limit, Outcome, Stamped, Store, StoreError, SystemClock};
+use tollgate_policy::StoreSettings;
 use tollgate_redis::{RedisConfig, RedisStats, RedisStore};
 use tollgate_store::{
     DenyCache, DenyCacheStats, Fallback, FallbackConfig, FallbackStats, Hybrid, HybridConfig,
@@ -18,89 +20,175 @@ use tollgate_store::{
 const DENY_CACHE_KEYS: usize = 65_536;
 
 /// How the store is built: the memory store's bound, and the Redis stack
-/// (with `--redis`).
+/// (with `--redis`). Each flag (or its environment variable) overrides the
+/// config's `store:` section, which overrides the default.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct StoreArgs {
     /// The most keys the in-process store holds (the memory store, or with
     /// `--redis` the local fallback store). A new key past it evicts a key
     /// whose state is back to full, and when none is, it is refused (its
-    /// check denied) rather than forgetting a key that is limiting.
+    /// check denied) rather than forgetting a key that is limiting
+    /// [default: 1000000].
     #[arg(
         long,
         env = "TOLLGATE_MAX_KEYS",
         value_name = "N",
-        default_value_t = 1_000_000,
         value_parser = clap::value_parser!(u64).range(1..)
     )]
-    max_keys: u64,
+    max_keys: Option<u64>,
 
     /// Whether keys that Redis denied are denied locally until their
-    /// `retry_after` passes, without a Redis call (`true` or `false`).
-    #[arg(
-        long,
-        env = "TOLLGATE_DENY_CACHE",
-        value_name = "BOOL",
-        default_value_t = true,
-        action = clap::ArgAction::Set
-    )]
-    deny_cache: bool,
+    /// `retry_after` passes, without a Redis call (`true` or `false`)
+    /// [default: true].
+    #[arg(long, env = "TOLLGATE_DENY_CACHE", value_name = "BOOL")]
+    deny_cache: Option<bool>,
 
     /// Consecutive Redis failures (errors or timeouts) that open the circuit
     /// breaker: checks are then decided by each rule's failure policy
-    /// without calling Redis.
+    /// without calling Redis [default: 5].
     #[arg(
         long,
         env = "TOLLGATE_BREAKER_FAILURES",
         value_name = "N",
-        default_value_t = 5,
         value_parser = clap::value_parser!(u32).range(1..)
     )]
-    breaker_failures: u32,
+    breaker_failures: Option<u32>,
 
     /// How long the open breaker waits between background probes of Redis;
     /// decisions return to Redis within one cool-down and one probe after it
-    /// answers again.
+    /// answers again [default: 1s].
     #[arg(
         long,
         env = "TOLLGATE_BREAKER_COOL_DOWN",
         value_name = "DURATION",
-        default_value = "1s",
         value_parser = positive_duration
     )]
-    breaker_cool_down: Duration,
+    breaker_cool_down: Option<Duration>,
 
     /// Hybrid mode: lease slices of hot keys' budgets from Redis and spend
     /// them locally (token bucket, GCRA, leaky bucket, fixed window). With N
     /// instances a key may admit up to N × max lease more than its limit.
-    #[arg(long, env = "TOLLGATE_HYBRID")]
-    hybrid: bool,
+    #[arg(
+        long,
+        env = "TOLLGATE_HYBRID",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    hybrid: Option<bool>,
 
     /// In hybrid mode, the most units an instance holds unspent for one key,
-    /// as a fraction of the key's capacity (at least one unit).
+    /// as a fraction of the key's capacity (at least one unit) [default: 0.05].
     #[arg(
         long,
         env = "TOLLGATE_HYBRID_MAX_LEASE",
         value_name = "FRACTION",
-        default_value_t = 0.05,
         value_parser = fraction
     )]
-    hybrid_max_lease: f64,
+    hybrid_max_lease: Option<f64>,
 
     /// In hybrid mode, how long leased units may stay unspent before they go
-    /// back to Redis.
+    /// back to Redis [default: 1s].
     #[arg(
         long,
         env = "TOLLGATE_HYBRID_LEASE_TTL",
         value_name = "DURATION",
-        default_value = "1s",
         value_parser = positive_duration
     )]
+    hybrid_lease_ttl: Option<Duration>,
+}
+
+/// The settings in force: each flag, else the config's `store:` section,
+/// else the default.
+struct Effective {
+    redis: Option<String>,
+    redis_timeout: Duration,
+    max_keys: u64,
+    deny_cache: bool,
+    breaker_failures: u32,
+    breaker_cool_down: Duration,
+    hybrid: bool,
+    hybrid_max_lease: f64,
     hybrid_lease_ttl: Duration,
 }
 
+impl Effective {
+    /// Merges `flags` over the `store:` section `file` (read from `path`);
+    /// a file value the flag would refuse is an error naming the file and
+    /// the field.
+    fn resolve(
+        redis: Option<&str>,
+        redis_timeout: Option<Duration>,
+        flags: &StoreArgs,
+        file: Option<(&Path, &StoreSettings)>,
+    ) -> anyhow::Result<Self> {
+        let empty = StoreSettings::default();
+        let (path, settings) = file.map_or((Path::new(""), &empty), |(p, s)| (p, s));
+        let checked = |field: &str, result: Result<(), String>| {
+            result
+                .map_err(|reason| anyhow::anyhow!("store.{field} in {}: {reason}", path.display()))
+        };
+        if let Some(d) = settings.redis_timeout {
+            checked("redis_timeout", check_redis_timeout(d).map(drop))?;
+        }
+        for (field, d) in [
+            ("breaker_cool_down", settings.breaker_cool_down),
+            ("hybrid_lease_ttl", settings.hybrid_lease_ttl),
+        ] {
+            if let Some(d) = d {
+                checked(field, check_positive(d).map(drop))?;
+            }
+        }
+        if let Some(f) = settings.hybrid_max_lease {
+            checked("hybrid_max_lease", check_fraction(f).map(drop))?;
+        }
+        if settings.breaker_failures == Some(0) {
+            checked("breaker_failures", Err("must be at least 1".into()))?;
+        }
+        if settings.max_keys == Some(0) {
+            checked("max_keys", Err("must be at least 1".into()))?;
+        }
+        Ok(Self {
+            redis: redis.map(str::to_owned).or_else(|| settings.redis.clone()),
+            redis_timeout: redis_timeout
+                .or(settings.redis_timeout)
+                .unwrap_or(DEFAULT_REDIS_TIMEOUT),
+            max_keys: flags.max_keys.or(settings.max_keys).unwrap_or(1_000_000),
+            deny_cache: flags.deny_cache.or(settings.deny_cache).unwrap_or(true),
+            breaker_failures: flags
+                .breaker_failures
+                .or(settings.breaker_failures)
+                .unwrap_or(5),
+            breaker_cool_down: flags
+                .breaker_cool_down
+                .or(settings.breaker_cool_down)
+                .unwrap_or(Duration::from_secs(1)),
+            hybrid: flags.hybrid.or(settings.hybrid).unwrap_or(false),
+            hybrid_max_lease: flags
+                .hybrid_max_lease
+                .or(settings.hybrid_max_lease)
+                .unwrap_or(0.05),
+            hybrid_lease_ttl: flags
+                .hybrid_lease_ttl
+                .or(settings.hybrid_lease_ttl)
+                .unwrap_or(Duration::from_secs(1)),
+        })
+    }
+}
+
+/// How long a Redis round trip may take unless told otherwise.
+const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(10);
+
+/// A Redis timeout: above zero and at most a minute.
+pub(crate) fn check_redis_timeout(d: Duration) -> Result<Duration, String> {
+    if d.is_zero() || d > Duration::from_secs(60) {
+        return Err("must be above 0 and at most 1m".into());
+    }
+    Ok(d)
+}
+
 /// A duration above zero and at most an hour.
-fn positive_duration(s: &str) -> Result<Duration, String> {
-    let d = tollgate_policy::parse_duration(s).map_err(|e| e.to_string())?;
+fn check_positive(d: Duration) -> Result<Duration, String> {
     if d.is_zero() || d > Duration::from_secs(3600) {
         return Err("must be above 0 and at most 1h".into());
     }
@@ -108,12 +196,21 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// A fraction in (0, 1].
-fn fraction(s: &str) -> Result<f64, String> {
-    let f: f64 = s.parse().map_err(|e| format!("{e}"))?;
+fn check_fraction(f: f64) -> Result<f64, String> {
     if !(f > 0.0 && f <= 1.0) {
         return Err("must be above 0 and at most 1".into());
     }
     Ok(f)
+}
+
+/// A duration above zero and at most an hour, from a flag.
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    check_positive(tollgate_policy::parse_duration(s).map_err(|e| e.to_string())?)
+}
+
+/// A fraction in (0, 1], from a flag.
+fn fraction(s: &str) -> Result<f64, String> {
+    check_fraction(s.parse().map_err(|e| format!("{e}"))?)
 }
 
 /// What sits under the fallback: Redis, or hybrid leases over Redis.
@@ -184,19 +281,23 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
-    /// Connects to `redis` (a `redis://` or `redis+cluster://` URL), each of
-    /// whose round trips waits at most `timeout`, and stacks the parts `args`
-    /// ask for over it; or, without one, makes a memory store.
+    /// Builds the store the flags and the config's `store:` section ask
+    /// for: Redis (a `redis://` or `redis+cluster://` URL, each of whose round
+    /// trips waits at most the Redis timeout) with the parts stacked over
+    /// it, or, without Redis, a memory store.
     pub(crate) async fn open(
         redis: Option<&str>,
-        timeout: Duration,
-        args: &StoreArgs,
+        redis_timeout: Option<Duration>,
+        flags: &StoreArgs,
+        file: Option<(&Path, &StoreSettings)>,
     ) -> anyhow::Result<Self> {
+        let args = Effective::resolve(redis, redis_timeout, flags, file)?;
+        let timeout = args.redis_timeout;
         let memory = MemoryConfig {
             max_keys: usize::try_from(args.max_keys).unwrap_or(usize::MAX),
             ..MemoryConfig::default()
         };
-        let Some(url) = redis else {
+        let Some(url) = args.redis.as_deref() else {
             return Ok(Backend::Memory(MemoryStore::with_clock(
                 memory,
                 SystemClock,
