@@ -114,6 +114,9 @@ pub struct Settings {
     pub(crate) client_ip: ClientIpConfig,
     pub(crate) routes: Arc<Routes>,
     pub(crate) rate_limits: Vec<RateLimitSpec>,
+    /// Whether [`Gateway::spawn`](crate::Gateway::spawn) serves on the
+    /// runtime that calls it instead of a thread per CPU.
+    pub(crate) on_caller_runtime: bool,
 }
 
 impl Settings {
@@ -166,6 +169,18 @@ impl Settings {
             client_ip,
             routes: Arc::new(Routes(file.routes)),
             rate_limits: file.rate_limits,
+            on_caller_runtime: false,
         }))
+    }
+
+    /// The same gateway with one listener, served on the tokio runtime that
+    /// calls [`Gateway::spawn`](crate::Gateway::spawn) rather than on a
+    /// worker thread per CPU, each with a runtime of its own. For tests under
+    /// tokio's paused time: time is paused per runtime, so a shaped request's
+    /// delay is only virtual on the test's own runtime.
+    #[must_use]
+    pub fn on_caller_runtime(mut self) -> Self {
+        self.on_caller_runtime = true;
+        self
     }
 }

@@ -39,23 +39,27 @@ const LISTEN_BACKLOG: u32 = 1024;
 /// of file descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
-/// One listening socket per worker, all on one address.
+/// One listening socket per worker, all on one address; or one socket
+/// served on the caller's runtime.
 #[derive(Debug)]
 pub(crate) struct Listeners {
     listeners: Vec<std::net::TcpListener>,
     addr: SocketAddr,
+    on_caller_runtime: bool,
 }
 
 /// Resolves `addr` and binds it once per worker (port 0 picks a free port,
-/// the same for every worker).
-pub(crate) async fn bind(addr: &str) -> Result<Listeners, Error> {
-    bind_all(addr).await.map_err(|source| Error::Listen {
-        addr: addr.to_owned(),
-        source,
-    })
+/// the same for every worker), or once to be served on the caller's runtime.
+pub(crate) async fn bind(addr: &str, on_caller_runtime: bool) -> Result<Listeners, Error> {
+    bind_all(addr, on_caller_runtime)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: addr.to_owned(),
+            source,
+        })
 }
 
-async fn bind_all(addr: &str) -> io::Result<Listeners> {
+async fn bind_all(addr: &str, on_caller_runtime: bool) -> io::Result<Listeners> {
     let resolved = tokio::net::lookup_host(addr)
         .await?
         .next()
@@ -63,12 +67,14 @@ async fn bind_all(addr: &str) -> io::Result<Listeners> {
     let first = listen(resolved)?;
     let bound = first.local_addr()?;
     let mut listeners = vec![first];
-    for _ in 1..workers() {
+    let workers = if on_caller_runtime { 1 } else { workers() };
+    for _ in 1..workers {
         listeners.push(listen(bound)?);
     }
     Ok(Listeners {
         listeners,
         addr: bound,
+        on_caller_runtime,
     })
 }
 
@@ -106,7 +112,8 @@ impl Listeners {
     /// the open connections finish their requests in flight (the caller
     /// bounds how long). `make` builds each worker's request handler, called
     /// on that worker's thread: `handler(peer, request)`. The task ends when
-    /// every worker has finished.
+    /// every worker has finished. On the caller's runtime, the task itself
+    /// serves the one listener.
     pub(crate) fn serve<M, H, F, B>(
         self,
         stopped: watch::Receiver<()>,
@@ -120,6 +127,17 @@ impl Listeners {
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        if self.on_caller_runtime {
+            // `bind` binds one listener in this mode.
+            let listener = self.listeners.into_iter().next();
+            return tokio::spawn(async move {
+                if let Some(listener) = listener {
+                    let listener = tokio_listener(listener).map_err(Error::Worker)?;
+                    accept(listener, stopped, make()).await;
+                }
+                Ok(())
+            });
+        }
         let mut finished = Vec::with_capacity(self.listeners.len());
         for (index, listener) in self.listeners.into_iter().enumerate() {
             let (done, result) = oneshot::channel();
@@ -164,11 +182,16 @@ where
         .build()
         .map_err(Error::Worker)?;
     runtime.block_on(async move {
-        listener.set_nonblocking(true).map_err(Error::Worker)?;
-        let listener = TcpListener::from_std(listener).map_err(Error::Worker)?;
+        let listener = tokio_listener(listener).map_err(Error::Worker)?;
         accept(listener, stopped, make()).await;
         Ok(())
     })
+}
+
+/// `listener` registered with the current runtime.
+fn tokio_listener(listener: std::net::TcpListener) -> io::Result<TcpListener> {
+    listener.set_nonblocking(true)?;
+    TcpListener::from_std(listener)
 }
 
 /// Accepts connections until `stopped` changes, then waits for the open
