@@ -5,9 +5,10 @@
 //! DenyCache → Fallback (timeout, breaker, failure policies, local store) → [Hybrid] → Redis
 //! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Limit, Outcome, Stamped, Store, StoreError, SystemClock};
+use tollgate_core::{Clock, Limit, Outcome, Stamped, Store, StoreError};
 use tollgate_redis::{RedisConfig, RedisStats, RedisStore};
 use tollgate_store::{
     DenyCache, DenyCacheStats, Fallback, FallbackConfig, FallbackStats, Hybrid, HybridConfig,
@@ -162,9 +163,10 @@ pub(crate) struct StackStats {
 
 /// One of the stores `tollgate serve` can run on.
 pub(crate) enum Backend {
-    /// One process's memory, on the wall clock so fixed windows align to
-    /// calendar units as envoyproxy/ratelimit's do.
-    Memory(MemoryStore<SystemClock>),
+    /// One process's memory, on the service's clock: the wall clock, so
+    /// fixed windows align to calendar units as envoyproxy/ratelimit's do
+    /// (tests give one that follows tokio's paused time).
+    Memory(MemoryStore<Arc<dyn Clock>>),
     /// Shared state in Redis; decides locally when Redis cannot answer.
     Redis(Box<RedisStack>),
 }
@@ -172,16 +174,17 @@ pub(crate) enum Backend {
 impl Backend {
     /// Connects to `redis` (a `redis://` or `redis+cluster://` URL), each of
     /// whose round trips waits at most `timeout`, and stacks the parts `args`
-    /// ask for over it; or, without one, makes a memory store.
+    /// ask for over it; or, without one, makes a memory store on `clock`.
     pub(crate) async fn open(
         redis: Option<&str>,
         timeout: Duration,
         args: &StoreArgs,
+        clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Self> {
         let Some(url) = redis else {
             return Ok(Backend::Memory(MemoryStore::with_clock(
                 MemoryConfig::default(),
-                SystemClock,
+                clock,
             )));
         };
         let config = RedisConfig {
