@@ -87,6 +87,52 @@ rules:
         .expect("the gateway served without error");
 }
 
+/// On the caller's runtime (for tests under paused time), every request is
+/// served on the thread that runs it: here, the test's own.
+#[tokio::test]
+async fn on_the_caller_runtime_the_gateway_serves_on_the_callers_thread() {
+    let options = Options {
+        proxy_listen: Some("127.0.0.1:0".into()),
+        upstream: Some(upstream().await.parse().expect("an upstream URL")),
+        ..Options::default()
+    };
+    let settings = Settings::resolve(options)
+        .expect("valid options")
+        .expect("a gateway is asked for")
+        .on_caller_runtime();
+    let policy = Policy::builtin();
+    let gateway = Gateway::bind(settings, &policy).await.expect("bind");
+    let url = format!("http://{}/anything", gateway.local_addr());
+    let enforcer = Arc::new(Enforcer::new(policy, MemoryStore::default()));
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    let task = gateway.spawn(&enforcer, stopped, {
+        let threads = Arc::clone(&threads);
+        move |_outcome, _elapsed| {
+            threads
+                .lock()
+                .expect("not poisoned")
+                .push(std::thread::current().id());
+        }
+    });
+
+    let client = reqwest::Client::new();
+    for _ in 0..2 {
+        let response = client.get(&url).send().await.expect("a response");
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    assert_eq!(
+        *threads.lock().expect("not poisoned"),
+        [std::thread::current().id(); 2]
+    );
+
+    drop(client);
+    stop.send(()).expect("the gateway listens for the signal");
+    task.await
+        .expect("the task does not panic")
+        .expect("the gateway served without error");
+}
+
 #[test]
 fn no_address_and_no_upstream_is_no_gateway() {
     assert!(matches!(Settings::resolve(Options::default()), Ok(None)));
