@@ -49,7 +49,7 @@ use tollgate_gateway::Gateway;
 use tollgate_policy::Enforcer;
 
 /// How long requests in flight may take to finish once a shutdown starts.
-const GRACE: Duration = Duration::from_secs(10);
+pub const GRACE: Duration = Duration::from_secs(10);
 
 /// How often histograms are folded for `/metrics`.
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
