@@ -316,6 +316,7 @@ fn counter(metrics: &str, series: &str) -> u64 {
 
 #[tokio::test(start_paused = true)]
 async fn a_changed_file_is_picked_up_after_the_watch_interval() {
+    // Capture the log from start-up on.
     log();
     let (running, dir) = start(&[("a.yaml", &config(1))], &[]).await;
     let mut grpc = grpc_client(&running).await;
@@ -365,6 +366,7 @@ async fn a_file_renamed_over_the_old_one_is_picked_up_and_a_new_file_read() {
 
 #[tokio::test(start_paused = true)]
 async fn a_broken_file_is_reported_and_the_last_good_config_stays() {
+    // Capture the log from start-up on.
     log();
     let (running, dir) = start(&[("a.yaml", &config(3))], &[]).await;
     let mut grpc = grpc_client(&running).await;
@@ -411,6 +413,7 @@ async fn a_broken_file_is_reported_and_the_last_good_config_stays() {
 
 #[tokio::test(start_paused = true)]
 async fn an_emptied_directory_is_refused_and_keeps_the_old_limits() {
+    // Capture the log from start-up on.
     log();
     let (running, dir) = start(&[("a.yaml", &config(3))], &[]).await;
     let mut grpc = grpc_client(&running).await;
@@ -506,6 +509,7 @@ async fn removing_one_of_two_domains_is_refused_unless_allowed() {
 
 #[tokio::test(start_paused = true)]
 async fn an_empty_directory_allowed_at_start_up_loads_a_config_that_arrives_later() {
+    // Capture the log from start-up on.
     log();
     let (running, dir) = start(&[], &["--allow-empty-config"]).await;
     let logged = log();
