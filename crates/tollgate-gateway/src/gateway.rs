@@ -68,7 +68,8 @@ type GatewayService = RateLimit<Proxy>;
 type GatewayBody = ResponseBody<ProxyBody>;
 
 impl Gateway {
-    /// Binds the gateway's listeners (one per worker, see `workers`).
+    /// Binds the gateway's listeners (one per worker, see `workers`; one in
+    /// all with [`Settings::on_caller_runtime`]).
     /// `policy` is only looked at, to warn when it has no rules for the
     /// gateway's domain.
     ///
@@ -76,7 +77,7 @@ impl Gateway {
     ///
     /// When the address cannot be resolved or bound.
     pub async fn bind(settings: Settings, policy: &Policy) -> Result<Self, Error> {
-        let listeners = workers::bind(&settings.listen).await?;
+        let listeners = workers::bind(&settings.listen, settings.on_caller_runtime).await?;
         tracing::info!(
             "listening for the gateway on {} with upstream {}",
             listeners.local_addr(),
@@ -99,7 +100,8 @@ impl Gateway {
         self.listeners.local_addr()
     }
 
-    /// Serves, on the worker threads, until `stopped` changes, checking
+    /// Serves, on the worker threads (or the caller's runtime, see
+    /// [`Settings::on_caller_runtime`]), until `stopped` changes, checking
     /// requests with `enforcer`'s policy, kill switch and store. Each answer
     /// is told to `observe` with the time it took until its response head
     /// (the caller's metrics; a function item costs nothing to carry). The

@@ -89,9 +89,9 @@ pub struct Options {
     pub gateway_config: Option<PathBuf>,
 
     /// The most client connections the gateway holds open at once, over all
-    /// its workers [default: 10000]. Past it, new connections wait in the
-    /// listen backlog until one closes, so a flood of idle connections
-    /// cannot take every file descriptor the API and gRPC listeners need.
+    /// its workers [default: 10000]. Past it, a new connection is closed at
+    /// once, so a flood of idle connections cannot take every file
+    /// descriptor the API and gRPC listeners need.
     #[cfg_attr(
         feature = "clap",
         arg(
@@ -135,6 +135,9 @@ pub struct Settings {
     pub(crate) routes: Arc<Routes>,
     pub(crate) rate_limits: Vec<RateLimitSpec>,
     pub(crate) max_connections: usize,
+    /// Whether [`Gateway::spawn`](crate::Gateway::spawn) serves on the
+    /// runtime that calls it instead of a thread per CPU.
+    pub(crate) on_caller_runtime: bool,
 }
 
 impl Settings {
@@ -190,6 +193,18 @@ impl Settings {
             max_connections: options
                 .proxy_max_connections
                 .map_or(DEFAULT_MAX_CONNECTIONS, |n| n as usize),
+            on_caller_runtime: false,
         }))
+    }
+
+    /// The same gateway with one listener, served on the tokio runtime that
+    /// calls [`Gateway::spawn`](crate::Gateway::spawn) rather than on a
+    /// worker thread per CPU, each with a runtime of its own. For tests under
+    /// tokio's paused time: time is paused per runtime, so a shaped request's
+    /// delay is only virtual on the test's own runtime.
+    #[must_use]
+    pub fn on_caller_runtime(mut self) -> Self {
+        self.on_caller_runtime = true;
+        self
     }
 }

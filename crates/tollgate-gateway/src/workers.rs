@@ -41,24 +41,30 @@ const LISTEN_BACKLOG: u32 = 1024;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Connections a listener could not accept, by listener.
 pub(crate) const ACCEPT_ERRORS: &str = "tollgate_accept_errors_total";
+/// Connections closed at once because the listener held its maximum.
+pub(crate) const REFUSED_CONNECTIONS: &str = "tollgate_refused_connections_total";
 
-/// One listening socket per worker, all on one address.
+/// One listening socket per worker, all on one address; or one socket
+/// served on the caller's runtime.
 #[derive(Debug)]
 pub(crate) struct Listeners {
     listeners: Vec<std::net::TcpListener>,
     addr: SocketAddr,
+    on_caller_runtime: bool,
 }
 
 /// Resolves `addr` and binds it once per worker (port 0 picks a free port,
-/// the same for every worker).
-pub(crate) async fn bind(addr: &str) -> Result<Listeners, Error> {
-    bind_all(addr).await.map_err(|source| Error::Listen {
-        addr: addr.to_owned(),
-        source,
-    })
+/// the same for every worker), or once to be served on the caller's runtime.
+pub(crate) async fn bind(addr: &str, on_caller_runtime: bool) -> Result<Listeners, Error> {
+    bind_all(addr, on_caller_runtime)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: addr.to_owned(),
+            source,
+        })
 }
 
-async fn bind_all(addr: &str) -> io::Result<Listeners> {
+async fn bind_all(addr: &str, on_caller_runtime: bool) -> io::Result<Listeners> {
     let resolved = tokio::net::lookup_host(addr)
         .await?
         .next()
@@ -66,12 +72,14 @@ async fn bind_all(addr: &str) -> io::Result<Listeners> {
     let first = listen(resolved)?;
     let bound = first.local_addr()?;
     let mut listeners = vec![first];
-    for _ in 1..workers() {
+    let workers = if on_caller_runtime { 1 } else { workers() };
+    for _ in 1..workers {
         listeners.push(listen(bound)?);
     }
     Ok(Listeners {
         listeners,
         addr: bound,
+        on_caller_runtime,
     })
 }
 
@@ -109,7 +117,8 @@ impl Listeners {
     /// the open connections finish their requests in flight (the caller
     /// bounds how long). `make` builds each worker's request handler, called
     /// on that worker's thread: `handler(peer, request)`. The task ends when
-    /// every worker has finished.
+    /// every worker has finished. On the caller's runtime, the task itself
+    /// serves the one listener.
     pub(crate) fn serve<M, H, F, B>(
         self,
         stopped: watch::Receiver<()>,
@@ -124,9 +133,20 @@ impl Listeners {
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let mut finished = Vec::with_capacity(self.listeners.len());
         // One cap over every worker: a tokio semaphore works across runtimes.
         let connections = Arc::new(Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS)));
+        if self.on_caller_runtime {
+            // `bind` binds one listener in this mode.
+            let listener = self.listeners.into_iter().next();
+            return tokio::spawn(async move {
+                if let Some(listener) = listener {
+                    let listener = tokio_listener(listener).map_err(Error::Worker)?;
+                    accept(listener, stopped, connections, make()).await;
+                }
+                Ok(())
+            });
+        }
+        let mut finished = Vec::with_capacity(self.listeners.len());
         for (index, listener) in self.listeners.into_iter().enumerate() {
             let (done, result) = oneshot::channel();
             let (stopped, make) = (stopped.clone(), make.clone());
@@ -172,15 +192,20 @@ where
         .build()
         .map_err(Error::Worker)?;
     runtime.block_on(async move {
-        listener.set_nonblocking(true).map_err(Error::Worker)?;
-        let listener = TcpListener::from_std(listener).map_err(Error::Worker)?;
+        let listener = tokio_listener(listener).map_err(Error::Worker)?;
         accept(listener, stopped, connections, make()).await;
         Ok(())
     })
 }
 
-/// Accepts connections, while fewer than the cap are open, until `stopped`
-/// changes, then waits for the open ones to finish their requests in flight.
+/// `listener` registered with the current runtime.
+fn tokio_listener(listener: std::net::TcpListener) -> io::Result<TcpListener> {
+    listener.set_nonblocking(true)?;
+    TcpListener::from_std(listener)
+}
+
+/// Accepts connections until `stopped` changes, closing at once those past
+/// the cap, then waits for the open ones to finish their requests in flight.
 async fn accept<H, F, B>(
     listener: TcpListener,
     mut stopped: watch::Receiver<()>,
@@ -204,15 +229,6 @@ async fn accept<H, F, B>(
         .header_read_timeout(HEADER_READ_TIMEOUT);
     let graceful = GracefulShutdown::new();
     loop {
-        // Past the cap, connections wait in the backlog rather than take
-        // file descriptors from everything else in the process.
-        let permit = tokio::select! {
-            permit = Arc::clone(&connections).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-            _ = stopped.changed() => break,
-        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -226,6 +242,18 @@ async fn accept<H, F, B>(
                 }
             },
             _ = stopped.changed() => break,
+        };
+        // Past the cap, a connection is closed at once, as NGINX does past
+        // `worker_connections`, so its descriptor comes straight back. (It
+        // cannot wait in the backlog instead: the workers' listeners share
+        // one cap but not one backlog, so a worker holding a free permit
+        // could wait on an empty backlog while the connection sat in
+        // another's.)
+        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+            metrics::counter!(REFUSED_CONNECTIONS, "listener" => "gateway").increment(1);
+            tracing::debug!(%peer, "connection closed: the gateway holds its maximum");
+            drop(stream);
+            continue;
         };
         let handler = handler.clone();
         let connection = http.serve_connection(

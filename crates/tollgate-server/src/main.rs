@@ -1,14 +1,15 @@
 //! `tollgate`: the rate limiter's command-line entry point.
 //!
-//! Each subcommand lives in its own module with a clap `Args` struct and a
-//! `run` function; this file only dispatches and reports errors.
+//! Each subcommand has a clap `Args` struct and a `run` function (`serve`'s
+//! in the `tollgate_server` library, which tests start in process too); this
+//! file only dispatches and reports errors.
 
 use std::io;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tollgate_server::serve;
 
-mod serve;
 mod simulate;
 
 /// Tollgate, a rate limiter.

@@ -1,4 +1,5 @@
-//! `tollgate serve`: the rate limit service.
+//! `tollgate serve`: the rate limit service, assembled by [`start`] (which
+//! tests call in process) and run by [`run`] (the binary's `serve`).
 //!
 //! One process serves Envoy's Rate Limit Service over gRPC (with the standard
 //! gRPC health service) and the HTTP API (`/json`, `/v1/check`, `/metrics`,
@@ -9,18 +10,24 @@
 //!
 //! See `docs/service.md` for the endpoints, JSON shapes and metrics.
 
+use std::ffi::OsString;
 use std::fmt;
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
+use clap::Parser;
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tollgate_policy::{Policy, PolicyHandle};
+use tollgate_core::{Clock, SystemClock};
+use tollgate_policy::{Policy, PolicyHandle, Reloader, StoreSettings};
+use tonic_health::server::HealthReporter;
 use tracing_subscriber::EnvFilter;
 
 mod admin;
@@ -33,6 +40,8 @@ mod metrics;
 mod native;
 mod reload;
 
+pub use reload::POLL as RELOAD_POLL;
+
 use backend::Backend;
 use grpc::{RateLimitGrpc, RateLimitServiceServer};
 use http::AppState;
@@ -40,7 +49,7 @@ use tollgate_gateway::Gateway;
 use tollgate_policy::Enforcer;
 
 /// How long requests in flight may take to finish once a shutdown starts.
-const GRACE: Duration = Duration::from_secs(10);
+pub const GRACE: Duration = Duration::from_secs(10);
 
 /// How often histograms are folded for `/metrics`.
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
@@ -51,7 +60,7 @@ type RlsServer = RateLimitServiceServer<RateLimitGrpc<Backend>>;
 /// Options of `tollgate serve`; each can also come from its `TOLLGATE_*`
 /// environment variable.
 #[derive(Debug, clap::Args)]
-pub(crate) struct Args {
+pub struct Args {
     /// The policy: a YAML file, or a directory of `.yaml`/`.yml` files, in
     /// Tollgate's native format or envoyproxy/ratelimit's. Watched and
     /// reloaded on change. Without it, the built-in default policy.
@@ -111,6 +120,49 @@ pub(crate) struct Args {
 
     #[command(flatten, next_help_heading = "Gateway")]
     gateway: tollgate_gateway::Options,
+
+    /// Whether the gateway serves on the runtime that calls [`start`]; not a
+    /// flag (see [`Args::gateway_on_caller_runtime`]).
+    #[arg(skip)]
+    gateway_on_caller_runtime: bool,
+}
+
+/// `tollgate serve`'s flags alone, for [`Args::parse_from`].
+#[derive(Debug, Parser)]
+#[command(name = "tollgate serve")]
+struct ServeFlags {
+    #[command(flatten)]
+    args: Args,
+}
+
+impl Args {
+    /// Parses `tollgate serve`'s flags (`flags` without the program and
+    /// subcommand names), with their `TOLLGATE_*` variables and defaults, as
+    /// the command line does.
+    ///
+    /// # Errors
+    ///
+    /// What `tollgate serve` would refuse, with clap's message.
+    pub fn parse_from<I, T>(flags: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let program = std::iter::once(OsString::from("tollgate serve"));
+        ServeFlags::try_parse_from(program.chain(flags.into_iter().map(Into::into)))
+            .map(|flags| flags.args)
+    }
+
+    /// The same options with the gateway served on the tokio runtime that
+    /// calls [`start`], with one listener, instead of one worker thread (and
+    /// runtime) per CPU. Tokio's paused time is per runtime: for a shaped
+    /// request's delay to pass in a test's paused time, the gateway has to
+    /// run on the test's runtime.
+    #[must_use]
+    pub fn gateway_on_caller_runtime(mut self) -> Self {
+        self.gateway_on_caller_runtime = true;
+        self
+    }
 }
 
 /// A Redis timeout: a duration such as `10ms`, above zero and at most a minute.
@@ -147,25 +199,60 @@ impl fmt::Debug for RedisUrl {
     }
 }
 
-/// Runs the service until SIGTERM or SIGINT.
-pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init()
-        .map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))?;
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?
-        .block_on(serve(args))
+/// The listeners [`start`] serves on, already bound (port 0 is fine: the
+/// [`Running`] handle says which port each got).
+#[derive(Debug)]
+pub struct Listeners {
+    /// The HTTP API's.
+    pub http: TcpListener,
+    /// The gRPC Rate Limit Service's.
+    pub grpc: TcpListener,
 }
 
-async fn serve(args: Args) -> anyhow::Result<()> {
-    let mut signals = Signals::install()?;
+/// Starts the service on `listeners`: the policy from `args.config` (watched
+/// and reloaded) or the built-in one, the gateway if `args` ask for one
+/// (bound here from its own settings: it makes its listeners itself, one per
+/// worker), the store stack, the enforcer with the metrics observer, the
+/// gRPC Rate Limit Service with gRPC health, the HTTP API, and the
+/// background tasks (reload watch, metrics upkeep), all on the current tokio
+/// runtime. `args.http` and `args.grpc` are not read: `listeners` are those.
+///
+/// Everything that reads time is given `clock` (epoch nanoseconds): the
+/// memory store and the enforcer's `started_at`; the reload watch and a
+/// shaped request's delay run on tokio's timers. `tollgate serve` passes
+/// [`SystemClock`]; tests pass a [`TokioClock`](crate::TokioClock) under
+/// paused time, with [`Args::gateway_on_caller_runtime`].
+///
+/// The process's Prometheus recorder is installed by the first start and
+/// shared by any later one in the same process.
+///
+/// # Errors
+///
+/// When the config does not load or is refused, the gateway's settings do
+/// not resolve or its address cannot be bound, metrics cannot be set up, or
+/// Redis cannot be reached. The error says which, for a person to read.
+pub async fn start(
+    args: Args,
+    listeners: Listeners,
+    clock: Arc<dyn Clock>,
+) -> anyhow::Result<Running> {
+    launch(prepare(args).await?, listeners, clock).await
+}
+
+/// What start-up has made before the HTTP and gRPC listeners are needed.
+struct Prepared {
+    args: Args,
+    reloader: Option<Reloader>,
+    handle: PolicyHandle,
+    gateway: Option<Gateway>,
+    /// The config's `store:` section and its file.
+    store: Option<(PathBuf, StoreSettings)>,
+}
+
+/// Loads the policy and binds the gateway: what `tollgate serve` does before
+/// it binds its own listeners, so that a bad config is reported as such
+/// whatever the addresses.
+async fn prepare(args: Args) -> anyhow::Result<Prepared> {
     let reloader = match &args.config {
         Some(path) => Some(reload::load(path, &args.reload)?),
         None => None,
@@ -178,35 +265,63 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let domains: Vec<&str> = policy.domains().collect();
     tracing::info!(?domains, source = %source(&args.config), "policy loaded");
 
-    let gateway = match tollgate_gateway::Settings::resolve(args.gateway)? {
+    let gateway = match tollgate_gateway::Settings::resolve(args.gateway.clone())? {
+        Some(settings) if args.gateway_on_caller_runtime => {
+            Some(Gateway::bind(settings.on_caller_runtime(), &policy).await?)
+        }
         Some(settings) => Some(Gateway::bind(settings, &policy).await?),
         None => None,
     };
-    let http_listener = bind("HTTP", &args.http).await?;
-    let grpc_listener = bind("gRPC", &args.grpc).await?;
-    for (what, listener) in [("HTTP", &http_listener), ("gRPC", &grpc_listener)] {
-        let bound = listener
-            .local_addr()
-            .with_context(|| format!("cannot read the {what} listener's address"))?;
+    // The store is built from the section at start-up only.
+    let store = policy
+        .store()
+        .map(|(path, store)| (path.to_owned(), store.clone()));
+    // The handle holds what is in force; this start-up snapshot would
+    // otherwise stay in memory past every reload.
+    drop(policy);
+    Ok(Prepared {
+        args,
+        reloader,
+        handle,
+        gateway,
+        store,
+    })
+}
+
+/// The rest of [`start`], once the listeners are bound.
+async fn launch(
+    prepared: Prepared,
+    listeners: Listeners,
+    clock: Arc<dyn Clock>,
+) -> anyhow::Result<Running> {
+    let Prepared {
+        args,
+        reloader,
+        handle,
+        gateway,
+        store,
+    } = prepared;
+    let http_addr = local_addr("HTTP", &listeners.http)?;
+    let grpc_addr = local_addr("gRPC", &listeners.grpc)?;
+    for (what, bound) in [("HTTP", http_addr), ("gRPC", grpc_addr)] {
         tracing::info!("listening for {what} on {bound}");
     }
 
-    let recorder = metrics::recorder().context("cannot set up metrics")?;
-    let metrics_handle =
-        metrics::install(recorder).map_err(|e| anyhow::anyhow!("cannot set up metrics: {e}"))?;
+    let metrics_handle = metrics_handle()?;
     let store = Backend::open(
         args.redis.as_ref().map(|url| url.0.as_str()),
         args.redis_timeout,
         &args.store,
-        policy.store(),
+        store.as_ref().map(|(path, store)| (path.as_path(), store)),
+        Arc::clone(&clock),
     )
     .await?;
-    // The handle holds what is in force; this start-up snapshot would
-    // otherwise stay in memory past every reload.
-    drop(policy);
     tracing::info!(store = store.describe(), "store ready");
-    let enforcer: Arc<Enforcer<Backend>> =
-        Arc::new(Enforcer::new(handle, store).with_observer(Arc::new(metrics::Observe)));
+    let enforcer: Arc<Enforcer<Backend>> = Arc::new(
+        Enforcer::new(handle, store)
+            .with_clock(clock)
+            .with_observer(Arc::new(metrics::Observe)),
+    );
     let (stop, stopped) = watch::channel(());
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -215,10 +330,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .add_service(health_service)
         .add_service(RlsServer::new(RateLimitGrpc::new(Arc::clone(&enforcer))))
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc_listener),
+            tonic::transport::server::TcpIncoming::from(listeners.grpc),
             signalled(stopped.clone()),
         );
-    let mut grpc_task: JoinHandle<anyhow::Result<()>> =
+    let grpc_task: JoinHandle<anyhow::Result<()>> =
         tokio::spawn(async move { grpc_server.await.context("the gRPC server failed") });
 
     let store_metrics: Option<Box<dyn Fn() + Send + Sync>> = {
@@ -237,60 +352,178 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     // gave the same throughput and a worse p99, since a check is too short
     // to amortize connections unevenly spread over the workers.
     let http_server = axum::serve(
-        http_listener,
+        listeners.http,
         axum::ServiceExt::<axum::extract::Request>::into_make_service(http::service(state)),
     )
     .with_graceful_shutdown(signalled(stopped.clone()));
-    let mut http_task: JoinHandle<anyhow::Result<()>> =
+    let http_task: JoinHandle<anyhow::Result<()>> =
         tokio::spawn(async move { http_server.await.context("the HTTP server failed") });
-    let mut gateway_task = gateway.map(|g| g.spawn(&enforcer, stopped.clone(), metrics::gateway));
+    let gateway_addr = gateway.as_ref().map(Gateway::local_addr);
+    let gateway_task = gateway.map(|g| g.spawn(&enforcer, stopped.clone(), metrics::gateway));
 
     if let Some(reloader) = reloader {
         tokio::spawn(reloader.watch(reload::POLL, signalled(stopped.clone())));
     }
     tokio::spawn(upkeep(metrics_handle, stopped));
 
+    Ok(Running {
+        http: http_addr,
+        grpc: grpc_addr,
+        gateway: gateway_addr,
+        health,
+        stop,
+        grpc_task: Some(grpc_task),
+        http_task: Some(http_task),
+        gateway_task,
+    })
+}
+
+/// A started service. Dropping it stops every listener and background task
+/// at once, without waiting; [`Running::shutdown`] lets requests in flight
+/// finish.
+#[derive(Debug)]
+pub struct Running {
+    http: SocketAddr,
+    grpc: SocketAddr,
+    gateway: Option<SocketAddr>,
+    health: HealthReporter,
+    /// Sending on it (or dropping it) is the one signal that stops
+    /// everything.
+    stop: watch::Sender<()>,
+    /// Each server's task; taken once it has ended.
+    grpc_task: Option<JoinHandle<anyhow::Result<()>>>,
+    http_task: Option<JoinHandle<anyhow::Result<()>>>,
+    gateway_task: Option<JoinHandle<Result<(), tollgate_gateway::Error>>>,
+}
+
+impl Running {
+    /// Where the HTTP API listens.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
+    }
+
+    /// Where the gRPC Rate Limit Service listens.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc
+    }
+
+    /// Where the gateway listens, when there is one.
+    pub fn gateway_addr(&self) -> Option<SocketAddr> {
+        self.gateway
+    }
+
+    /// Waits until one of the servers stops on its own (it failed, panicked
+    /// or ended), then stops the others and says why. Never resolves while
+    /// they all serve.
+    pub async fn failure(&mut self) -> anyhow::Error {
+        let (which, result) = tokio::select! {
+            result = finished(&mut self.grpc_task) => ("gRPC", result),
+            result = finished(&mut self.http_task) => ("HTTP", result),
+            result = finished(&mut self.gateway_task) => ("gateway", result),
+        };
+        self.signal_stop().await;
+        match result {
+            Err(join) => anyhow::Error::new(join).context(format!("the {which} server panicked")),
+            Ok(Err(error)) => error,
+            Ok(Ok(())) => anyhow::anyhow!("the {which} server stopped unexpectedly"),
+        }
+    }
+
+    /// Stops every listener and lets requests in flight finish, within
+    /// [`GRACE`]; past it, what is still open is left to be dropped with the
+    /// runtime.
+    ///
+    /// # Errors
+    ///
+    /// When a server failed or panicked.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        self.signal_stop().await;
+        let (grpc, http, gateway) = (
+            self.grpc_task.take(),
+            self.http_task.take(),
+            self.gateway_task.take(),
+        );
+        let finished = tokio::time::timeout(GRACE, async {
+            let (grpc, http, gateway) = tokio::join!(ended(grpc), ended(http), ended(gateway));
+            grpc.context("the gRPC server panicked")??;
+            http.context("the HTTP server panicked")??;
+            gateway.context("the gateway panicked")??;
+            anyhow::Ok(())
+        })
+        .await;
+        match finished {
+            Ok(result) => {
+                result?;
+                tracing::info!("stopped");
+                Ok(())
+            }
+            Err(_) => {
+                // The connections left are dropped with the runtime.
+                tracing::warn!("connections still open after {GRACE:?}, closing them");
+                Ok(())
+            }
+        }
+    }
+
+    /// Tells gRPC health checkers first, then sends the one signal that
+    /// stops every listener and background task.
+    async fn signal_stop(&self) {
+        self.health.set_not_serving::<RlsServer>().await;
+        let _ = self.stop.send(());
+    }
+}
+
+/// The process's Prometheus handle, installing the recorder on first use:
+/// `metrics` has one global recorder, which every service in the process
+/// (tests may start several) then shares.
+fn metrics_handle() -> anyhow::Result<PrometheusHandle> {
+    static INSTALLED: Mutex<Option<PrometheusHandle>> = Mutex::new(None);
+    let mut installed = INSTALLED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(handle) = installed.as_ref() {
+        return Ok(handle.clone());
+    }
+    let recorder = metrics::recorder().context("cannot set up metrics")?;
+    let handle =
+        metrics::install(recorder).map_err(|e| anyhow::anyhow!("cannot set up metrics: {e}"))?;
+    *installed = Some(handle.clone());
+    Ok(handle)
+}
+
+/// Runs the service until SIGTERM or SIGINT.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init()
+        .map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(serve(args))
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
+    let mut signals = Signals::install()?;
+    let prepared = prepare(args).await?;
+    let listeners = Listeners {
+        http: bind("HTTP", &prepared.args.http).await?,
+        grpc: bind("gRPC", &prepared.args.grpc).await?,
+    };
+    let mut running = launch(prepared, listeners, Arc::new(SystemClock)).await?;
     let early = tokio::select! {
         signal = signals.recv() => {
             tracing::info!("{signal}: shutting down");
             None
         }
-        result = &mut grpc_task => Some(("gRPC", result)),
-        result = &mut http_task => Some(("HTTP", result)),
-        result = finished(&mut gateway_task) => Some(("gateway", result)),
+        error = running.failure() => Some(error),
     };
-    health.set_not_serving::<RlsServer>().await;
-    // One signal stops every listener and background task.
-    let _ = stop.send(());
-    if let Some((which, result)) = early {
-        result.with_context(|| format!("the {which} server panicked"))??;
-        bail!("the {which} server stopped unexpectedly");
-    }
-    let finished = tokio::time::timeout(GRACE, async {
-        let gateway = async {
-            match gateway_task {
-                Some(task) => task.await,
-                None => Ok(Ok(())),
-            }
-        };
-        let (grpc, http, gateway) = tokio::join!(grpc_task, http_task, gateway);
-        grpc.context("the gRPC server panicked")??;
-        http.context("the HTTP server panicked")??;
-        gateway.context("the gateway panicked")??;
-        anyhow::Ok(())
-    })
-    .await;
-    match finished {
-        Ok(result) => {
-            result?;
-            tracing::info!("stopped");
-            Ok(())
-        }
-        Err(_) => {
-            // The connections left are dropped with the runtime.
-            tracing::warn!("connections still open after {GRACE:?}, closing them");
-            Ok(())
-        }
+    match early {
+        Some(error) => Err(error),
+        None => running.shutdown().await,
     }
 }
 
@@ -308,14 +541,35 @@ async fn bind(what: &str, addr: &str) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("cannot listen for {what} on {addr}"))
 }
 
-/// The result of an optional task; never resolves when there is no task.
+/// The result of an optional task, which is then taken; never resolves when
+/// there is no task.
 async fn finished<T, E: Into<anyhow::Error>>(
     task: &mut Option<JoinHandle<Result<T, E>>>,
 ) -> Result<anyhow::Result<T>, tokio::task::JoinError> {
+    let Some(running) = task else {
+        return std::future::pending().await;
+    };
+    let result = running.await.map(|result| result.map_err(Into::into));
+    *task = None;
+    result
+}
+
+/// The result of an optional task that is to end now; `Ok` when there is no
+/// task.
+async fn ended<T: Default, E: Into<anyhow::Error>>(
+    task: Option<JoinHandle<Result<T, E>>>,
+) -> Result<anyhow::Result<T>, tokio::task::JoinError> {
     match task {
         Some(task) => task.await.map(|result| result.map_err(Into::into)),
-        None => std::future::pending().await,
+        None => Ok(Ok(T::default())),
     }
+}
+
+/// The address `listener` is bound to.
+fn local_addr(what: &str, listener: &TcpListener) -> anyhow::Result<SocketAddr> {
+    listener
+        .local_addr()
+        .with_context(|| format!("cannot read the {what} listener's address"))
 }
 
 /// Resolves once the shutdown signal is sent (or its sender is gone).

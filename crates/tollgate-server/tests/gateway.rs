@@ -3,8 +3,9 @@
 //! 127.0.0.1:0 --upstream ...`, and a reqwest client (or raw TCP for what a
 //! client library will not send).
 //!
-//! Quotas are per hour (or, for shaping, spaced seconds apart), so no test
-//! depends on how fast this machine is.
+//! Quotas are per hour, so no test depends on how fast this machine is.
+//! Shaping, whose delays take the service's time, is tested in process
+//! under paused time (tests/in_process.rs).
 
 mod common;
 
@@ -13,7 +14,7 @@ use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -34,7 +35,6 @@ struct Arrival {
     connection: SocketAddr,
     path: String,
     headers: HeaderMap,
-    at: Instant,
 }
 
 /// The test's upstream: records every request it gets.
@@ -102,7 +102,6 @@ async fn answer(
         connection,
         path: path.clone(),
         headers: request.headers().clone(),
-        at: Instant::now(),
     });
     match path.as_str() {
         "/upload" => Response::new(request.into_body()),
@@ -405,56 +404,6 @@ rate_limits:
     let post = || http.post(format!("{base}/upload")).body("x").send();
     assert_eq!(post().await.unwrap().status(), 200);
     assert_eq!(post().await.unwrap().status(), 429);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shaping_holds_an_admitted_request_and_a_full_queue_gets_429() {
-    let upstream = Upstream::start().await;
-    // One request every 5 s, a queue of one beyond the request being served:
-    // NGINX's `limit_req rate=12r/m burst=1` without `nodelay`.
-    let policy = "
-domain: gateway
-rules:
-  - name: shaped
-    match: [{ key: remote_address }]
-    algorithm: leaky-bucket-shaping
-    limit: { requests: 12, per: 1m, burst: 2 }
-";
-    let (_server, base) = gateway(&upstream.url(), &[("gateway.yaml", policy)], &[]);
-    let http = client();
-    let first = http.get(format!("{base}/echo")).send().await.unwrap();
-    assert_eq!(first.status(), 200, "an empty queue forwards at once");
-
-    // Two more at once: one takes the queue's last place and is held for its
-    // turn; the other finds the queue full. Which is which is up to the race.
-    let send = |n: u32| {
-        let request = http.get(format!("{base}/echo?n={n}")).send();
-        async move {
-            let response = request.await.unwrap();
-            (n, response.status().as_u16(), Instant::now())
-        }
-    };
-    let (a, b) = tokio::join!(send(1), send(2));
-    let mut outcomes = [a, b];
-    outcomes.sort_by_key(|(_, status, _)| *status);
-    let [(held, 200, _), (refused, 429, refused_at)] = outcomes else {
-        panic!("expected one 200 and one 429, got {outcomes:?}");
-    };
-    let arrivals = upstream.arrivals();
-    let held_arrival = arrivals
-        .iter()
-        .find(|a| a.path == format!("/echo?n={held}"))
-        .expect("the held request reached the upstream");
-    assert!(
-        !arrivals
-            .iter()
-            .any(|a| a.path == format!("/echo?n={refused}")),
-        "the refused request never reached the upstream"
-    );
-    assert!(
-        held_arrival.at > refused_at,
-        "the admitted request was held past the moment the other was refused"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,9 +6,10 @@
 //! ```
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Limit, Outcome, Stamped, Store, StoreError, SystemClock};
+use tollgate_core::{Clock, Limit, Outcome, Stamped, Store, StoreError};
 use tollgate_policy::StoreSettings;
 use tollgate_redis::{RedisConfig, RedisStats, RedisStore};
 use tollgate_store::{
@@ -273,9 +274,10 @@ pub(crate) struct StackStats {
 
 /// One of the stores `tollgate serve` can run on.
 pub(crate) enum Backend {
-    /// One process's memory, on the wall clock so fixed windows align to
-    /// calendar units as envoyproxy/ratelimit's do.
-    Memory(MemoryStore<SystemClock>),
+    /// One process's memory, on the service's clock: the wall clock, so
+    /// fixed windows align to calendar units as envoyproxy/ratelimit's do
+    /// (tests give one that follows tokio's paused time).
+    Memory(MemoryStore<Arc<dyn Clock>>),
     /// Shared state in Redis; decides locally when Redis cannot answer.
     Redis(Box<RedisStack>),
 }
@@ -284,12 +286,13 @@ impl Backend {
     /// Builds the store the flags and the config's `store:` section ask
     /// for: Redis (a `redis://` or `redis+cluster://` URL, each of whose round
     /// trips waits at most the Redis timeout) with the parts stacked over
-    /// it, or, without Redis, a memory store.
+    /// it, or, without Redis, a memory store on `clock`.
     pub(crate) async fn open(
         redis: Option<&str>,
         redis_timeout: Option<Duration>,
         flags: &StoreArgs,
         file: Option<(&Path, &StoreSettings)>,
+        clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Self> {
         let args = Effective::resolve(redis, redis_timeout, flags, file)?;
         let timeout = args.redis_timeout;
@@ -298,10 +301,7 @@ impl Backend {
             ..MemoryConfig::default()
         };
         let Some(url) = args.redis.as_deref() else {
-            return Ok(Backend::Memory(MemoryStore::with_clock(
-                memory,
-                SystemClock,
-            )));
+            return Ok(Backend::Memory(MemoryStore::with_clock(memory, clock)));
         };
         let config = RedisConfig {
             timeout,

@@ -16,8 +16,9 @@ use tollgate_policy::{Refusal, Reload, ReloadError, Reloader, Safeguards};
 
 use super::metrics;
 
-/// How often the watcher looks at the config.
-pub(crate) const POLL: Duration = Duration::from_millis(500);
+/// How often the watcher looks at the config. A change is loaded at the
+/// second look that sees it (once the files have held still for a poll).
+pub const POLL: Duration = Duration::from_millis(500);
 
 /// What a reload may do; each also comes from its `TOLLGATE_*` variable.
 #[derive(Debug, clap::Args)]
