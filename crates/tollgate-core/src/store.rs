@@ -131,7 +131,11 @@ impl LeaseId {
             && id
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        if valid { Ok(Self(id)) } else { Err(InvalidLeaseId) }
+        if valid {
+            Ok(Self(id))
+        } else {
+            Err(InvalidLeaseId)
+        }
     }
 
     /// The id's text.
@@ -147,9 +151,7 @@ impl LeaseId {
 
     /// The id that [`LeaseId::tagged`] put behind `tag`, if this is one.
     pub fn untagged(&self, tag: &str) -> Option<LeaseId> {
-        self.0
-            .strip_prefix(tag)
-            .and_then(|id| Self::new(id).ok())
+        self.0.strip_prefix(tag).and_then(|id| Self::new(id).ok())
     }
 }
 

@@ -452,13 +452,29 @@ fn concurrency_leases_lapse_one_period_after_they_were_taken() {
     let q = Quota::per_minute(2).unwrap();
     let mut leases = Leases::default();
     let clock = ManualClock::new(0);
-    assert!(Concurrency::lease(1).step(&q, &mut leases, clock.now(), 1).allowed);
+    assert!(
+        Concurrency::lease(1)
+            .step(&q, &mut leases, clock.now(), 1)
+            .allowed
+    );
     clock.advance(Duration::from_secs(30));
-    assert!(Concurrency::lease(2).step(&q, &mut leases, clock.now(), 1).allowed);
-    assert!(!Concurrency::default().step(&q, &mut leases, clock.now(), 1).allowed);
+    assert!(
+        Concurrency::lease(2)
+            .step(&q, &mut leases, clock.now(), 1)
+            .allowed
+    );
+    assert!(
+        !Concurrency::default()
+            .step(&q, &mut leases, clock.now(), 1)
+            .allowed
+    );
     // The first holder never released: its lease lapses at 60 s, not before.
     clock.advance(Duration::from_nanos(29_999_999_999));
-    assert!(!Concurrency::default().step(&q, &mut leases, clock.now(), 1).allowed);
+    assert!(
+        !Concurrency::default()
+            .step(&q, &mut leases, clock.now(), 1)
+            .allowed
+    );
     clock.advance(Duration::from_nanos(1));
     let d = Concurrency::lease(3).step(&q, &mut leases, clock.now(), 1);
     assert_eq!((d.allowed, d.remaining), (true, 0));

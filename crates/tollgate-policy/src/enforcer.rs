@@ -334,7 +334,9 @@ impl FromStr for Permit {
                     .collect::<Result<Vec<u8>, _>>()
                     .map_err(|_| InvalidToken("key"))?;
                 let key = String::from_utf8(bytes).map_err(|_| InvalidToken("key"))?;
-                let id = id.parse::<LeaseId>().map_err(|_| InvalidToken("lease id"))?;
+                let id = id
+                    .parse::<LeaseId>()
+                    .map_err(|_| InvalidToken("lease id"))?;
                 Ok(Lease { key, cost, id })
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -307,7 +307,10 @@ async fn a_token_releases_its_own_lease_once_and_no_other() {
     assert_eq!(enforcer.release(b.parse().unwrap()).await, 1);
     assert_eq!(enforcer.release(b.parse().unwrap()).await, 1);
     assert!(run(&enforcer, "api", &pool).await.allowed());
-    assert!(!run(&enforcer, "api", &pool).await.allowed(), "A still holds");
+    assert!(
+        !run(&enforcer, "api", &pool).await.allowed(),
+        "A still holds"
+    );
     assert_eq!(enforcer.release(a).await, 1);
     assert!(run(&enforcer, "api", &pool).await.allowed());
 }

@@ -7,8 +7,8 @@ use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 use tollgate_core::{
     Algorithm, Clock, Concurrency, Decision, FixedWindow, Gcra, LeakyBucket, LeakyBucketShaping,
-    Lease, LeaseId, Leases, Limit, Nanos, Outcome, SlidingCounter, SlidingLog, Stamped, StateMachine, Store,
-    StoreError, TokenBucket,
+    Lease, LeaseId, Leases, Limit, Nanos, Outcome, SlidingCounter, SlidingLog, Stamped,
+    StateMachine, Store, StoreError, TokenBucket,
 };
 
 use crate::FastClock;
@@ -370,14 +370,9 @@ impl<C: Clock> MemoryStore<C> {
             Algorithm::FixedWindow => step(&FixedWindow, shard, key, limit, now, mode),
             Algorithm::SlidingLog => step(&SlidingLog, shard, key, limit, now, mode),
             Algorithm::SlidingCounter => step(&SlidingCounter, shard, key, limit, now, mode),
-            Algorithm::Concurrency => step(
-                &Concurrency::lease(lease),
-                shard,
-                key,
-                limit,
-                now,
-                mode,
-            ),
+            Algorithm::Concurrency => {
+                step(&Concurrency::lease(lease), shard, key, limit, now, mode)
+            }
         }
     }
 }

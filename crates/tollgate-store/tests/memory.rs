@@ -219,7 +219,11 @@ fn concurrency_permits_are_held_until_released_or_lapsed_and_never_evicted_while
 #[test]
 fn a_release_gives_back_exactly_the_lease_it_names() {
     let (store, clock) = store(MemoryConfig::default());
-    let slots = limit("jobs", Quota::per_minute(3).unwrap(), Algorithm::Concurrency);
+    let slots = limit(
+        "jobs",
+        Quota::per_minute(3).unwrap(),
+        Algorithm::Concurrency,
+    );
     let a = store.check_now(&[slots]).leases;
     clock.advance(Duration::from_secs(30));
     let b = store.check_now(&[slots]).leases;
@@ -231,20 +235,38 @@ fn a_release_gives_back_exactly_the_lease_it_names() {
     store.release_now(&both);
     store.release_now(&b);
     // A's lease is left, and still lapses at A's time: a minute after A.
-    assert_eq!(store.check_now(&[slots.with_cost(0)]).decisions[0].remaining, 2);
+    assert_eq!(
+        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining,
+        2
+    );
     clock.advance(Duration::from_nanos(29_999_999_999));
-    assert_eq!(store.check_now(&[slots.with_cost(0)]).decisions[0].remaining, 2);
+    assert_eq!(
+        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining,
+        2
+    );
     clock.advance(Duration::from_nanos(1));
-    assert_eq!(store.check_now(&[slots.with_cost(0)]).decisions[0].remaining, 3);
+    assert_eq!(
+        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining,
+        3
+    );
     // Ids of another store, another key, or not this store's kind do nothing.
     let c = store.check_now(&[slots]).leases;
-    let other = store.check_now(&[limit("other", Quota::per_minute(3).unwrap(), Algorithm::Concurrency)]).leases;
+    let other = store
+        .check_now(&[limit(
+            "other",
+            Quota::per_minute(3).unwrap(),
+            Algorithm::Concurrency,
+        )])
+        .leases;
     let mut misnamed = c[0].clone();
     misnamed.id = other[0].id.clone();
     let mut foreign = c[0].clone();
     foreign.id = "not-ours".parse().unwrap();
     store.release_now(&[misnamed, foreign]);
-    assert_eq!(store.check_now(&[slots.with_cost(0)]).decisions[0].remaining, 2);
+    assert_eq!(
+        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining,
+        2
+    );
 }
 
 #[test]

@@ -128,7 +128,10 @@ async fn a_release_removes_exactly_the_member_its_lease_names() {
     let elsewhere = manual_store(&server.url(), &clock).await;
     elsewhere.release_leases(&b).await.unwrap();
     assert_eq!(members(), [member(&a)]);
-    assert_eq!(server.cli(&["GET", "tollgate:lease.n:{s}:slots"]).trim(), "2");
+    assert_eq!(
+        server.cli(&["GET", "tollgate:lease.n:{s}:slots"]).trim(),
+        "2"
+    );
     // Again, or at another cost (another member), nothing more goes.
     elsewhere.release_leases(&b).await.unwrap();
     let cheaper = Lease {
@@ -137,7 +140,10 @@ async fn a_release_removes_exactly_the_member_its_lease_names() {
     };
     elsewhere.release_leases(&[cheaper]).await.unwrap();
     assert_eq!(members(), [member(&a)]);
-    assert_eq!(server.cli(&["GET", "tollgate:lease.n:{s}:slots"]).trim(), "2");
+    assert_eq!(
+        server.cli(&["GET", "tollgate:lease.n:{s}:slots"]).trim(),
+        "2"
+    );
 }
 
 #[tokio::test]

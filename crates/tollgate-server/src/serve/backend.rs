@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::{Limit, Outcome, Stamped, Store, StoreError, SystemClock};
+use tollgate_core::{Lease, Limit, Outcome, Stamped, Store, StoreError, SystemClock};
 use tollgate_redis::{RedisConfig, RedisStats, RedisStore};
 use tollgate_store::{
     DenyCache, DenyCacheStats, Fallback, FallbackConfig, FallbackStats, Hybrid, HybridConfig,
@@ -124,10 +124,10 @@ impl Store for Remote {
         Ok(self.check_stamped(limits).await?.outcome)
     }
 
-    async fn release(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+    async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
         match self {
-            Remote::Direct(r) => r.release(limits).await,
-            Remote::Hybrid(h) => h.release(limits).await,
+            Remote::Direct(r) => r.release(leases).await,
+            Remote::Hybrid(h) => h.release(leases).await,
         }
     }
 
@@ -263,10 +263,10 @@ impl Store for Backend {
         }
     }
 
-    async fn release(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+    async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
         match self {
-            Backend::Memory(m) => m.release(limits).await,
-            Backend::Redis(r) => Box::pin(r.release(limits)).await,
+            Backend::Memory(m) => m.release(leases).await,
+            Backend::Redis(r) => Box::pin(r.release(leases)).await,
         }
     }
 
