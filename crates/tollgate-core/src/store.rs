@@ -338,3 +338,36 @@ pub trait Store: Send + Sync {
         std::future::ready(Err(StoreError::Unsupported("give_back")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_ids_are_short_url_safe_text_and_tags_come_off_exactly() {
+        let id = LeaseId::new("0a-Z_9").unwrap();
+        assert_eq!(id.as_str().parse::<LeaseId>(), Ok(id.clone()));
+        for bad in [
+            "",
+            "a.b",
+            "a b",
+            "a/b",
+            "é",
+            &"x".repeat(LeaseId::MAX_LEN + 1),
+        ] {
+            assert_eq!(LeaseId::new(bad), Err(InvalidLeaseId), "{bad:?}");
+        }
+        assert!(LeaseId::new("x".repeat(LeaseId::MAX_LEN)).is_ok());
+        let tagged = id.tagged("i").unwrap();
+        assert_eq!(tagged.as_str(), "i0a-Z_9");
+        assert_eq!(tagged.untagged("i"), Some(id.clone()));
+        assert_eq!(tagged.untagged("l"), None);
+        assert_eq!(
+            LeaseId::new("i").unwrap().untagged("i"),
+            None,
+            "nothing left"
+        );
+        let longest = LeaseId::new("x".repeat(LeaseId::MAX_LEN)).unwrap();
+        assert_eq!(longest.tagged("i"), None);
+    }
+}
