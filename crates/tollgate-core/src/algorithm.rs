@@ -88,7 +88,7 @@ impl Algorithm {
             Algorithm::FixedWindow => visitor.visit(FixedWindow),
             Algorithm::SlidingLog => visitor.visit(SlidingLog),
             Algorithm::SlidingCounter => visitor.visit(SlidingCounter),
-            Algorithm::Concurrency => visitor.visit(Concurrency),
+            Algorithm::Concurrency => visitor.visit(Concurrency::default()),
         }
     }
 }

@@ -6,28 +6,42 @@ use crate::{Decision, Nanos, Quota, StateMachine};
 
 /// The concurrency limiter: at most `limit` units in flight.
 ///
-/// [`StateMachine::step`] acquires a lease of `cost` units that lapses one
-/// quota period after it was taken; [`Concurrency::release`] gives one back
-/// before that. The period bounds what a holder that never releases (a crash,
-/// a lost connection, or an API such as Envoy's that has no release call)
-/// keeps from others; the Redis store's leases lapse the same way. Set the
-/// period above the longest request. A deny has no `retry_after`: when a
-/// permit comes back depends on other requests.
+/// [`StateMachine::step`] acquires a lease of `cost` units, known by the id
+/// `lease`, that lapses one quota period after it was taken;
+/// [`Concurrency::release`] gives back the lease of an id before that. The
+/// id is the caller's to choose (a store picks one per acquisition), so the
+/// machine stays a pure function of its inputs. The period bounds what a
+/// holder that never releases (a crash, a lost connection, or an API such as
+/// Envoy's that has no release call) keeps from others; the Redis store's
+/// leases lapse the same way. Set the period above the longest request. A
+/// deny has no `retry_after`: when a permit comes back depends on other
+/// requests.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Concurrency;
+pub struct Concurrency {
+    /// The id of the lease this step takes, if it admits.
+    pub lease: u64,
+}
+
+/// One acquisition not yet given back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    lapses_at: Nanos,
+    cost: u64,
+    id: u64,
+}
 
 /// The leases a concurrency limit holds: the units in flight and, for each
-/// acquisition not yet given back, its cost and when it lapses.
+/// acquisition not yet given back, its id, cost and when it lapses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Leases {
     in_flight: u64,
-    /// `(lapses_at, cost)` in acquisition order.
-    held: VecDeque<(Nanos, u64)>,
+    /// In acquisition order.
+    held: VecDeque<Held>,
 }
 
 impl Leases {
     /// Units in flight (taken and neither released nor lapsed, as of the
-    /// last step).
+    /// last step or release).
     pub fn in_flight(&self) -> u64 {
         self.in_flight
     }
@@ -39,16 +53,21 @@ impl Leases {
 
     /// When the last lease held lapses, if any is held.
     pub fn last_lapse(&self) -> Option<Nanos> {
-        self.held.iter().map(|&(at, _)| at).max()
+        self.held.iter().map(|h| h.lapses_at).max()
+    }
+
+    /// When the lease `id` lapses, if it is held.
+    pub fn lapses_at(&self, id: u64) -> Option<Nanos> {
+        self.held.iter().find(|h| h.id == id).map(|h| h.lapses_at)
     }
 
     /// Drops the leases that lapsed by `now`.
     fn lapse(&mut self, now: Nanos) {
         let mut gone = 0;
-        self.held.retain(|&(at, cost)| {
-            let live = at > now;
+        self.held.retain(|h| {
+            let live = h.lapses_at > now;
             if !live {
-                gone += cost;
+                gone += h.cost;
             }
             live
         });
@@ -57,26 +76,23 @@ impl Leases {
 }
 
 impl Concurrency {
-    /// Gives back `cost` units: the oldest lease of exactly that cost, or
-    /// else from the oldest leases on. Never goes below zero.
-    pub fn release(leases: &mut Leases, cost: u64) {
-        if let Some(i) = leases.held.iter().position(|&(_, c)| c == cost) {
-            leases.held.remove(i);
-            leases.in_flight -= cost;
-            return;
+    /// A step that takes its lease under the id `lease`.
+    pub const fn lease(lease: u64) -> Self {
+        Self { lease }
+    }
+
+    /// Gives back the lease `id` at `now`, exactly that one; returns whether
+    /// it was held. A lease that lapsed by `now` is gone already: releasing
+    /// it changes nothing.
+    pub fn release(leases: &mut Leases, id: u64, now: Nanos) -> bool {
+        leases.lapse(now);
+        let Some(i) = leases.held.iter().position(|h| h.id == id) else {
+            return false;
+        };
+        if let Some(held) = leases.held.remove(i) {
+            leases.in_flight -= held.cost;
         }
-        let mut left = cost;
-        while left > 0
-            && let Some(front) = leases.held.front_mut()
-        {
-            let taken = front.1.min(left);
-            front.1 -= taken;
-            left -= taken;
-            leases.in_flight -= taken;
-            if front.1 == 0 {
-                leases.held.pop_front();
-            }
-        }
+        true
     }
 }
 
@@ -89,9 +105,11 @@ impl StateMachine for Concurrency {
         match leases.in_flight.checked_add(cost).filter(|&n| n <= limit) {
             Some(after) => {
                 if cost > 0 {
-                    leases
-                        .held
-                        .push_back((now.saturating_add(quota.period_ns()), cost));
+                    leases.held.push_back(Held {
+                        lapses_at: now.saturating_add(quota.period_ns()),
+                        cost,
+                        id: self.lease,
+                    });
                     leases.in_flight = after;
                 }
                 Decision::allow(limit, limit - after, 0)
@@ -171,16 +189,21 @@ mod tests {
     }
 
     #[test]
-    fn state_machine_acquires_and_releases() {
-        let q = Quota::per_second(2).unwrap();
+    fn state_machine_acquires_and_releases_by_id() {
+        let q = Quota::per_second(3).unwrap();
         let mut n = Leases::default();
-        assert!(Concurrency.step(&q, &mut n, 0, 2).allowed);
-        assert!(!Concurrency.step(&q, &mut n, 0, 1).allowed);
-        // No lease of cost 1: one unit comes off the cost-2 lease.
-        Concurrency::release(&mut n, 1);
+        assert!(Concurrency::lease(1).step(&q, &mut n, 0, 2).allowed);
+        assert!(Concurrency::lease(2).step(&q, &mut n, 500, 1).allowed);
+        assert!(!Concurrency::lease(3).step(&q, &mut n, 500, 1).allowed);
+        // The cost-2 lease goes, whatever its cost; the other keeps its lapse.
+        assert!(Concurrency::release(&mut n, 1, 600));
         assert_eq!(n.in_flight(), 1);
-        assert!(Concurrency.step(&q, &mut n, 0, 1).allowed);
-        Concurrency::release(&mut n, 10);
+        assert_eq!(n.lapses_at(2), Some(1_000_000_500));
+        assert!(!Concurrency::release(&mut n, 1, 600), "released already");
+        assert!(!Concurrency::release(&mut n, 9, 600), "never taken");
+        assert_eq!(n.in_flight(), 1);
+        // Lapsed: nothing left to release.
+        assert!(!Concurrency::release(&mut n, 2, 1_000_000_500));
         assert_eq!(n.in_flight(), 0);
         assert!(n.is_empty());
     }

@@ -52,5 +52,7 @@ pub use leaky_bucket::{LeakyBucket, LeakyBucketShaping, Level};
 pub use quota::{Quota, QuotaError};
 pub use sliding_counter::{SlidingCounter, WindowPair};
 pub use sliding_log::{Log, SlidingLog};
-pub use store::{FailurePolicy, Limit, Outcome, Stamped, Store, StoreError};
+pub use store::{
+    FailurePolicy, InvalidLeaseId, Lease, LeaseId, Limit, Outcome, Stamped, Store, StoreError,
+};
 pub use token_bucket::{TokenBucket, Tokens};

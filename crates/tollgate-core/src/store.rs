@@ -103,15 +103,107 @@ impl FromStr for FailurePolicy {
     }
 }
 
-/// The decisions for all the limits of one request, in the order they were given.
+/// The name a store gave one concurrency lease it granted: opaque to
+/// everyone else, and hard to guess (each store mixes a secret of its own
+/// into it), so that only the holder of a lease can release it.
+///
+/// One to [`LeaseId::MAX_LEN`] ASCII letters, digits, `-` and `_`: it goes
+/// into tokens, URLs and JSON as it is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LeaseId(String);
+
+/// A string that cannot be a [`LeaseId`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid lease id: expected 1 to {max} ASCII letters, digits, '-' or '_'",
+    max = LeaseId::MAX_LEN
+)]
+pub struct InvalidLeaseId;
+
+impl LeaseId {
+    /// The longest id: room for a store's own id and a few wrappers' tags.
+    pub const MAX_LEN: usize = 128;
+
+    /// `id`, if it is a valid lease id.
+    pub fn new(id: impl Into<String>) -> Result<Self, InvalidLeaseId> {
+        let id = id.into();
+        let valid = (1..=Self::MAX_LEN).contains(&id.len())
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if valid {
+            Ok(Self(id))
+        } else {
+            Err(InvalidLeaseId)
+        }
+    }
+
+    /// The id's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// This id behind `tag`, for a wrapper to tell which of its stores
+    /// granted a lease; `None` if that would be too long.
+    pub fn tagged(&self, tag: &str) -> Option<LeaseId> {
+        Self::new(format!("{tag}{}", self.0)).ok()
+    }
+
+    /// The id that [`LeaseId::tagged`] put behind `tag`, if this is one.
+    pub fn untagged(&self, tag: &str) -> Option<LeaseId> {
+        self.0.strip_prefix(tag).and_then(|id| Self::new(id).ok())
+    }
+}
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for LeaseId {
+    type Err = InvalidLeaseId;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+/// One concurrency lease a check took: the budget (`key`), its units
+/// (`cost`), and the id the store that granted it knows it by. Handing it to
+/// [`Store::release`] gives back exactly this lease, from any process that
+/// shares the store; a lease never released lapses after its quota's period.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Lease {
+    /// The concurrency limit's key.
+    pub key: String,
+    /// The units it holds.
+    pub cost: u64,
+    /// The granting store's name for it.
+    pub id: LeaseId,
+}
+
+/// The decisions for all the limits of one request, in the order they were
+/// given, and the concurrency leases an admitted request took.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Outcome {
     /// One decision per limit. When any limit denies, nothing was consumed from
     /// any of them, and each decision says what that limit alone would have said.
     pub decisions: SmallVec<[Decision; 4]>,
+    /// One lease per admitted concurrency limit of non-zero cost, in the
+    /// order of the limits; empty when the request was denied.
+    pub leases: Vec<Lease>,
 }
 
 impl Outcome {
+    /// An outcome of these decisions that took no lease.
+    pub fn new(decisions: SmallVec<[Decision; 4]>) -> Self {
+        Self {
+            decisions,
+            leases: Vec::new(),
+        }
+    }
+
     /// Whether every limit admitted the request.
     pub fn allowed(&self) -> bool {
         self.decisions.iter().all(|d| d.allowed)
@@ -200,9 +292,10 @@ pub trait Store: Send + Sync {
         limits: &[Limit<'_>],
     ) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
 
-    /// Gives back what admitted concurrency limits hold (other algorithms
-    /// ignore it): call once per admitted request when it ends.
-    fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Gives back exactly these leases, as [`Store::check`] returned them in
+    /// [`Outcome::leases`]: call once when the request ends. A lease already
+    /// released or lapsed, or one this store did not grant, is left alone.
+    fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Whether the store reaches its state now, for readiness probes. A
     /// networked store answers checks even when it does not (each limit's
@@ -243,5 +336,38 @@ pub trait Store: Send + Sync {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let _ = (limit, taken_at);
         std::future::ready(Err(StoreError::Unsupported("give_back")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_ids_are_short_url_safe_text_and_tags_come_off_exactly() {
+        let id = LeaseId::new("0a-Z_9").unwrap();
+        assert_eq!(id.as_str().parse::<LeaseId>(), Ok(id.clone()));
+        for bad in [
+            "",
+            "a.b",
+            "a b",
+            "a/b",
+            "é",
+            &"x".repeat(LeaseId::MAX_LEN + 1),
+        ] {
+            assert_eq!(LeaseId::new(bad), Err(InvalidLeaseId), "{bad:?}");
+        }
+        assert!(LeaseId::new("x".repeat(LeaseId::MAX_LEN)).is_ok());
+        let tagged = id.tagged("i").unwrap();
+        assert_eq!(tagged.as_str(), "i0a-Z_9");
+        assert_eq!(tagged.untagged("i"), Some(id.clone()));
+        assert_eq!(tagged.untagged("l"), None);
+        assert_eq!(
+            LeaseId::new("i").unwrap().untagged("i"),
+            None,
+            "nothing left"
+        );
+        let longest = LeaseId::new("x".repeat(LeaseId::MAX_LEN)).unwrap();
+        assert_eq!(longest.tagged("i"), None);
     }
 }

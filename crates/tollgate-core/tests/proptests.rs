@@ -605,39 +605,36 @@ proptest! {
         limit in 1u64..=6,
         ops in prop::collection::vec((any::<bool>(), 0u64..=8, 0u64..=1_500), 1..60),
     ) {
-        // Leases of 1 s; the model keeps every live lease and, on a release,
-        // drops the oldest of that cost (else units from the oldest on).
+        // Leases of 1 s, numbered in order; the model keeps every live lease
+        // and, on a release, drops the one named (one of the last few taken,
+        // or one never taken), if it has not lapsed.
         let quota = Quota::new(limit, Duration::from_secs(1)).unwrap();
         let mut leases = Leases::default();
-        let mut model: Vec<(u64, u64)> = Vec::new();
+        let mut model: Vec<(u64, u64, u64)> = Vec::new();
         let mut now = 0u64;
+        let mut next = 1u64;
         for (acquire, cost, step_ms) in ops {
             now += step_ms * 1_000_000;
+            model.retain(|&(at, _, _)| at > now);
             if !acquire {
-                Concurrency::release(&mut leases, cost);
-                if let Some(i) = model.iter().position(|&(_, c)| c == cost) {
+                let id = next.saturating_sub(cost);
+                let held = model.iter().position(|&(_, _, i)| i == id);
+                prop_assert_eq!(Concurrency::release(&mut leases, id, now), held.is_some());
+                if let Some(i) = held {
                     model.remove(i);
-                } else {
-                    let mut left = cost;
-                    for lease in model.iter_mut() {
-                        let taken = lease.1.min(left);
-                        lease.1 -= taken;
-                        left -= taken;
-                    }
-                    model.retain(|&(_, c)| c > 0);
                 }
-                prop_assert_eq!(leases.in_flight(), model.iter().map(|&(_, c)| c).sum::<u64>());
+                prop_assert_eq!(leases.in_flight(), model.iter().map(|&(_, c, _)| c).sum::<u64>());
                 continue;
             }
-            model.retain(|&(at, _)| at > now);
-            let before: u64 = model.iter().map(|&(_, c)| c).sum();
-            let d = Concurrency.step(&quota, &mut leases, now, cost);
+            let before: u64 = model.iter().map(|&(_, c, _)| c).sum();
+            let d = Concurrency::lease(next).step(&quota, &mut leases, now, cost);
             prop_assert_eq!(d.allowed, before + cost <= limit);
             if d.allowed && cost > 0 {
-                model.push((now + 1_000_000_000, cost));
+                model.push((now + 1_000_000_000, cost, next));
             }
+            next += 1;
             let in_flight = leases.in_flight();
-            prop_assert_eq!(in_flight, model.iter().map(|&(_, c)| c).sum::<u64>());
+            prop_assert_eq!(in_flight, model.iter().map(|&(_, c, _)| c).sum::<u64>());
             prop_assert!(in_flight <= limit);
             prop_assert_eq!(d.limit, limit);
             prop_assert_eq!(d.remaining, limit - in_flight);

@@ -437,12 +437,12 @@ fn sliding_counter_denies_cost_above_limit_without_retry() {
 fn concurrency_denies_cost_above_limit_without_retry() {
     let q = Quota::per_second(10).unwrap();
     let mut leases = Leases::default();
-    let d = Concurrency.step(&q, &mut leases, 0, 11);
+    let d = Concurrency::default().step(&q, &mut leases, 0, 11);
     assert_eq!((d.allowed, d.retry_after, d.remaining), (false, None, 10));
     assert_eq!(leases.in_flight(), 0);
-    let d = Concurrency.step(&q, &mut leases, 0, MAX);
+    let d = Concurrency::default().step(&q, &mut leases, 0, MAX);
     assert_eq!((d.allowed, d.retry_after), (false, None));
-    assert!(Concurrency.step(&q, &mut leases, 0, 10).allowed);
+    assert!(Concurrency::default().step(&q, &mut leases, 0, 10).allowed);
     assert_eq!(leases.in_flight(), 10);
 }
 
@@ -452,18 +452,34 @@ fn concurrency_leases_lapse_one_period_after_they_were_taken() {
     let q = Quota::per_minute(2).unwrap();
     let mut leases = Leases::default();
     let clock = ManualClock::new(0);
-    assert!(Concurrency.step(&q, &mut leases, clock.now(), 1).allowed);
+    assert!(
+        Concurrency::lease(1)
+            .step(&q, &mut leases, clock.now(), 1)
+            .allowed
+    );
     clock.advance(Duration::from_secs(30));
-    assert!(Concurrency.step(&q, &mut leases, clock.now(), 1).allowed);
-    assert!(!Concurrency.step(&q, &mut leases, clock.now(), 1).allowed);
+    assert!(
+        Concurrency::lease(2)
+            .step(&q, &mut leases, clock.now(), 1)
+            .allowed
+    );
+    assert!(
+        !Concurrency::default()
+            .step(&q, &mut leases, clock.now(), 1)
+            .allowed
+    );
     // The first holder never released: its lease lapses at 60 s, not before.
     clock.advance(Duration::from_nanos(29_999_999_999));
-    assert!(!Concurrency.step(&q, &mut leases, clock.now(), 1).allowed);
+    assert!(
+        !Concurrency::default()
+            .step(&q, &mut leases, clock.now(), 1)
+            .allowed
+    );
     clock.advance(Duration::from_nanos(1));
-    let d = Concurrency.step(&q, &mut leases, clock.now(), 1);
+    let d = Concurrency::lease(3).step(&q, &mut leases, clock.now(), 1);
     assert_eq!((d.allowed, d.remaining), (true, 0));
-    // A release gives back the oldest lease of that cost at once.
-    Concurrency::release(&mut leases, 1);
+    // A release gives back the lease it names at once.
+    assert!(Concurrency::release(&mut leases, 2, clock.now()));
     assert_eq!(leases.in_flight(), 1);
     assert_eq!(
         leases.last_lapse(),
@@ -544,9 +560,9 @@ fn sliding_counter_cost_zero_only_reads() {
 fn concurrency_cost_zero_only_reads() {
     let q = Quota::per_second(5).unwrap();
     let mut leases = Leases::default();
-    assert!(Concurrency.step(&q, &mut leases, 0, 3).allowed);
+    assert!(Concurrency::default().step(&q, &mut leases, 0, 3).allowed);
     let before = leases.clone();
-    let d = Concurrency.step(&q, &mut leases, 0, 0);
+    let d = Concurrency::default().step(&q, &mut leases, 0, 0);
     assert_eq!((d.allowed, d.remaining), (true, 2));
     assert_eq!(leases, before);
 }

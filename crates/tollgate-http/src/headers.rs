@@ -234,9 +234,7 @@ impl Values {
 /// client to wait longest; on an allow, the one with the fewest units left
 /// (then the latest reset). The same choice as [`Outcome::most_restrictive`].
 pub fn most_restrictive<'r, 'a>(limits: &'r [LimitReport<'a>]) -> Option<&'r LimitReport<'a>> {
-    let outcome = Outcome {
-        decisions: limits.iter().map(|l| l.decision).collect(),
-    };
+    let outcome = Outcome::new(limits.iter().map(|l| l.decision).collect());
     let chosen = outcome.most_restrictive()?;
     let index = outcome
         .decisions

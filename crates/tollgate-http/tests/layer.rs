@@ -13,7 +13,7 @@ use axum::routing::get;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::{Notify, oneshot};
-use tollgate_core::{Limit, Outcome, Store, StoreError, SystemClock};
+use tollgate_core::{Lease, Limit, Outcome, Store, StoreError, SystemClock};
 use tollgate_http::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_BUCKET, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
 };
@@ -46,9 +46,9 @@ impl Store for Counting {
         self.inner.check(limits)
     }
 
-    fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.releases.fetch_add(1, Ordering::SeqCst);
-        self.inner.release(limits)
+        self.inner.release(leases)
     }
 }
 
@@ -60,7 +60,7 @@ impl Store for Down {
         ready(Err(StoreError::Timeout(Duration::from_millis(5))))
     }
 
-    fn release(&self, _: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn release(&self, _: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
         ready(Err(StoreError::Timeout(Duration::from_millis(5))))
     }
 }

@@ -33,7 +33,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::{
-    Algorithm, Clock, Decision, Limit, Nanos, Outcome, Quota, Store, StoreError, SystemClock,
+    Algorithm, Clock, Decision, Lease, LeaseId, Limit, Nanos, Outcome, Quota, Store, StoreError,
+    SystemClock,
 };
 
 use crate::{
@@ -229,9 +230,7 @@ impl Verdict {
             .iter()
             .filter(|d| d.enforcing() && d.decision.is_some())
             .collect();
-        let outcome = Outcome {
-            decisions: candidates.iter().filter_map(|d| d.decision).collect(),
-        };
+        let outcome = Outcome::new(candidates.iter().filter_map(|d| d.decision).collect());
         let chosen = outcome.most_restrictive()?;
         let index = outcome
             .decisions
@@ -255,98 +254,71 @@ impl Verdict {
     }
 }
 
-/// One concurrency limit's permit: what was taken, from which budget.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Held {
-    key: String,
-    quota: Quota,
-    cost: u64,
-    failure: FailurePolicy,
-}
-
-impl Held {
-    fn limit(&self) -> Limit<'_> {
-        Limit::new(&self.key, self.quota, Algorithm::Concurrency)
-            .with_cost(self.cost)
-            .with_failure(self.failure)
-    }
-}
-
-/// The concurrency permits one admitted request holds: a value, given back by
+/// The concurrency leases one admitted request holds: a value, given back by
 /// handing it to [`Enforcer::release`] (which consumes it). It names the
-/// budgets it was taken from, so a reload of the policy in between changes
-/// nothing. A permit never given back lapses after its rule's period.
+/// exact leases the store granted, so a release gives back those and no
+/// other holder's, and a reload of the policy in between changes nothing. A
+/// permit never given back lapses after its rule's period.
 ///
 /// Over HTTP it travels as an opaque token ([`fmt::Display`] and
-/// [`FromStr`]) that `POST /v1/release` takes back.
+/// [`FromStr`]) that `POST /v1/release` takes back, on any instance that
+/// shares the store.
 #[derive(Debug, Default, PartialEq, Eq)]
 #[must_use = "a permit holds concurrency until it is released"]
 pub struct Permit {
-    held: Vec<Held>,
+    leases: Vec<Lease>,
 }
 
 impl Permit {
     /// Whether the permit holds nothing (no concurrency limit admitted).
     pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
+        self.leases.is_empty()
     }
 
-    /// The permits of the concurrency limits among `limits`, which a store
-    /// admitted.
-    fn of(limits: &[Limit<'_>]) -> Self {
-        Self {
-            held: limits
-                .iter()
-                .filter(|l| l.algorithm == Algorithm::Concurrency && l.cost > 0)
-                .map(|l| Held {
-                    key: l.key.to_owned(),
-                    quota: l.quota,
-                    cost: l.cost,
-                    failure: l.failure,
-                })
-                .collect(),
-        }
+    /// The leases it holds.
+    pub fn leases(&self) -> &[Lease] {
+        &self.leases
     }
 
     fn extend(&mut self, other: Permit) {
-        self.held.extend(other.held);
+        self.leases.extend(other.leases);
     }
 }
 
-/// A token that is not one [`Permit`]'s text.
+impl From<Vec<Lease>> for Permit {
+    fn from(leases: Vec<Lease>) -> Self {
+        Self { leases }
+    }
+}
+
+/// A token that is not one [`Permit`]'s text; says which part is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid lease token: {0}")]
+#[error("invalid lease token: bad {0}")]
 pub struct InvalidToken(&'static str);
 
-/// `cost:limit:period_ns:failure:hex(key)` per held limit, joined by `.`:
-/// only ASCII letters, digits, `:` and `.`, so it needs no escaping in JSON,
-/// a header or a URL.
+/// `cost:hex(key):id` per lease, joined by `.`: the cost in decimal, the key's
+/// bytes in lowercase hex, the store's lease id (letters, digits, `-`, `_`).
+/// Only those characters, `:` and `.`, so it needs no escaping in JSON, a
+/// header or a URL.
 impl fmt::Display for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, held) in self.held.iter().enumerate() {
+        for (i, lease) in self.leases.iter().enumerate() {
             if i > 0 {
                 f.write_str(".")?;
             }
-            let failure = match held.failure {
-                FailurePolicy::FailOpen => 'o',
-                FailurePolicy::FailClosed => 'c',
-                FailurePolicy::Local => 'l',
-            };
-            write!(
-                f,
-                "{}:{}:{}:{failure}:",
-                held.cost,
-                held.quota.limit(),
-                held.quota.period_ns()
-            )?;
-            for byte in held.key.bytes() {
+            write!(f, "{}:", lease.cost)?;
+            for byte in lease.key.bytes() {
                 write!(f, "{byte:02x}")?;
             }
+            write!(f, ":{}", lease.id)?;
         }
         Ok(())
     }
 }
 
+/// Parses exactly what [`fmt::Display`] writes: one spelling per permit
+/// (no sign, leading zero or upper-case hex), so a token is either a
+/// permit's or refused.
 impl FromStr for Permit {
     type Err = InvalidToken;
 
@@ -354,27 +326,22 @@ impl FromStr for Permit {
         if token.is_empty() {
             return Ok(Permit::default());
         }
-        let held = token
+        let leases = token
             .split('.')
             .map(|part| {
                 let mut fields = part.split(':');
-                let mut number = |what| {
-                    fields
-                        .next()
-                        .and_then(|n| n.parse::<u64>().ok())
-                        .ok_or(InvalidToken(what))
+                let (Some(cost), Some(hex), Some(id), None) =
+                    (fields.next(), fields.next(), fields.next(), fields.next())
+                else {
+                    return Err(InvalidToken("lease (want cost:key:id)"));
                 };
-                let cost = number("cost")?;
-                let limit = number("limit")?;
-                let period = number("period")?;
-                let failure = match fields.next() {
-                    Some("o") => FailurePolicy::FailOpen,
-                    Some("c") => FailurePolicy::FailClosed,
-                    Some("l") => FailurePolicy::Local,
-                    _ => return Err(InvalidToken("failure policy")),
-                };
-                let hex = fields.next().ok_or(InvalidToken("key"))?;
-                if fields.next().is_some() || hex.len() % 2 != 0 {
+                let cost = cost
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&c| c > 0 && c.to_string() == cost)
+                    .ok_or(InvalidToken("cost"))?;
+                let lower_hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+                if hex.is_empty() || hex.len() % 2 != 0 || !hex.bytes().all(lower_hex) {
                     return Err(InvalidToken("key"));
                 }
                 let bytes = (0..hex.len())
@@ -383,20 +350,13 @@ impl FromStr for Permit {
                     .collect::<Result<Vec<u8>, _>>()
                     .map_err(|_| InvalidToken("key"))?;
                 let key = String::from_utf8(bytes).map_err(|_| InvalidToken("key"))?;
-                let quota = Quota::new(limit, Duration::from_nanos(period))
-                    .map_err(|_| InvalidToken("quota"))?;
-                if cost == 0 {
-                    return Err(InvalidToken("cost"));
-                }
-                Ok(Held {
-                    key,
-                    quota,
-                    cost,
-                    failure,
-                })
+                let id = id
+                    .parse::<LeaseId>()
+                    .map_err(|_| InvalidToken("lease id"))?;
+                Ok(Lease { key, cost, id })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Permit { held })
+        Ok(Permit { leases })
     }
 }
 
@@ -679,10 +639,8 @@ impl<S: Store> Enforcer<S> {
         let mut permit = Permit::default();
         match self.timed_check(&[limit]).await {
             Ok(outcome) => {
-                if outcome.allowed() {
-                    permit = Permit::of(&[limit]);
-                }
                 descriptor.decision = outcome.decisions.first().copied();
+                permit = Permit::from(outcome.leases);
             }
             Err(error) => {
                 self.observer.store_failed(&error, false);
@@ -717,15 +675,10 @@ impl<S: Store> Enforcer<S> {
         let limits: Vec<Limit<'_>> = batch.iter().map(|(_, a)| a.limit()).collect();
         match self.timed_check(&limits).await {
             Ok(outcome) => {
-                let permit = if outcome.allowed() {
-                    Permit::of(&limits)
-                } else {
-                    Permit::default()
-                };
                 for ((index, _), decision) in batch.iter().zip(outcome.decisions) {
                     descriptors[*index].decision = Some(decision);
                 }
-                permit
+                Permit::from(outcome.leases)
             }
             Err(error) => {
                 self.observer.store_failed(&error, kind == Batch::Shadow);
@@ -756,16 +709,17 @@ impl<S: Store> Enforcer<S> {
         }
     }
 
-    /// Gives back what `permit` holds (consuming it). A release the store
-    /// cannot make is reported to the observer; those permits then lapse
-    /// after their period. Returns how many limits were released.
+    /// Gives back exactly the leases `permit` holds (consuming it). A
+    /// release the store cannot make is reported to the observer; those
+    /// leases then lapse after their period. Returns how many leases were
+    /// handed to the store (one already released or lapsed counts, and gives
+    /// nothing back).
     pub async fn release(&self, permit: Permit) -> usize {
         if permit.is_empty() {
             return 0;
         }
-        let limits: Vec<Limit<'_>> = permit.held.iter().map(Held::limit).collect();
-        match self.store.release(&limits).await {
-            Ok(()) => limits.len(),
+        match self.store.release(&permit.leases).await {
+            Ok(()) => permit.leases.len(),
             Err(error) => {
                 self.observer.release_failed(&error);
                 0

@@ -6,7 +6,7 @@ use std::future::{Future, ready};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Limit, ManualClock, Outcome, Quota, Store, StoreError};
+use tollgate_core::{Algorithm, Lease, Limit, ManualClock, Outcome, Quota, Store, StoreError};
 use tollgate_policy::{
     AdHoc, Check, Decided, Descriptor, Enforcer, Entry, FailurePolicy, Observer, Permit, Policy,
     Request, State, Verdict,
@@ -21,7 +21,7 @@ impl Store for DownStore {
         ready(Err(StoreError::Timeout(Duration::from_millis(5))))
     }
 
-    fn release(&self, _: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn release(&self, _: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
         ready(Err(StoreError::Timeout(Duration::from_millis(5))))
     }
 }
@@ -51,6 +51,10 @@ rules:
     match: [{ key: job }]
     algorithm: concurrency
     limit: { requests: 1, per: 1h }
+  - name: pool
+    match: [{ key: pool }]
+    algorithm: concurrency
+    limit: { requests: 2, per: 1h }
 ";
 
 /// envoyproxy/ratelimit's way to block: `requests_per_unit: 0`, here also
@@ -289,17 +293,57 @@ async fn permits_are_values_that_survive_a_reload() {
     assert!(run(&enforcer, "api", &job).await.allowed());
 }
 
+#[tokio::test]
+async fn a_token_releases_its_own_lease_once_and_no_other() {
+    let enforcer = memory(POLICY);
+    let pool = [descriptor("pool", "gpu")];
+    let mut a = run(&enforcer, "api", &pool).await;
+    let mut b = run(&enforcer, "api", &pool).await;
+    assert!(a.allowed() && b.allowed());
+    let a = std::mem::take(&mut a.permit);
+    let b = std::mem::take(&mut b.permit).to_string();
+    assert_ne!(a.to_string(), b);
+    // B's token, twice: the second gives back nothing of A's.
+    assert_eq!(enforcer.release(b.parse().unwrap()).await, 1);
+    assert_eq!(enforcer.release(b.parse().unwrap()).await, 1);
+    assert!(run(&enforcer, "api", &pool).await.allowed());
+    assert!(
+        !run(&enforcer, "api", &pool).await.allowed(),
+        "A still holds"
+    );
+    assert_eq!(enforcer.release(a).await, 1);
+    assert!(run(&enforcer, "api", &pool).await.allowed());
+}
+
 #[test]
-fn permit_tokens_refuse_what_they_did_not_write() {
+fn permit_tokens_round_trip_and_refuse_what_they_did_not_write() {
+    let token = "2:6b2f31:0123abcdef456789.1:ff00:l0a_1-b";
+    let bad_utf8 = token.parse::<Permit>();
+    assert!(bad_utf8.is_err(), "ff00 is no UTF-8 key");
+    let token = "2:6b2f31:0123abcdef456789.1:6a:l0a_1-b";
+    let permit: Permit = token.parse().expect("a well-formed token");
+    assert_eq!(permit.leases().len(), 2);
+    assert_eq!(
+        (permit.leases()[0].key.as_str(), permit.leases()[0].cost),
+        ("k/1", 2)
+    );
+    assert_eq!(permit.leases()[1].id.as_str(), "l0a_1-b");
+    assert_eq!(permit.to_string(), token);
     for bad in [
         "x",
-        "1:2",
-        "1:2:3:l",
-        "1:2:3:q:6b",
-        "0:2:3:l:6b",
-        "1:2:3:l:6",
-        "1:0:3:l:6b",
-        "1:2:3:l:ff",
+        "1:6b",
+        "1:6b:id:more",
+        "0:6b:id",
+        "+1:6b:id",
+        "01:6b:id",
+        "1:6:id",
+        "1:6B:id",
+        "1::id",
+        "1:6b:",
+        "1:6b:i.d",
+        "1:6b:i%20d",
+        "1:6b:id.",
+        "1:1:3:l:6b",
     ] {
         assert!(bad.parse::<Permit>().is_err(), "{bad:?} parsed");
     }

@@ -67,7 +67,6 @@ mod batch;
 mod config;
 mod conn;
 mod keys;
-mod leases;
 mod script;
 mod stats;
 mod store;

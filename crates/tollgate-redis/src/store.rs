@@ -5,13 +5,12 @@ use std::time::Duration;
 
 use smallvec::{SmallVec, smallvec};
 use tollgate_core::{
-    Algorithm, Clock, Decision, Limit, Nanos, Outcome, Stamped, Store, StoreError,
+    Algorithm, Clock, Decision, Lease, LeaseId, Limit, Nanos, Outcome, Stamped, Store, StoreError,
 };
 
 use crate::batch::{BatchError, Batcher, Job};
 use crate::conn::{Conn, ConnectError, connect};
 use crate::keys::{redis_keys, slot};
-use crate::leases::Leases;
 use crate::script::{MAX_MICROS, Params, SOURCE, decode, parse_check};
 use crate::stats::{Counters, bump};
 use crate::{RedisConfig, RedisStats, TimeSource};
@@ -32,9 +31,11 @@ pub struct RedisStore {
     config: RedisConfig,
     /// The injected clock, if checks do not read Redis's.
     clock: Option<Arc<dyn Clock>>,
-    leases: Leases,
     counters: Counters,
-    instance: u64,
+    /// Lease ids: a counter, and a keyed hash (SipHash, a pseudo-random
+    /// function) of it under this key, random per store, so that no id can
+    /// be guessed from others.
+    lease_secret: RandomState,
     next_lease: AtomicU64,
 }
 
@@ -92,7 +93,6 @@ impl RedisStore {
             TimeSource::Redis => None,
             TimeSource::Clock(clock) => Some(Arc::clone(clock)),
         };
-        let instance = RandomState::new().hash_one(std::process::id());
         let script = Arc::new(redis::Script::new(SOURCE));
         let batcher = (!conn.is_cluster() && config.max_batch > 1).then(|| {
             Batcher::start(
@@ -107,10 +107,9 @@ impl RedisStore {
             conn,
             script,
             batcher,
-            leases: Leases::default(),
             counters: Counters::default(),
             clock,
-            instance,
+            lease_secret: RandomState::new(),
             next_lease: AtomicU64::new(0),
             config,
         })
@@ -329,11 +328,10 @@ impl RedisStore {
         prepared: &[Prepared],
     ) -> Result<Stamped, StoreError> {
         let now_arg = self.now_arg()?;
-        let lease = format!(
-            "{:016x}.{:x}",
-            self.instance,
-            self.next_lease.fetch_add(1, Ordering::Relaxed)
-        );
+        // The base of the lease members this check adds: unique per store,
+        // and per store secret.
+        let count = self.next_lease.fetch_add(1, Ordering::Relaxed);
+        let lease = format!("{count:x}-{:016x}", self.lease_secret.hash_one(count));
         let groups = self.groups(limits, prepared);
         let mut decisions: SmallVec<[Option<Decision>; 4]> = smallvec![None; limits.len()];
         let mut times: SmallVec<[u64; 4]> = smallvec![0; limits.len()];
@@ -370,22 +368,24 @@ impl RedisStore {
             committed.clear();
         }
         bump(&self.counters.redis_checks);
-        let outcome = Outcome {
-            decisions: decisions
+        let mut outcome = Outcome::new(
+            decisions
                 .into_iter()
                 .map(|d| d.expect("every group answered"))
                 .collect(),
-        };
+        );
         if outcome.allowed() {
-            for ((limit, p), members) in limits
-                .iter()
-                .zip(prepared)
-                .zip(groups_index(&groups, limits.len()))
-            {
+            for (limit, index) in limits.iter().zip(groups_index(&groups, limits.len())) {
                 if limit.algorithm == Algorithm::Concurrency && limit.cost > 0 {
-                    let member = format!("{}|{lease}#{}", p.params.cost, members + 1);
-                    self.leases
-                        .insert(&p.key, member, limit.cost, limit.quota.period());
+                    // The script's member is "<cost>|<base>_<index>": its id
+                    // is all after the cost.
+                    let id = LeaseId::new(format!("{lease}_{}", index + 1))
+                        .expect("hex digits, '-' and '_' make a lease id");
+                    outcome.leases.push(Lease {
+                        key: limit.key.to_owned(),
+                        cost: limit.cost,
+                        id,
+                    });
                 }
             }
         }
@@ -444,34 +444,25 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Gives back the concurrency permits of `limits` that this store acquired;
-    /// see [`Store::release`]. A lease that cannot be released (Redis down: the
+    /// Gives back exactly these leases, whichever store of the service took
+    /// them: each is the member `<cost>|<id>` of its key's sorted set; see
+    /// [`Store::release`]. A lease that cannot be released (Redis down: the
     /// first error is returned) expires after its quota's period.
-    pub async fn release_limits(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
-        let mut keys = Vec::new();
-        let mut members = Vec::new();
-        for limit in limits
-            .iter()
-            .filter(|l| l.algorithm == Algorithm::Concurrency)
-        {
-            let (key, aux) = redis_keys(&self.config.prefix, limit.algorithm, limit.key);
-            if let Some(member) = self.leases.take(&key, limit.cost) {
-                keys.push((key, aux));
-                members.push(member);
-            }
-        }
+    pub async fn release_leases(&self, leases: &[Lease]) -> Result<(), StoreError> {
         let mut first_error = None;
         // One call per lease: leases of one request may sit on several slots.
-        for ((key, aux), member) in keys.iter().zip(&members) {
+        for lease in leases {
+            let (key, aux) = redis_keys(&self.config.prefix, Algorithm::Concurrency, &lease.key);
+            let member = format!("{}|{}", lease.cost, lease.id);
             let mut invocation = self.script.prepare_invoke();
             invocation
-                .key(key)
-                .key(aux)
+                .key(&key)
+                .key(&aux)
                 .arg("l")
                 .arg("0")
                 .arg(0)
                 .arg("")
-                .arg(member);
+                .arg(&member);
             if let Err(e) = self.run::<Vec<i64>>(&invocation).await {
                 tracing::debug!(error = %e, "lease release failed; it expires after its period");
                 first_error.get_or_insert(e);
@@ -500,8 +491,8 @@ impl Store for RedisStore {
         self.check_limits(limits)
     }
 
-    fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.release_limits(limits)
+    fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.release_leases(leases)
     }
 
     fn ready(&self) -> impl Future<Output = bool> + Send {

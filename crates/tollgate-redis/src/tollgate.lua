@@ -15,7 +15,8 @@
 --              check, "l" release leases
 -- ARGV[2]  now in microseconds, or "" to read Redis's TIME
 -- ARGV[3]  extra TTL in milliseconds added to every TTL
--- ARGV[4]  lease id base (concurrency members are "<cost>|<base>#<index>")
+-- ARGV[4]  lease id base (concurrency members are "<cost>|<base>_<index>";
+--          all after the cost is the lease id the store hands out)
 -- then one argument per limit: seven little-endian doubles (algorithm, limit,
 -- period, burst, emission, cost, delay_after), so nothing is parsed from text
 -- (algorithm codes: 0 token bucket, 1 gcra, 2 leaky, 3 shaping, 4 fixed window,
@@ -466,7 +467,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       local after = s.count + cost
       if cost > 0 and write then
         s.count, s.dirty = after, true
-        s.added[#s.added + 1] = { fmt(cost) .. '|' .. lease .. '#' .. index, now + q.period }
+        s.added[#s.added + 1] = { fmt(cost) .. '|' .. lease .. '_' .. index, now + q.period }
         return q.period, decision(true, l - after, 0)
       end
       return nil, decision(true, l - after, 0)
@@ -682,7 +683,7 @@ elseif op == 'r' then
         redis.call('SET', aux, fmt(max(total - taken, 0)), 'KEEPTTL')
       end
     elseif alg == 7 then
-      local member = fmt(cost) .. '|' .. lease_base .. '#' .. i
+      local member = fmt(cost) .. '|' .. lease_base .. '_' .. i
       if redis.call('ZREM', key, member) == 1 then
         local count = tonumber(redis.call('GET', aux) or '0')
         redis.call('SET', aux, fmt(max(count - cost, 0)), 'KEEPTTL')

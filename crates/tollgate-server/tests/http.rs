@@ -491,20 +491,42 @@ async fn v1_release_gives_back_concurrency_permits() {
         let server = &server;
         async move { post_json(server, "/v1/check", b).await.0 }
     };
+    let lease_of = |answer: &Value| {
+        answer["lease"]
+            .as_str()
+            .expect("a concurrency rule admitted: a lease")
+            .to_owned()
+    };
     let (code, first, _) = post_json(&server, "/v1/check", body.clone()).await;
     assert_eq!(code, StatusCode::OK);
-    let lease = first["lease"]
-        .as_str()
-        .expect("a concurrency rule admitted: a lease")
-        .to_owned();
-    assert_eq!(status(body.clone()).await, StatusCode::OK);
+    let first = lease_of(&first);
+    let (code, second, _) = post_json(&server, "/v1/check", body.clone()).await;
+    assert_eq!(code, StatusCode::OK);
+    let second = lease_of(&second);
+    assert_ne!(first, second);
+    // Safe as it is in a URL, a header or JSON.
+    assert!(
+        second
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b)),
+        "{second}"
+    );
     assert_eq!(status(body.clone()).await, StatusCode::TOO_MANY_REQUESTS);
-    // One request ends: its lease comes back; the rate rule beside it has
-    // nothing to give back and is not in the lease.
-    let (code, released, _) = post_json(&server, "/v1/release", json!({"lease": lease})).await;
-    assert_eq!((code, released), (StatusCode::OK, json!({"released": 1})));
+    // The second request ends: exactly its lease comes back, once; the rate
+    // rule beside it has nothing to give back and is not in the lease.
+    for _ in 0..2 {
+        let (code, released, _) = post_json(&server, "/v1/release", json!({"lease": second})).await;
+        assert_eq!((code, released), (StatusCode::OK, json!({"released": 1})));
+    }
     assert_eq!(status(body.clone()).await, StatusCode::OK);
-    assert_eq!(status(body.clone()).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status(body.clone()).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the second release gave back nothing of the first request's"
+    );
+    let (code, _, _) = post_json(&server, "/v1/release", json!({"lease": first})).await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(status(body.clone()).await, StatusCode::OK);
 
     // Ad-hoc concurrency limits work the same way; a rate limit takes no lease.
     let adhoc = json!({"key": "jobs", "limit": 1, "period": "10m", "algorithm": "concurrency"});

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::{
-    Algorithm, Clock, Decision, FailurePolicy, Limit, ManualClock, Outcome, Quota, Store,
+    Algorithm, Clock, Decision, FailurePolicy, Lease, Limit, ManualClock, Outcome, Quota, Store,
 };
 
 use crate::{MemoryConfig, MemoryStore};
@@ -37,8 +37,15 @@ pub enum Step {
     Advance(i64),
     /// Checks these limits (indexes into the scenario's limit table, with costs).
     Check(Vec<(usize, u64)>),
-    /// Releases the concurrency permits of the n-th admitted request still held.
+    /// Releases the concurrency leases of the n-th admitted request still
+    /// held (of those that took leases), which are then no longer held.
     Release(usize),
+    /// Releases once more the leases the last [`Step::Release`] gave back.
+    ReleaseAgain,
+    /// Releases the leases of the n-th admitted request still held, each id
+    /// under the key of the scenario's limit at the second index instead of
+    /// its own; they stay held.
+    ReleaseUnder(usize, usize),
 }
 
 /// A named sequence of steps over a table of limits.
@@ -224,6 +231,8 @@ pub fn scenarios() -> Vec<Scenario> {
         steps,
     });
 
+    all.push(exact_leases());
+
     // A deny by one layer consumes nothing from the others, for every algorithm.
     for algorithm in Algorithm::RATE {
         all.push(Scenario {
@@ -276,6 +285,54 @@ pub fn scenarios() -> Vec<Scenario> {
     all
 }
 
+/// A release gives back exactly the lease it names: of two leases of the
+/// same cost on one key, the second taken (B) is released and the first (A)
+/// still lapses at its own time, a period after it was taken; releasing B
+/// again, releasing another key's lease under this key, and releasing A once
+/// it lapsed give back nothing. The reference's answers are pinned by a test
+/// of this module.
+pub fn exact_leases() -> Scenario {
+    let second = Quota::per_second(2).unwrap();
+    Scenario {
+        name: "a release names its exact lease".into(),
+        limits: vec![
+            (key("exact"), second, Algorithm::Concurrency),
+            (key("exact-other"), second, Algorithm::Concurrency),
+        ],
+        steps: vec![
+            // 0: A.
+            Step::Check(vec![(0, 1)]),
+            Step::Advance(500_000),
+            // 1: B; 2: full.
+            Step::Check(vec![(0, 1)]),
+            Step::Check(vec![(0, 1)]),
+            // 3: the other key's lease.
+            Step::Check(vec![(1, 1)]),
+            Step::ReleaseUnder(2, 0),
+            // 4: still full.
+            Step::Check(vec![(0, 0)]),
+            Step::Release(1),
+            // 5: B came back.
+            Step::Check(vec![(0, 0)]),
+            Step::ReleaseAgain,
+            // 6: nothing more did.
+            Step::Check(vec![(0, 0)]),
+            Step::Advance(499_999),
+            // 7: A is still held a microsecond before it lapses...
+            Step::Check(vec![(0, 0)]),
+            Step::Advance(1),
+            // 8: ...and lapsed at its time, not at B's.
+            Step::Check(vec![(0, 0)]),
+            // 9, 10: C and D fill the key again.
+            Step::Check(vec![(0, 1)]),
+            Step::Check(vec![(0, 1)]),
+            // A lapsed: its release gives nothing back. 11: full.
+            Step::Release(0),
+            Step::Check(vec![(0, 1)]),
+        ],
+    }
+}
+
 /// Runs a scenario on `store`, whose time is `clock`; returns every outcome.
 pub async fn run<S: Store>(
     store: &S,
@@ -283,7 +340,8 @@ pub async fn run<S: Store>(
     scenario: &Scenario,
 ) -> Vec<Outcome> {
     let mut outcomes = Vec::new();
-    let mut held: Vec<Vec<Limit<'_>>> = Vec::new();
+    let mut held: Vec<Vec<Lease>> = Vec::new();
+    let mut released: Vec<Lease> = Vec::new();
     for step in &scenario.steps {
         match step {
             Step::Advance(us) => {
@@ -306,16 +364,29 @@ pub async fn run<S: Store>(
                     })
                     .collect();
                 let outcome = store.check(&limits).await.expect("check");
-                if outcome.allowed() && limits.iter().any(|l| l.algorithm == Algorithm::Concurrency)
-                {
-                    held.push(limits);
+                if !outcome.leases.is_empty() {
+                    held.push(outcome.leases.clone());
                 }
                 outcomes.push(outcome);
             }
             Step::Release(n) => {
                 if !held.is_empty() {
-                    let limits = held.remove(n % held.len());
-                    store.release(&limits).await.expect("release");
+                    released = held.remove(n % held.len());
+                    store.release(&released).await.expect("release");
+                }
+            }
+            Step::ReleaseAgain => store.release(&released).await.expect("release"),
+            Step::ReleaseUnder(n, limit) => {
+                if !held.is_empty() {
+                    let (key, _, _) = &scenario.limits[*limit];
+                    let misplaced: Vec<Lease> = held[n % held.len()]
+                        .iter()
+                        .map(|lease| Lease {
+                            key: key.clone(),
+                            ..lease.clone()
+                        })
+                        .collect();
+                    store.release(&misplaced).await.expect("release");
                 }
             }
         }
@@ -440,6 +511,35 @@ mod tests {
             let again = run(&memory(&clock), &clock, &scenario).await;
             assert_same(&scenario, &reference, &again, "memory");
         }
+    }
+
+    #[tokio::test]
+    async fn the_reference_releases_exactly_the_lease_named() {
+        let scenario = exact_leases();
+        let outcomes = reference(&scenario).await;
+        let said: Vec<(bool, u64)> = outcomes
+            .iter()
+            .map(|o| (o.allowed(), o.decisions[0].remaining))
+            .collect();
+        assert_eq!(
+            said,
+            [
+                (true, 1),
+                (true, 0),
+                (false, 0),
+                (true, 1),
+                (true, 0),
+                (true, 1),
+                (true, 1),
+                (true, 1),
+                (true, 2),
+                (true, 1),
+                (true, 0),
+                (false, 0),
+            ]
+        );
+        let took: Vec<usize> = outcomes.iter().map(|o| o.leases.len()).collect();
+        assert_eq!(took, [1, 1, 0, 1, 0, 0, 0, 0, 0, 1, 1, 0]);
     }
 
     #[tokio::test]

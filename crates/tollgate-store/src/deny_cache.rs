@@ -28,7 +28,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 use tollgate_core::{
-    Algorithm, Clock, Decision, Limit, Nanos, Outcome, Quota, Stamped, Store, StoreError,
+    Algorithm, Clock, Decision, Lease, Limit, Nanos, Outcome, Quota, Stamped, Store, StoreError,
 };
 
 use crate::FastClock;
@@ -243,7 +243,7 @@ impl<S: Store> DenyCache<S> {
             .zip(hits)
             .map(|(l, hit)| hit.unwrap_or_else(|| untouched(l)))
             .collect();
-        Some(Outcome { decisions })
+        Some(Outcome::new(decisions))
     }
 
     /// Checks `limits`; see [`Store::check_stamped`].
@@ -278,8 +278,8 @@ impl<S: Store> Store for DenyCache<S> {
         Ok(self.check_limits(limits).await?.outcome)
     }
 
-    fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.release(limits)
+    fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.release(leases)
     }
 
     fn ready(&self) -> impl Future<Output = bool> + Send {
@@ -460,7 +460,7 @@ mod tests {
             })
         }
 
-        async fn release(&self, _: &[Limit<'_>]) -> Result<(), StoreError> {
+        async fn release(&self, _: &[Lease]) -> Result<(), StoreError> {
             Ok(())
         }
 

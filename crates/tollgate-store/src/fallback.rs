@@ -19,8 +19,10 @@
 //! and no request ever carries a probe, so a cancelled request cannot leave the
 //! breaker half-open.
 //!
-//! Concurrency permits go back where they were taken: to the local store if
-//! the fallback admitted them, to the inner store otherwise.
+//! Concurrency leases go back where they were taken: each lease id the
+//! wrapper hands out carries a tag naming the store that granted it (`i`, the
+//! inner store; `l`, the local one), and a release sends each lease to its
+//! store with the tag taken off.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,13 +31,43 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tokio::task::JoinHandle;
 use tollgate_core::{
-    Algorithm, Clock, Decision, FailurePolicy, Limit, Outcome, Stamped, Store, StoreError,
+    Clock, Decision, FailurePolicy, Lease, Limit, Outcome, Stamped, Store, StoreError,
 };
 
 use crate::breaker::{Breaker, BreakerState};
-use crate::decision::{budget, capacity, untouched};
-use crate::permits::{Held, Permits};
+use crate::decision::{capacity, untouched};
 use crate::{FastClock, MemoryConfig, MemoryStore};
+
+/// The tag of the leases the inner store granted.
+const INNER: &str = "i";
+/// The tag of the leases the local store granted.
+const LOCAL: &str = "l";
+
+/// `leases` with their ids behind `tag`. A lease whose id would grow too
+/// long is left out: never released, it lapses after its period.
+fn tag(leases: Vec<Lease>, tag: &str) -> Vec<Lease> {
+    leases
+        .into_iter()
+        .filter_map(|lease| {
+            let id = lease.id.tagged(tag)?;
+            Some(Lease { id, ..lease })
+        })
+        .collect()
+}
+
+/// The leases among `leases` whose ids are behind `tag`, with it taken off.
+fn untag(leases: &[Lease], tag: &str) -> Vec<Lease> {
+    leases
+        .iter()
+        .filter_map(|lease| {
+            Some(Lease {
+                id: lease.id.untagged(tag)?,
+                key: lease.key.clone(),
+                cost: lease.cost,
+            })
+        })
+        .collect()
+}
 
 /// How the fallback decides when to stop asking its inner store.
 #[derive(Debug, Clone)]
@@ -122,7 +154,6 @@ struct Shared<S> {
     config: FallbackConfig,
     local: MemoryStore<Arc<dyn Clock>>,
     breaker: Breaker,
-    permits: Permits,
     counters: Counters,
 }
 
@@ -161,7 +192,6 @@ impl<S: Store + 'static> Fallback<S> {
         let shared = Arc::new(Shared {
             local: MemoryStore::with_clock(config.local.clone(), clock),
             breaker: Breaker::new(config.breaker_failures),
-            permits: Permits::default(),
             counters: Counters::default(),
             inner,
             config,
@@ -246,12 +276,11 @@ impl<S: Store> Fallback<S> {
         }
         match tokio::time::timeout(shared.config.timeout, shared.inner.check_stamped(limits)).await
         {
-            Ok(Ok(stamped)) => {
+            Ok(Ok(mut stamped)) => {
                 shared.breaker.success();
                 bump(&shared.counters.checks);
-                if stamped.outcome.allowed() {
-                    self.hold(limits, Held::Inner, |_| true);
-                }
+                let leases = std::mem::take(&mut stamped.outcome.leases);
+                stamped.outcome.leases = tag(leases, INNER);
                 Ok(stamped)
             }
             Ok(Err(e @ (StoreError::Invalid(_) | StoreError::Unsupported(_)))) => Err(e),
@@ -262,18 +291,6 @@ impl<S: Store> Fallback<S> {
             Err(_) => {
                 self.failed(None);
                 Ok(self.fallback(limits))
-            }
-        }
-    }
-
-    /// Remembers where the admitted concurrency permits among `limits` were
-    /// taken.
-    fn hold(&self, limits: &[Limit<'_>], held: Held, which: impl Fn(&Limit<'_>) -> bool) {
-        for limit in limits {
-            if limit.algorithm == Algorithm::Concurrency && limit.cost > 0 && which(limit) {
-                self.shared
-                    .permits
-                    .insert(budget(limit), held, limit.cost, limit.quota.period());
             }
         }
     }
@@ -297,7 +314,12 @@ impl<S: Store> Fallback<S> {
                 ..*l
             })
             .collect();
-        let mut local_decisions = shared.local.check_now(&local).decisions.into_iter();
+        // The local check is the whole verdict unless a `fail_closed` limit
+        // refused, in which case it was at cost 0 and took no lease: its
+        // leases are the request's.
+        let local_outcome = shared.local.check_now(&local);
+        let leases = tag(local_outcome.leases, LOCAL);
+        let mut local_decisions = local_outcome.decisions.into_iter();
         let retry = shared.config.breaker_cool_down.max(shared.config.timeout);
         let decisions: SmallVec<[Decision; 4]> = limits
             .iter()
@@ -316,32 +338,21 @@ impl<S: Store> Fallback<S> {
                 },
             })
             .collect();
-        let outcome = Outcome { decisions };
-        if outcome.allowed() {
-            self.hold(limits, Held::Local, |l| l.failure == FailurePolicy::Local);
-        }
+        let outcome = Outcome { decisions, leases };
         Stamped {
             outcome,
             decided_at: None,
         }
     }
 
-    /// Gives back the concurrency permits of `limits` where they were taken;
-    /// see [`Store::release`]. A permit of the inner store that cannot be
-    /// released now (breaker open, an error) lapses after its quota's period.
-    pub async fn release_limits(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+    /// Gives back each lease to the store that granted it; see
+    /// [`Store::release`]. A lease of the inner store that cannot be released
+    /// now (breaker open, an error) lapses after its quota's period; one
+    /// whose id carries neither tag was not granted here and is left alone.
+    pub async fn release_leases(&self, leases: &[Lease]) -> Result<(), StoreError> {
         let shared = &self.shared;
-        let mut inner: SmallVec<[Limit<'_>; 4]> = SmallVec::new();
-        for limit in limits
-            .iter()
-            .filter(|l| l.algorithm == Algorithm::Concurrency)
-        {
-            match shared.permits.take(&budget(limit), limit.cost) {
-                Some(Held::Inner) => inner.push(*limit),
-                Some(Held::Local) => shared.local.release_now(std::slice::from_ref(limit)),
-                None => {}
-            }
-        }
+        shared.local.release_now(&untag(leases, LOCAL));
+        let inner = untag(leases, INNER);
         if inner.is_empty() || !shared.breaker.admit() {
             return Ok(());
         }
@@ -398,8 +409,8 @@ impl<S: Store> Store for Fallback<S> {
         Ok(self.check_limits(limits).await?.outcome)
     }
 
-    fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.release_limits(limits)
+    fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.release_leases(leases)
     }
 
     fn ready(&self) -> impl Future<Output = bool> + Send {
@@ -427,7 +438,7 @@ mod tests {
     use std::future::pending;
     use std::sync::atomic::AtomicU8;
 
-    use tollgate_core::{ManualClock, Quota};
+    use tollgate_core::{Algorithm, ManualClock, Quota};
 
     use super::*;
 
@@ -476,9 +487,9 @@ mod tests {
             Ok(self.memory.check_now(limits))
         }
 
-        async fn release(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+        async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
             self.fault().await?;
-            self.memory.release_now(limits);
+            self.memory.release_now(leases);
             Ok(())
         }
 
@@ -615,7 +626,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn permits_go_back_to_the_store_that_gave_them() {
+    async fn leases_go_back_to_the_store_that_gave_them() {
         let (store, _clock) = store();
         let slots = Limit::new(
             "uploads",
@@ -623,7 +634,8 @@ mod tests {
             Algorithm::Concurrency,
         );
         // Taken from the inner store while it was up...
-        assert!(store.check(&[slots]).await.unwrap().allowed());
+        let inner = store.check(&[slots]).await.unwrap().leases;
+        assert!(inner[0].id.as_str().starts_with(INNER));
         store.inner().set(ERRS);
         for _ in 0..3 {
             store
@@ -632,12 +644,20 @@ mod tests {
                 .unwrap();
         }
         // ...then one from the local store while it is down.
-        assert!(store.check(&[slots]).await.unwrap().allowed());
+        let local = store.check(&[slots]).await.unwrap().leases;
+        assert!(local[0].id.as_str().starts_with(LOCAL));
         assert!(!store.check(&[slots]).await.unwrap().allowed());
-        store.release(&[slots]).await.unwrap();
+        // An id without a tag of this wrapper is no lease of it.
+        let untagged = Lease {
+            id: local[0].id.untagged(LOCAL).unwrap(),
+            ..local[0].clone()
+        };
+        store.release(&[untagged]).await.unwrap();
+        assert!(!store.check(&[slots]).await.unwrap().allowed());
+        store.release(&local).await.unwrap();
         assert!(
             store.check(&[slots]).await.unwrap().allowed(),
-            "the local permit came back"
+            "the local lease came back"
         );
         store.inner().set(UP);
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -646,11 +666,10 @@ mod tests {
             !store.check(&[slots]).await.unwrap().allowed(),
             "the inner one is still held"
         );
-        store.release(&[slots]).await.unwrap();
-        store.release(&[slots]).await.unwrap();
+        store.release(&inner).await.unwrap();
         assert!(
             store.check(&[slots]).await.unwrap().allowed(),
-            "the inner permit came back"
+            "the inner lease came back"
         );
     }
 }

@@ -295,7 +295,7 @@ impl<S: Store> Shared<S> {
                 }
             })
             .collect();
-        Some(Outcome { decisions })
+        Some(Outcome::new(decisions))
     }
 
     async fn check(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
@@ -470,8 +470,12 @@ impl<S: Store> Store for Hybrid<S> {
         Ok(self.shared.check(limits).await?.outcome)
     }
 
-    fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.shared.inner.release(limits)
+    fn release(
+        &self,
+        leases: &[tollgate_core::Lease],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        // Concurrency is never leased here: every lease is the inner store's.
+        self.shared.inner.release(leases)
     }
 
     fn ready(&self) -> impl Future<Output = bool> + Send {

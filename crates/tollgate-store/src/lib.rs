@@ -34,7 +34,6 @@ mod deny_cache;
 mod fallback;
 mod hybrid;
 mod memory;
-mod permits;
 mod shard;
 
 pub use breaker::BreakerState;

@@ -1,13 +1,14 @@
 use std::future::{Future, ready};
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 use tollgate_core::{
     Algorithm, Clock, Concurrency, Decision, FixedWindow, Gcra, LeakyBucket, LeakyBucketShaping,
-    Leases, Limit, Nanos, Outcome, SlidingCounter, SlidingLog, Stamped, StateMachine, Store,
-    StoreError, TokenBucket,
+    Lease, LeaseId, Leases, Limit, Nanos, Outcome, SlidingCounter, SlidingLog, Stamped,
+    StateMachine, Store, StoreError, TokenBucket,
 };
 
 use crate::FastClock;
@@ -73,7 +74,44 @@ pub struct MemoryStore<C = FastClock> {
     sweep_ns: Nanos,
     /// Two independent hashers per algorithm (see [`tag`]).
     hashers: [[foldhash::quality::RandomState; 2]; ALGORITHMS],
+    lease_ids: LeaseIds,
     clock: C,
+}
+
+/// Where the memory store's lease ids come from: a keyed hash (SipHash, a
+/// pseudo-random function) of a counter, under a key random per store, so
+/// that an id cannot be guessed from others, yet two ids of one store
+/// collide with a chance of about 2⁻⁶⁴ per pair.
+#[derive(Default)]
+struct LeaseIds {
+    secret: RandomState,
+    next: AtomicU64,
+}
+
+impl LeaseIds {
+    fn next(&self) -> u64 {
+        self.secret
+            .hash_one(self.next.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A memory store lease id as text: 16 hex digits.
+fn lease_text(id: u64) -> LeaseId {
+    LeaseId::new(format!("{id:016x}")).expect("hex digits make a lease id")
+}
+
+/// The number of a memory store lease id, if `id` is one.
+fn lease_number(id: &LeaseId) -> Option<u64> {
+    let text = id.as_str();
+    (text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| u64::from_str_radix(text, 16).ok())
+        .flatten()
+}
+
+/// The lease id a check of `limit` takes if it admits: one for each
+/// concurrency limit that costs something.
+fn wants_lease(limit: &Limit<'_>) -> bool {
+    limit.algorithm == Algorithm::Concurrency && limit.cost > 0
 }
 
 impl MemoryStore {
@@ -122,6 +160,7 @@ impl<C: Clock> MemoryStore<C> {
             shard_shift: 64 - shards.trailing_zeros(),
             sweep_ns: u64::try_from(config.sweep_interval.as_nanos()).unwrap_or(u64::MAX),
             hashers: Default::default(),
+            lease_ids: LeaseIds::default(),
             clock,
         }
     }
@@ -137,14 +176,21 @@ impl<C: Clock> MemoryStore<C> {
         match limits {
             [] => Outcome::default(),
             [limit] => {
-                let (key, shard) = self.locate(limit);
+                let (key, shard) = self.locate(limit.algorithm, limit.key);
+                let lease = wants_lease(limit).then(|| self.lease_ids.next());
                 let decision = {
                     let mut guard = self.lock(shard, now);
-                    self.commit(&mut guard, key, limit, now)
+                    self.commit(&mut guard, key, limit, now, lease.unwrap_or_default())
                 };
-                Outcome {
-                    decisions: smallvec::smallvec![decision],
+                let mut outcome = Outcome::new(smallvec::smallvec![decision]);
+                if let Some(id) = lease.filter(|_| decision.allowed) {
+                    outcome.leases.push(Lease {
+                        key: limit.key.to_owned(),
+                        cost: limit.cost,
+                        id: lease_text(id),
+                    });
                 }
+                outcome
             }
             _ => self.check_all(limits, now),
         }
@@ -153,7 +199,10 @@ impl<C: Clock> MemoryStore<C> {
     // Out of line, so that the single-limit path stays small.
     #[inline(never)]
     fn check_all(&self, limits: &[Limit<'_>], now: Nanos) -> Outcome {
-        let located: SmallVec<[(u128, usize); 4]> = limits.iter().map(|l| self.locate(l)).collect();
+        let located: SmallVec<[(u128, usize); 4]> = limits
+            .iter()
+            .map(|l| self.locate(l.algorithm, l.key))
+            .collect();
         // Lock every shard involved in one global order, so two requests that
         // share shards cannot deadlock.
         let mut order: SmallVec<[usize; 4]> = located.iter().map(|&(_, s)| s).collect();
@@ -164,35 +213,51 @@ impl<C: Clock> MemoryStore<C> {
 
         let mut undo: SmallVec<[(usize, Undo); 4]> = SmallVec::new();
         let mut decisions = SmallVec::new();
+        let mut leases = Vec::new();
         let mut denied = false;
         for (limit, &(key, shard)) in limits.iter().zip(&located) {
             let slot = order.binary_search(&shard).expect("every shard was locked");
             let mode = if denied { Mode::Peek } else { Mode::Undoable };
-            let (decision, taken_back) = self.step(&mut guards[slot], key, limit, now, mode);
+            let lease = (wants_lease(limit) && !denied).then(|| self.lease_ids.next());
+            let (decision, taken_back) = self.step(
+                &mut guards[slot],
+                key,
+                limit,
+                now,
+                mode,
+                lease.unwrap_or_default(),
+            );
             denied |= !decision.allowed;
             undo.extend(taken_back.map(|u| (slot, u)));
             decisions.push(decision);
+            leases.extend(lease.map(|id| Lease {
+                key: limit.key.to_owned(),
+                cost: limit.cost,
+                id: lease_text(id),
+            }));
         }
         if denied {
             for (slot, undo) in undo.into_iter().rev() {
                 undo(&mut guards[slot]);
             }
+            leases.clear();
         }
-        Outcome { decisions }
+        Outcome { decisions, leases }
     }
 
-    /// Gives back what admitted concurrency limits among `limits` hold.
-    pub fn release_now(&self, limits: &[Limit<'_>]) {
+    /// Gives back exactly these leases; see [`Store::release`].
+    pub fn release_now(&self, leases: &[Lease]) {
         let now = self.clock.now();
-        for limit in limits
-            .iter()
-            .filter(|l| l.algorithm == Algorithm::Concurrency)
-        {
-            let (key, shard) = self.locate(limit);
+        for lease in leases {
+            // Not an id this store makes: no lease of it can be held.
+            let Some(id) = lease_number(&lease.id) else {
+                continue;
+            };
+            let (key, shard) = self.locate(Algorithm::Concurrency, &lease.key);
             let mut guard = self.lock(shard, now);
             let table = Leases::table(&mut guard);
             if let Some(entry) = table.get_mut(key) {
-                Concurrency::release(&mut entry.state, limit.cost);
+                Concurrency::release(&mut entry.state, id, now);
                 if entry.state.is_empty() {
                     table.remove(key);
                 }
@@ -234,15 +299,15 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     #[inline(always)]
-    fn locate(&self, limit: &Limit<'_>) -> (u128, usize) {
+    fn locate(&self, algorithm: Algorithm, name: &str) -> (u128, usize) {
         // The algorithm picks the seeds rather than being hashed along: the
         // same identity (shaping ignores `delay_after`, as its name does) for
         // a third of the hashing. A name alone is one `write`, whose length
         // foldhash mixes in, so no terminator is needed.
-        let [first, second] = &self.hashers[usize::from(tag(limit.algorithm))];
+        let [first, second] = &self.hashers[usize::from(tag(algorithm))];
         let hash = |hasher: &foldhash::quality::RandomState| {
             let mut state = hasher.build_hasher();
-            state.write(limit.key.as_bytes());
+            state.write(name.as_bytes());
             state.finish()
         };
         let (high, low) = (hash(first), hash(second));
@@ -257,8 +322,16 @@ impl<C: Clock> MemoryStore<C> {
         guard
     }
 
-    /// One limit alone: no undo to prepare, nothing to peek.
-    fn commit(&self, shard: &mut Shard, key: u128, limit: &Limit<'_>, now: Nanos) -> Decision {
+    /// One limit alone: no undo to prepare, nothing to peek. A concurrency
+    /// limit that admits takes its lease under the id `lease`.
+    fn commit(
+        &self,
+        shard: &mut Shard,
+        key: u128,
+        limit: &Limit<'_>,
+        now: Nanos,
+        lease: u64,
+    ) -> Decision {
         match limit.algorithm {
             Algorithm::TokenBucket => commit(&TokenBucket, shard, key, limit, now),
             Algorithm::Gcra => commit(&Gcra, shard, key, limit, now),
@@ -269,7 +342,7 @@ impl<C: Clock> MemoryStore<C> {
             Algorithm::FixedWindow => commit(&FixedWindow, shard, key, limit, now),
             Algorithm::SlidingLog => commit(&SlidingLog, shard, key, limit, now),
             Algorithm::SlidingCounter => commit(&SlidingCounter, shard, key, limit, now),
-            Algorithm::Concurrency => commit(&Concurrency, shard, key, limit, now),
+            Algorithm::Concurrency => commit(&Concurrency::lease(lease), shard, key, limit, now),
         }
     }
 
@@ -280,6 +353,7 @@ impl<C: Clock> MemoryStore<C> {
         limit: &Limit<'_>,
         now: Nanos,
         mode: Mode,
+        lease: u64,
     ) -> (Decision, Option<Undo>) {
         match limit.algorithm {
             Algorithm::TokenBucket => step(&TokenBucket, shard, key, limit, now, mode),
@@ -296,7 +370,9 @@ impl<C: Clock> MemoryStore<C> {
             Algorithm::FixedWindow => step(&FixedWindow, shard, key, limit, now, mode),
             Algorithm::SlidingLog => step(&SlidingLog, shard, key, limit, now, mode),
             Algorithm::SlidingCounter => step(&SlidingCounter, shard, key, limit, now, mode),
-            Algorithm::Concurrency => step(&Concurrency, shard, key, limit, now, mode),
+            Algorithm::Concurrency => {
+                step(&Concurrency::lease(lease), shard, key, limit, now, mode)
+            }
         }
     }
 }
@@ -432,8 +508,8 @@ impl<C: Clock> Store for MemoryStore<C> {
         ready(Ok(self.check_now(limits)))
     }
 
-    fn release(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.release_now(limits);
+    fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.release_now(leases);
         ready(Ok(()))
     }
 

@@ -184,10 +184,12 @@ fn concurrency_permits_are_held_until_released_or_lapsed_and_never_evicted_while
         Quota::per_minute(2).unwrap(),
         Algorithm::Concurrency,
     );
-    assert!(store.check_now(&[slots]).allowed());
-    assert!(store.check_now(&[slots]).allowed());
+    let first = store.check_now(&[slots]).leases;
+    let second = store.check_now(&[slots]).leases;
+    assert_eq!((first.len(), second.len()), (1, 1));
     let denied = store.check_now(&[slots]);
     assert!(!denied.allowed());
+    assert!(denied.leases.is_empty(), "a deny takes no lease");
     assert_eq!(denied.decisions[0].retry_after, None);
     // Neither a sweep nor a flood of other keys frees a permit before its
     // lease (the quota's period, a minute) lapses.
@@ -198,20 +200,72 @@ fn concurrency_permits_are_held_until_released_or_lapsed_and_never_evicted_while
         store.check_now(&[limit(&key, per_second(1), Algorithm::Gcra)]);
     }
     assert!(!store.check_now(&[slots]).allowed());
-    store.release_now(&[slots]);
-    assert!(store.check_now(&[slots]).allowed());
+    store.release_now(&second);
+    let third = store.check_now(&[slots]).leases;
+    assert_eq!(third.len(), 1);
     assert!(!store.check_now(&[slots]).allowed());
     // A holder that never releases loses its permit a period after taking it.
     clock.advance(Duration::from_secs(1));
     store.sweep();
     assert!(store.check_now(&[slots]).allowed(), "the 0 s lease lapsed");
-    store.release_now(&[slots, slots]);
+    // Releasing the lapsed lease, or a released one again, frees nothing.
+    store.release_now(&first);
+    store.release_now(&second);
+    assert!(!store.check_now(&[slots]).allowed());
+    store.release_now(&third);
     assert!(store.check_now(&[slots]).allowed());
-    store.release_now(&[slots, slots]);
-    store.release_now(&[slots]);
-    assert!(
-        store.check_now(&[slots, slots]).allowed(),
-        "release never goes below zero"
+}
+
+#[test]
+fn a_release_gives_back_exactly_the_lease_it_names() {
+    let (store, clock) = store(MemoryConfig::default());
+    let slots = limit(
+        "jobs",
+        Quota::per_minute(3).unwrap(),
+        Algorithm::Concurrency,
+    );
+    let a = store.check_now(&[slots]).leases;
+    clock.advance(Duration::from_secs(30));
+    let b = store.check_now(&[slots]).leases;
+    // One request holding the key twice takes two leases.
+    let both = store.check_now(&[slots.with_cost(0), slots]).leases;
+    assert_eq!(both.len(), 1, "a cost-0 limit takes no lease");
+    assert_ne!(a[0].id, b[0].id);
+    assert_eq!((a[0].key.as_str(), a[0].cost), ("jobs", 1));
+    store.release_now(&both);
+    store.release_now(&b);
+    // A's lease is left, and still lapses at A's time: a minute after A.
+    assert_eq!(
+        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining,
+        2
+    );
+    clock.advance(Duration::from_nanos(29_999_999_999));
+    assert_eq!(
+        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining,
+        2
+    );
+    clock.advance(Duration::from_nanos(1));
+    assert_eq!(
+        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining,
+        3
+    );
+    // Ids of another store, another key, or not this store's kind do nothing.
+    let c = store.check_now(&[slots]).leases;
+    let other = store
+        .check_now(&[limit(
+            "other",
+            Quota::per_minute(3).unwrap(),
+            Algorithm::Concurrency,
+        )])
+        .leases;
+    let mut misnamed = c[0].clone();
+    misnamed.id = other[0].id.clone();
+    let mut foreign = c[0].clone();
+    foreign.id = "not-ours".parse().unwrap();
+    store.release_now(&[misnamed, foreign]);
+    assert_eq!(
+        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining,
+        2
     );
 }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store, StoreError};
+use tollgate_core::{Algorithm, FailurePolicy, Lease, Limit, Quota, Store, StoreError};
 use tollgate_redis::{ConnectError, RedisConfig, RedisStore};
 use tollgate_store::conformance::{self, assert_same, reference, run, scenarios};
 use tollgate_store::{DenyCache, MemoryConfig, MemoryStore};
@@ -99,6 +99,54 @@ async fn ttls_are_the_time_to_full_and_denies_never_extend_them() {
 }
 
 #[tokio::test]
+async fn a_release_removes_exactly_the_member_its_lease_names() {
+    let server = RedisServer::start();
+    let clock = conformance::clock();
+    let store = manual_store(&server.url(), &clock).await;
+    let slots = limit(
+        "{s}slots",
+        Quota::per_minute(4).unwrap(),
+        Algorithm::Concurrency,
+        2,
+    );
+    let a = store.check_limits(&[slots]).await.unwrap().leases;
+    let b = store.check_limits(&[slots]).await.unwrap().leases;
+    let members = || {
+        let mut listed: Vec<String> = server
+            .cli(&["ZRANGE", "tollgate:lease:{s}:slots", "0", "-1"])
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        listed.sort();
+        listed
+    };
+    let member = |lease: &[Lease]| format!("2|{}", lease[0].id);
+    let mut both = vec![member(&a), member(&b)];
+    both.sort();
+    assert_eq!(members(), both, "each lease's id is its member");
+    // Another instance sharing the Redis releases it: the lease is a value.
+    let elsewhere = manual_store(&server.url(), &clock).await;
+    elsewhere.release_leases(&b).await.unwrap();
+    assert_eq!(members(), [member(&a)]);
+    assert_eq!(
+        server.cli(&["GET", "tollgate:lease.n:{s}:slots"]).trim(),
+        "2"
+    );
+    // Again, or at another cost (another member), nothing more goes.
+    elsewhere.release_leases(&b).await.unwrap();
+    let cheaper = Lease {
+        cost: 1,
+        ..a[0].clone()
+    };
+    elsewhere.release_leases(&[cheaper]).await.unwrap();
+    assert_eq!(members(), [member(&a)]);
+    assert_eq!(
+        server.cli(&["GET", "tollgate:lease.n:{s}:slots"]).trim(),
+        "2"
+    );
+}
+
+#[tokio::test]
 async fn the_deny_cache_answers_hot_denied_keys_without_redis() {
     let server = RedisServer::start();
     let clock = conformance::clock();
@@ -173,13 +221,13 @@ async fn concurrency_leases_are_released_by_their_holder_and_expire_when_it_cras
         1,
     );
     assert!(a.check_limits(&[slots]).await.unwrap().allowed());
-    assert!(b.check_limits(&[slots]).await.unwrap().allowed());
+    let held = b.check_limits(&[slots]).await.unwrap().leases;
     let denied = a.check_limits(&[slots]).await.unwrap();
     assert!(!denied.allowed());
     assert_eq!(denied.decisions[0].retry_after, None);
-    // b releases its own lease only: a second release by b frees nothing of a's.
-    b.release_limits(&[slots]).await.unwrap();
-    b.release_limits(&[slots]).await.unwrap();
+    // b's lease goes back, once: a second release frees nothing of a's.
+    b.release_leases(&held).await.unwrap();
+    b.release_leases(&held).await.unwrap();
     assert!(b.check_limits(&[slots]).await.unwrap().allowed());
     assert!(!b.check_limits(&[slots]).await.unwrap().allowed());
     // Both holders "crash" (never release): their leases expire after the period.
@@ -297,7 +345,16 @@ async fn the_store_trait_is_implemented() {
     )];
     assert!(Store::check(&store, &l).await.unwrap().allowed());
     assert!(!Store::check(&store, &l).await.unwrap().allowed());
-    Store::release(&store, &l).await.unwrap();
+    let slots = [limit(
+        "trait-slots",
+        Quota::per_second(1).unwrap(),
+        Algorithm::Concurrency,
+        1,
+    )];
+    let leases = Store::check(&store, &slots).await.unwrap().leases;
+    assert!(!Store::check(&store, &slots).await.unwrap().allowed());
+    Store::release(&store, &leases).await.unwrap();
+    assert!(Store::check(&store, &slots).await.unwrap().allowed());
     assert!(
         Store::check(&store, &[])
             .await

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Clock, Limit, Outcome, Stamped, Store, StoreError};
+use tollgate_core::{Clock, Lease, Limit, Outcome, Stamped, Store, StoreError};
 use tollgate_policy::StoreSettings;
 use tollgate_redis::{RedisConfig, RedisStats, RedisStore};
 use tollgate_store::{
@@ -236,10 +236,10 @@ impl Store for Remote {
         Ok(self.check_stamped(limits).await?.outcome)
     }
 
-    async fn release(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+    async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
         match self {
-            Remote::Direct(r) => r.release(limits).await,
-            Remote::Hybrid(h) => h.release(limits).await,
+            Remote::Direct(r) => r.release(leases).await,
+            Remote::Hybrid(h) => h.release(leases).await,
         }
     }
 
@@ -394,10 +394,10 @@ impl Store for Backend {
         }
     }
 
-    async fn release(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+    async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
         match self {
-            Backend::Memory(m) => m.release(limits).await,
-            Backend::Redis(r) => Box::pin(r.release(limits)).await,
+            Backend::Memory(m) => m.release(leases).await,
+            Backend::Redis(r) => Box::pin(r.release(leases)).await,
         }
     }
 

@@ -449,8 +449,10 @@ struct ReleaseRequest {
 
 /// `POST /v1/release`: `{"lease": "..."}`, the `lease` of the `/v1/check`
 /// answer that admitted a request, sent when that request ends; gives back
-/// the permits its concurrency limits took, whatever the policy says now.
-/// Answers `{"released": N}`, the number of concurrency limits released.
+/// exactly the leases its concurrency limits took (on any instance that
+/// shares the store), whatever the policy says now. Answers
+/// `{"released": N}`, the number of leases handed back to the store (one
+/// already released or lapsed counts, and gives nothing back).
 pub(crate) async fn release<S: Store + 'static>(
     State(state): State<Arc<AppState<S>>>,
     body: Bytes,
