@@ -2,7 +2,7 @@
 //! store the limits live in. Every field is optional; a command-line flag (or
 //! its environment variable) overrides the file, and the file overrides the
 //! defaults. The store is built once, at start-up: a reload that changes this
-//! section is reported and takes effect at the next start.
+//! section changes nothing until the next start.
 
 use std::time::Duration;
 
