@@ -199,9 +199,12 @@ impl HeaderStyle {
             headers.insert(RATELIMIT, service_limit_field(reported, &mut values));
         }
         if self.envoy {
-            headers.insert(X_RATELIMIT_LIMIT, values.number(reported.quota));
-            headers.insert(X_RATELIMIT_REMAINING, values.number(d.remaining));
-            headers.insert(X_RATELIMIT_RESET, values.number(ceil_secs(d.reset_after)));
+            for (name, value) in [X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET]
+                .into_iter()
+                .zip(envoy_values(reported))
+            {
+                headers.insert(name, values.number(value));
+            }
         }
         if self.retry_after && !d.allowed {
             headers.insert(RETRY_AFTER, values.number(retry_after_secs(d)));
@@ -296,23 +299,26 @@ pub fn reset_epoch_secs(now: Nanos, reset_after: Duration) -> u64 {
 }
 
 /// Whole seconds, rounded up.
-/// How the headers this module writes are spelled on the wire by services
-/// that keep a header's case (Envoy's `response_headers_to_add`): `name` as
-/// its family documents it, or `None` for a header not of this module.
-pub fn canonical_name(name: &HeaderName) -> Option<&'static str> {
-    [
-        (X_RATELIMIT_LIMIT, "X-RateLimit-Limit"),
-        (X_RATELIMIT_REMAINING, "X-RateLimit-Remaining"),
-        (X_RATELIMIT_RESET, "X-RateLimit-Reset"),
-        (X_RATELIMIT_RESET_AFTER, "X-RateLimit-Reset-After"),
-        (X_RATELIMIT_BUCKET, "X-RateLimit-Bucket"),
-        (RATELIMIT_POLICY, "RateLimit-Policy"),
-        (RATELIMIT, "RateLimit"),
-        (RETRY_AFTER, "Retry-After"),
-    ]
-    .into_iter()
-    .find(|(known, _)| known == name)
-    .map(|(_, canonical)| canonical)
+/// The [`HeaderStyle::envoy`] family as envoyproxy/ratelimit spells it in
+/// `response_headers_to_add` (where the case is kept), with its values: the
+/// most restrictive limit's quota, what it has left, and the seconds until
+/// it is full again. `None` when no limit applied. For services that answer
+/// in name/value pairs rather than a `HeaderMap` (Envoy's Rate Limit
+/// Service); [`HeaderStyle::write`] writes the same values.
+pub fn envoy_headers(limits: &[LimitReport<'_>]) -> Option<[(&'static str, u64); 3]> {
+    let reported = most_restrictive(limits)?;
+    let [limit, remaining, reset] = envoy_values(reported);
+    Some([
+        ("X-RateLimit-Limit", limit),
+        ("X-RateLimit-Remaining", remaining),
+        ("X-RateLimit-Reset", reset),
+    ])
+}
+
+/// The envoy family's values for `reported`: quota, remaining, reset seconds.
+fn envoy_values(reported: &LimitReport<'_>) -> [u64; 3] {
+    let d = &reported.decision;
+    [reported.quota, d.remaining, ceil_secs(d.reset_after)]
 }
 
 /// Whole milliseconds, rounded up, so a wait that is not over never reads

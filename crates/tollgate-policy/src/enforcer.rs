@@ -554,7 +554,7 @@ impl<S: Store> Enforcer<S> {
 
     async fn enforce_policy(&self, request: &Request<'_>) -> Result<Verdict, RequestError> {
         self.limits.check(request)?;
-        let policy = self.policy.load();
+        let policy = self.policy.guard();
         let resolved = policy.resolve(request)?;
         let started_at = self.clock.now();
         let domain = request.domain;

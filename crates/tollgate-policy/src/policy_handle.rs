@@ -22,6 +22,13 @@ impl PolicyHandle {
         self.0.load_full()
     }
 
+    /// The policy in force now, for the length of one request: cheaper than
+    /// [`PolicyHandle::load`] on a hot path (no reference count is touched,
+    /// so concurrent requests do not contend on one cache line).
+    pub fn guard(&self) -> arc_swap::Guard<Arc<Policy>> {
+        self.0.load()
+    }
+
     /// Puts `policy` in force.
     pub fn store(&self, policy: Policy) {
         self.0.store(Arc::new(policy));

@@ -7,8 +7,7 @@
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
-use tollgate_http::HeaderStyle;
-use tollgate_http::headers::{canonical_name, reports};
+use tollgate_http::headers::{envoy_headers, reports};
 use tollgate_policy::{DescriptorVerdict, State, Unit, Verdict};
 
 /// A verdict as envoyproxy/ratelimit reports it.
@@ -42,17 +41,14 @@ pub(crate) struct CurrentLimit<'a> {
 
 /// The answer to `verdict`.
 pub(crate) fn answer(verdict: &Verdict) -> Answer<'_> {
-    let mut headers = axum::http::HeaderMap::new();
-    HeaderStyle::ENVOY.write(&reports(verdict), verdict.started_at, &mut headers);
+    // itoa rather than `to_string`: this runs on every Envoy check.
+    let decimal = |n: u64| itoa::Buffer::new().format(n).to_owned();
     Answer {
         ok: verdict.allowed(),
         statuses: verdict.descriptors.iter().map(status).collect(),
-        headers: headers
-            .iter()
-            .filter_map(|(name, value)| {
-                Some((canonical_name(name)?, value.to_str().ok()?.to_owned()))
-            })
-            .collect(),
+        headers: envoy_headers(&reports(verdict))
+            .map(|pairs| pairs.map(|(name, value)| (name, decimal(value))).to_vec())
+            .unwrap_or_default(),
     }
 }
 
