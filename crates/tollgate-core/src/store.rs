@@ -53,6 +53,32 @@ impl<'a> Limit<'a> {
     pub const fn with_failure(self, failure: FailurePolicy) -> Self {
         Self { failure, ..self }
     }
+
+    /// The `limit` its decisions report: the burst for the bucket
+    /// algorithms, the limit for windows and concurrency (as the state
+    /// machines report it).
+    pub fn capacity(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::TokenBucket
+            | Algorithm::Gcra
+            | Algorithm::LeakyBucket
+            | Algorithm::LeakyBucketShaping { .. } => self.quota.burst(),
+            _ => self.quota.limit(),
+        }
+    }
+
+    /// The decision of this limit when it was not counted: allowed, its whole
+    /// capacity left.
+    pub fn untouched(&self) -> Decision {
+        Decision {
+            allowed: true,
+            limit: self.capacity(),
+            remaining: self.capacity(),
+            reset_after: Duration::ZERO,
+            retry_after: None,
+            delay: Duration::ZERO,
+        }
+    }
 }
 
 /// What a store decides for a limit when it cannot reach the limit's state
@@ -72,6 +98,27 @@ pub enum FailurePolicy {
 }
 
 impl FailurePolicy {
+    /// What this policy decides for `limit` when its store cannot answer and
+    /// no local state is at hand: `fail_closed` refuses (the same request may
+    /// pass after `retry_after`, when known), `fail_open` admits without
+    /// counting. `local` is `None`: the caller's local store decides (or,
+    /// with none, nothing limits it). The one place a failure policy becomes
+    /// a decision.
+    pub fn decide(self, limit: &Limit<'_>, retry_after: Option<Duration>) -> Option<Decision> {
+        match self {
+            FailurePolicy::FailOpen => Some(limit.untouched()),
+            FailurePolicy::FailClosed => Some(Decision {
+                allowed: false,
+                limit: limit.capacity(),
+                remaining: 0,
+                reset_after: Duration::ZERO,
+                retry_after,
+                delay: Duration::ZERO,
+            }),
+            FailurePolicy::Local => None,
+        }
+    }
+
     /// The name configs use: `fail_open`, `fail_closed` or `local`.
     pub fn name(self) -> &'static str {
         match self {

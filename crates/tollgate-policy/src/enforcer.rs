@@ -645,7 +645,7 @@ impl<S: Store> Enforcer<S> {
             Err(error) => {
                 self.observer.store_failed(&error, false);
                 descriptor.state = State::StoreFailed(limit.failure);
-                descriptor.decision = fail(limit.failure, adhoc.quota);
+                descriptor.decision = fail(&limit);
             }
         }
         let verdict = Verdict {
@@ -687,7 +687,7 @@ impl<S: Store> Enforcer<S> {
                     for (index, applied) in batch {
                         let descriptor = &mut descriptors[*index];
                         descriptor.state = State::StoreFailed(applied.failure);
-                        descriptor.decision = fail(applied.failure, applied.quota);
+                        descriptor.decision = fail(&applied.limit());
                     }
                 }
                 Permit::default()
@@ -769,20 +769,12 @@ pub(crate) fn blocked(unit: Unit, now: Nanos) -> Decision {
     }
 }
 
-/// What a failure policy decides when the store returns an error:
-/// `fail_closed` denies (with no retry time, since none is known);
-/// `fail_open` and `local` (which has no local state to decide from here: a
-/// store with a local fallback decides `local` itself) let it through.
-fn fail(failure: FailurePolicy, quota: Quota) -> Option<Decision> {
-    match failure {
-        FailurePolicy::FailClosed => Some(Decision {
-            allowed: false,
-            limit: quota.burst(),
-            remaining: 0,
-            reset_after: Duration::ZERO,
-            retry_after: None,
-            delay: Duration::ZERO,
-        }),
-        FailurePolicy::FailOpen | FailurePolicy::Local => None,
-    }
+/// What a limit's failure policy decides when its store returns an error
+/// (a store with a fallback of its own, such as the Redis stack, does not
+/// err for an unreachable backend). Only a refusal is kept: `fail_open`
+/// counted nothing and `local` has no local state here, so they leave the
+/// limit undecided (admitted, reported by no header). No retry time is
+/// known.
+fn fail(limit: &Limit<'_>) -> Option<Decision> {
+    limit.failure.decide(limit, None).filter(|d| !d.allowed)
 }

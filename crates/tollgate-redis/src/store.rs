@@ -66,18 +66,6 @@ struct GroupReply {
     decisions: Vec<Decision>,
 }
 
-/// The decision's `limit`: the burst for buckets, the limit otherwise (as the
-/// core's state machines report it).
-fn capacity(limit: &Limit<'_>) -> u64 {
-    match limit.algorithm {
-        Algorithm::TokenBucket
-        | Algorithm::Gcra
-        | Algorithm::LeakyBucket
-        | Algorithm::LeakyBucketShaping { .. } => limit.quota.burst(),
-        _ => limit.quota.limit(),
-    }
-}
-
 impl RedisStore {
     /// Connects to `redis://host:port/db` (one server) or
     /// `redis+cluster://host:port,host:port` (a cluster, from any of its nodes).
@@ -291,7 +279,7 @@ impl RedisStore {
         };
         let (now_us, allowed, mut decisions) = parse_check(&reply, members.len())?;
         for (d, &i) in decisions.iter_mut().zip(members) {
-            d.limit = capacity(&limits[i]);
+            d.limit = limits[i].capacity();
         }
         Ok(GroupReply {
             now_us,
@@ -315,7 +303,7 @@ impl RedisStore {
         }
         groups.sort_by_key(|g| {
             (
-                g.iter().map(|&i| capacity(&limits[i])).min().unwrap_or(0),
+                g.iter().map(|&i| limits[i].capacity()).min().unwrap_or(0),
                 g[0],
             )
         });

@@ -32,7 +32,7 @@ use tollgate_core::{
 };
 
 use crate::FastClock;
-use crate::decision::{budget, nanos, untouched};
+use crate::decision::{budget, nanos};
 
 const SHARDS: usize = 16;
 
@@ -241,7 +241,7 @@ impl<S: Store> DenyCache<S> {
         let decisions = limits
             .iter()
             .zip(hits)
-            .map(|(l, hit)| hit.unwrap_or_else(|| untouched(l)))
+            .map(|(l, hit)| hit.unwrap_or_else(|| l.untouched()))
             .collect();
         Some(Outcome::new(decisions))
     }
@@ -395,7 +395,7 @@ mod tests {
             cached.decisions[0].retry_after,
             Some(Duration::from_millis(60))
         );
-        assert_eq!(cached.decisions[1], untouched(&other));
+        assert_eq!(cached.decisions[1], other.untouched());
         assert_eq!(store.stats(), DenyCacheStats { hits: 1, misses: 2 });
         clock.advance(Duration::from_millis(60));
         assert!(store.check(&[hot]).await.unwrap().allowed());

@@ -35,7 +35,6 @@ use tollgate_core::{
 };
 
 use crate::breaker::{Breaker, BreakerState};
-use crate::decision::{capacity, untouched};
 use crate::{FastClock, MemoryConfig, MemoryStore};
 
 /// The tag of the leases the inner store granted.
@@ -323,19 +322,12 @@ impl<S: Store> Fallback<S> {
         let retry = shared.config.breaker_cool_down.max(shared.config.timeout);
         let decisions: SmallVec<[Decision; 4]> = limits
             .iter()
-            .map(|l| match l.failure {
-                FailurePolicy::Local => local_decisions
-                    .next()
-                    .expect("one local decision per local limit"),
-                FailurePolicy::FailOpen => untouched(l),
-                FailurePolicy::FailClosed => Decision {
-                    allowed: false,
-                    limit: capacity(l),
-                    remaining: 0,
-                    reset_after: Duration::ZERO,
-                    retry_after: Some(retry),
-                    delay: Duration::ZERO,
-                },
+            .map(|l| {
+                l.failure.decide(l, Some(retry)).unwrap_or_else(|| {
+                    local_decisions
+                        .next()
+                        .expect("one local decision per local limit")
+                })
             })
             .collect();
         let outcome = Outcome { decisions, leases };

@@ -167,13 +167,6 @@ pub fn hybrid_leases(algorithm: Algorithm) -> bool {
     )
 }
 
-fn capacity(limit: &Limit<'_>) -> u64 {
-    match limit.algorithm {
-        Algorithm::FixedWindow => limit.quota.limit(),
-        _ => limit.quota.burst(),
-    }
-}
-
 impl<S: Store + 'static> Hybrid<S> {
     /// Wraps `inner`, with leases timed on a monotonic clock. Starts a task on
     /// the current tokio runtime that returns expired leases every
@@ -252,7 +245,7 @@ impl<S: Store> Hybrid<S> {
 
 impl<S: Store> Shared<S> {
     fn max_lease(&self, limit: &Limit<'_>) -> u64 {
-        let part = capacity(limit) as f64 * self.config.max_lease_fraction;
+        let part = limit.capacity() as f64 * self.config.max_lease_fraction;
         (part as u64).max(1)
     }
 
@@ -289,7 +282,7 @@ impl<S: Store> Shared<S> {
                 let lease = &leases[id];
                 Decision {
                     allowed: true,
-                    limit: capacity(limit),
+                    limit: limit.capacity(),
                     remaining: lease.units,
                     ..lease.last
                 }
@@ -340,7 +333,7 @@ impl<S: Store> Shared<S> {
                         .get(&budget(l))
                         .map_or((1, 0), |lease| (lease.size, lease.units));
                     size.min(max.saturating_sub(held))
-                        .min(capacity(l).saturating_sub(l.cost))
+                        .min(l.capacity().saturating_sub(l.cost))
                 })
                 .collect()
         };
