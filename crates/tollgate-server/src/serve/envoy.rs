@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
 use tollgate_http::headers::{envoy_headers, reports};
-use tollgate_policy::{DescriptorVerdict, State, Unit, Verdict};
+use tollgate_policy::{Descriptor, DescriptorVerdict, Entry, LimitOverride, State, Unit, Verdict};
 
 /// A verdict as envoyproxy/ratelimit reports it.
 pub(crate) struct Answer<'a> {
@@ -81,7 +81,7 @@ fn saturate(n: u64) -> u32 {
 /// The unit a request's limit override names by number (the response's unit
 /// enum, which also names `WEEK`, added to the request's in newer protos);
 /// `None` for `UNKNOWN` or a number no unit has.
-pub(crate) fn unit(number: i32) -> Option<Unit> {
+fn unit(number: i32) -> Option<Unit> {
     Some(match ProtoUnit::try_from(number).ok()? {
         ProtoUnit::Second => Unit::Second,
         ProtoUnit::Minute => Unit::Minute,
@@ -107,12 +107,44 @@ pub(crate) fn proto_unit(unit: Unit) -> ProtoUnit {
     }
 }
 
-/// The error for a descriptor whose limit override names no unit.
-pub(crate) fn unknown_unit(index: usize, number: i32) -> String {
-    format!("descriptor {index} has an invalid limit override: unknown unit {number}")
+/// One `RateLimitDescriptor` as it arrives at either door, its strings
+/// already owned: turned into the enforcer's [`Descriptor`] by
+/// [`RequestDescriptor::into_descriptor`], the one place both doors check it.
+pub(crate) struct RequestDescriptor {
+    pub(crate) entries: Vec<Entry>,
+    /// `limit`: requests per unit and the unit's number.
+    pub(crate) limit: Option<(u32, i32)>,
+    pub(crate) hits_addend: Option<u64>,
+    pub(crate) is_negative_hits: bool,
 }
 
-/// The error for a descriptor asking to subtract hits.
-pub(crate) fn negative_hits(index: usize) -> String {
-    format!("descriptor {index}: negative hits are not supported")
+impl RequestDescriptor {
+    /// The descriptor, or why descriptor `index` cannot be checked: negative
+    /// hits, or an override whose unit has no name.
+    pub(crate) fn into_descriptor(self, index: usize) -> Result<Descriptor, String> {
+        if self.is_negative_hits {
+            return Err(format!(
+                "descriptor {index}: negative hits are not supported"
+            ));
+        }
+        let limit = self
+            .limit
+            .map(|(requests_per_unit, number)| {
+                let unit = unit(number).ok_or_else(|| {
+                    format!(
+                        "descriptor {index} has an invalid limit override: unknown unit {number}"
+                    )
+                })?;
+                Ok::<_, String>(LimitOverride {
+                    requests_per_unit: u64::from(requests_per_unit),
+                    unit,
+                })
+            })
+            .transpose()?;
+        Ok(Descriptor {
+            entries: self.entries,
+            limit,
+            hits_addend: self.hits_addend,
+        })
+    }
 }

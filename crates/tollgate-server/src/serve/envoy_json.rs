@@ -22,9 +22,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use serde::de::{self, Deserializer, Unexpected, Visitor};
 use serde::{Deserialize, Serialize};
 use tollgate_core::Store;
-use tollgate_policy::{Check, Descriptor, Entry, LimitOverride, Request};
+use tollgate_policy::{Check, Descriptor, Entry, Request};
 
-use super::envoy::{self, Answer};
+use super::envoy::{self, Answer, RequestDescriptor};
 use super::http::{ApiError, AppState};
 use super::metrics::{self, Api, CheckResult};
 
@@ -98,30 +98,18 @@ impl JsonRequest {
             .into_iter()
             .enumerate()
             .map(|(index, d)| {
-                if d.is_negative_hits {
-                    return Err(ApiError::bad_request(envoy::negative_hits(index)));
-                }
-                let limit = d
-                    .limit
-                    .map(|o| {
-                        let unit = envoy::unit(o.unit).ok_or_else(|| {
-                            ApiError::bad_request(envoy::unknown_unit(index, o.unit))
-                        })?;
-                        Ok::<_, ApiError>(LimitOverride {
-                            requests_per_unit: u64::from(o.requests_per_unit),
-                            unit,
-                        })
-                    })
-                    .transpose()?;
-                Ok(Descriptor {
+                RequestDescriptor {
                     entries: d
                         .entries
                         .into_iter()
                         .map(|e| Entry::new(e.key, e.value))
                         .collect(),
-                    limit,
+                    limit: d.limit.map(|o| (o.requests_per_unit, o.unit)),
                     hits_addend: d.hits_addend,
-                })
+                    is_negative_hits: d.is_negative_hits,
+                }
+                .into_descriptor(index)
+                .map_err(ApiError::bad_request)
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok((self.domain, descriptors, self.hits_addend))
@@ -347,6 +335,8 @@ fn unit<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
 
 #[cfg(test)]
 mod tests {
+    use tollgate_policy::LimitOverride;
+
     use super::*;
 
     #[test]

@@ -15,10 +15,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tollgate_core::Store;
-use tollgate_policy::{Check, Descriptor, Enforcer, Entry, LimitOverride, Request};
+use tollgate_policy::{Check, Descriptor, Enforcer, Entry, Request};
 use tonic::{Response, Status};
 
-use super::envoy::{self, Answer};
+use super::envoy::{self, Answer, RequestDescriptor};
 use super::metrics::{self, Api, CheckResult};
 
 pub(crate) use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -83,30 +83,18 @@ fn descriptors(descriptors: Vec<RateLimitDescriptor>) -> Result<Vec<Descriptor>,
         .into_iter()
         .enumerate()
         .map(|(index, d)| {
-            if d.is_negative_hits {
-                return Err(Status::invalid_argument(envoy::negative_hits(index)));
-            }
-            let limit = d
-                .limit
-                .map(|o| {
-                    let unit = envoy::unit(o.unit).ok_or_else(|| {
-                        Status::invalid_argument(envoy::unknown_unit(index, o.unit))
-                    })?;
-                    Ok::<_, Status>(LimitOverride {
-                        requests_per_unit: u64::from(o.requests_per_unit),
-                        unit,
-                    })
-                })
-                .transpose()?;
-            Ok(Descriptor {
+            RequestDescriptor {
                 entries: d
                     .entries
                     .into_iter()
                     .map(|e| Entry::new(e.key, e.value))
                     .collect(),
-                limit,
+                limit: d.limit.map(|o| (o.requests_per_unit, o.unit)),
                 hits_addend: d.hits_addend.map(|h| h.value),
-            })
+                is_negative_hits: d.is_negative_hits,
+            }
+            .into_descriptor(index)
+            .map_err(Status::invalid_argument)
         })
         .collect()
 }
