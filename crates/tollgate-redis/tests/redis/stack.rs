@@ -96,7 +96,7 @@ async fn every_wrapper_over_a_redis_cluster_conforms() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn decisions_return_to_a_restarted_redis_within_a_cool_down_and_a_probe_without_checks() {
+async fn decisions_return_to_a_restarted_redis_without_checks() {
     let mut server = RedisServer::start();
     let clock = conformance::clock();
     let cool_down = Duration::from_millis(300);
@@ -120,23 +120,32 @@ async fn decisions_return_to_a_restarted_redis_within_a_cool_down_and_a_probe_wi
     assert_eq!((down.fallbacks, down.breaker_opens), (1, 1));
     assert_ne!(down.breaker, BreakerState::Closed);
 
-    // Down for a few probes, then back; no check is sent until the breaker
-    // has closed by itself.
-    tokio::time::sleep(3 * cool_down).await;
+    // Down for a few probes (counted, not timed), then back; no check is
+    // sent until the breaker has closed by itself. How soon it closes (one
+    // cool-down and one probe) is pinned on paused time by the fallback's
+    // `the_breaker_is_closed_by_a_background_probe_with_no_checks_sent`; a
+    // real server on a loaded machine gets a generous bound here instead.
+    let patience = Duration::from_secs(30);
+    let waited = Instant::now();
+    while store.stats().probes < 2 {
+        assert!(
+            waited.elapsed() < patience,
+            "no probes: {:?}",
+            store.stats()
+        );
+        tokio::task::yield_now().await;
+        tokio::time::sleep(cool_down / 10).await;
+    }
     assert_ne!(store.stats().breaker, BreakerState::Closed);
     server.restart();
     let back = Instant::now();
-    // One cool-down and one probe (a PING on loopback: well under the slack
-    // left for a busy machine).
-    let bound = cool_down + Duration::from_millis(200);
     while store.stats().breaker != BreakerState::Closed {
         assert!(
-            back.elapsed() < bound,
-            "still {:?} {:?} after Redis came back",
-            store.stats().breaker,
-            back.elapsed()
+            back.elapsed() < patience,
+            "still {:?} after Redis came back",
+            store.stats().breaker
         );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(cool_down / 10).await;
     }
     let closed = store.stats();
     assert_eq!(
@@ -145,7 +154,6 @@ async fn decisions_return_to_a_restarted_redis_within_a_cool_down_and_a_probe_wi
         "no check was sent"
     );
     assert!(closed.probes >= 2, "{closed:?}");
-    eprintln!("closed {:?} after Redis came back", back.elapsed());
 
     // Redis restarted empty (SIGKILL, no persistence): it decides again.
     let first = store.check(&[limit]).await.unwrap();

@@ -294,14 +294,25 @@ const DETAILED_OVERFLOW: &str = "detailed_metric_overflow";
 /// `label` if the rule `rule` of `domain` has room for it (or has it
 /// already), else [`DETAILED_OVERFLOW`].
 fn bounded(domain: &str, rule: &str, label: String) -> String {
-    static SEEN: Mutex<BTreeMap<(String, String), HashSet<String>>> = Mutex::new(BTreeMap::new());
+    /// Labels seen, by domain and rule.
+    type Seen = BTreeMap<String, BTreeMap<String, HashSet<String>>>;
+    static SEEN: Mutex<Seen> = Mutex::new(BTreeMap::new());
     let mut seen = SEEN
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let labels = seen
-        .entry((domain.to_owned(), rule.to_owned()))
-        .or_default();
-    if labels.contains(&label) || labels.len() < DETAILED_VALUES {
+    // Looked up by `&str` first: the keys are allocated once per rule, not
+    // once per decision.
+    if !seen.contains_key(domain) {
+        seen.insert(domain.to_owned(), BTreeMap::new());
+    }
+    let rules = seen.get_mut(domain).expect("inserted above");
+    if !rules.contains_key(rule) {
+        rules.insert(rule.to_owned(), HashSet::new());
+    }
+    let labels = rules.get_mut(rule).expect("inserted above");
+    if labels.contains(&label) {
+        label
+    } else if labels.len() < DETAILED_VALUES {
         labels.insert(label.clone());
         label
     } else {
