@@ -17,10 +17,11 @@ use tollgate_policy::{Enforcer, Policy};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::listen::{Acceptor, ConnectionLimits, Protocol};
 use crate::proxy::{Proxy, ProxyBody};
 use crate::routes::Routes;
 use crate::settings::Settings;
-use crate::workers::{self, Listeners};
+use crate::workers::{self, HEADER_READ_TIMEOUT, Listeners};
 
 /// Why the gateway cannot listen or stopped serving.
 #[derive(Debug, thiserror::Error)]
@@ -121,8 +122,15 @@ impl Gateway {
         let routes = self.settings.routes;
         // Each worker gets a proxy, and so a pool of upstream connections, of
         // its own.
-        let max_connections = self.settings.max_connections;
-        self.listeners.serve(stopped, max_connections, move || {
+        let limits = ConnectionLimits {
+            max_connections: self.settings.max_connections,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            // hyper's header-read timer already closes a kept-alive HTTP/1
+            // connection that waits this long for its next request.
+            idle_timeout: HEADER_READ_TIMEOUT,
+        };
+        let acceptor = Acceptor::new("gateway", limits, Protocol::Http1);
+        self.listeners.serve(stopped, acceptor, move || {
             let service = layer.layer(Proxy::new(upstream.clone(), client_ip.clone()));
             let routes = Arc::clone(&routes);
             let observe = observe.clone();

@@ -50,6 +50,7 @@
 mod actions;
 mod config;
 mod gateway;
+pub mod listen;
 mod pool;
 mod proxy;
 mod routes;

@@ -197,6 +197,19 @@ impl Settings {
         }))
     }
 
+    /// The most connections the gateway holds open.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
+    }
+
+    /// The same gateway holding at most `max` connections open (at least
+    /// one).
+    #[must_use]
+    pub fn with_max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
     /// The same gateway with one listener, served on the tokio runtime that
     /// calls [`Gateway::spawn`](crate::Gateway::spawn) rather than on a
     /// worker thread per CPU, each with a runtime of its own. For tests under

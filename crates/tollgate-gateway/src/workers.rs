@@ -11,38 +11,24 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::{Semaphore, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::Error;
+use crate::listen::Acceptor;
 
-/// The most bytes a request's start line and headers may take (`431` beyond).
-pub(crate) const MAX_HEADER_SIZE: usize = 32 * 1024;
-/// The largest read buffer of a connection.
-pub(crate) const MAX_BUF_SIZE: usize = 64 * 1024;
 /// How long a client may take to send a request's headers, and so how long
 /// an idle keep-alive connection stays open (hyper starts the timer when it
 /// waits for the next request's head).
 pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections waiting to be accepted, per worker.
 const LISTEN_BACKLOG: u32 = 1024;
-/// How long to wait before accepting again after `accept` failed (e.g. out
-/// of file descriptors).
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
-/// Connections a listener could not accept, by listener.
-pub(crate) const ACCEPT_ERRORS: &str = "tollgate_accept_errors_total";
-/// Connections closed at once because the listener held its maximum.
-pub(crate) const REFUSED_CONNECTIONS: &str = "tollgate_refused_connections_total";
 
 /// One listening socket per worker, all on one address; or one socket
 /// served on the caller's runtime.
@@ -113,16 +99,17 @@ impl Listeners {
         self.addr
     }
 
-    /// Serves HTTP/1.1 on every worker until `stopped` changes, then lets
-    /// the open connections finish their requests in flight (the caller
-    /// bounds how long). `make` builds each worker's request handler, called
-    /// on that worker's thread: `handler(peer, request)`. The task ends when
-    /// every worker has finished. On the caller's runtime, the task itself
-    /// serves the one listener.
+    /// Serves HTTP/1.1 on every worker with `acceptor`'s limits (one cap
+    /// over every worker) until `stopped` changes, then lets the open
+    /// connections finish their requests in flight (the caller bounds how
+    /// long). `make` builds each worker's request handler, called on that
+    /// worker's thread: `handler(peer, request)`. The task ends when every
+    /// worker has finished. On the caller's runtime, the task itself serves
+    /// the one listener.
     pub(crate) fn serve<M, H, F, B>(
         self,
         stopped: watch::Receiver<()>,
-        max_connections: usize,
+        acceptor: Acceptor,
         make: M,
     ) -> JoinHandle<Result<(), Error>>
     where
@@ -133,15 +120,13 @@ impl Listeners {
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        // One cap over every worker: a tokio semaphore works across runtimes.
-        let connections = Arc::new(Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS)));
         if self.on_caller_runtime {
             // `bind` binds one listener in this mode.
             let listener = self.listeners.into_iter().next();
             return tokio::spawn(async move {
                 if let Some(listener) = listener {
                     let listener = tokio_listener(listener).map_err(Error::Worker)?;
-                    accept(listener, stopped, connections, make()).await;
+                    accept(&acceptor, listener, stopped, make()).await;
                 }
                 Ok(())
             });
@@ -150,11 +135,12 @@ impl Listeners {
         for (index, listener) in self.listeners.into_iter().enumerate() {
             let (done, result) = oneshot::channel();
             let (stopped, make) = (stopped.clone(), make.clone());
-            let connections = Arc::clone(&connections);
+            // Clones share the cap: a tokio semaphore works across runtimes.
+            let acceptor = acceptor.clone();
             let started = std::thread::Builder::new()
                 .name(format!("tollgate-gateway-{index}"))
                 .spawn(move || {
-                    let _ = done.send(worker(listener, stopped, connections, make));
+                    let _ = done.send(worker(listener, stopped, &acceptor, make));
                 });
             if let Err(error) = started {
                 // The workers already started stop with the shutdown signal.
@@ -176,7 +162,7 @@ impl Listeners {
 fn worker<M, H, F, B>(
     listener: std::net::TcpListener,
     stopped: watch::Receiver<()>,
-    connections: Arc<Semaphore>,
+    acceptor: &Acceptor,
     make: M,
 ) -> Result<(), Error>
 where
@@ -193,7 +179,7 @@ where
         .map_err(Error::Worker)?;
     runtime.block_on(async move {
         let listener = tokio_listener(listener).map_err(Error::Worker)?;
-        accept(listener, stopped, connections, make()).await;
+        accept(acceptor, listener, stopped, make()).await;
         Ok(())
     })
 }
@@ -204,12 +190,11 @@ fn tokio_listener(listener: std::net::TcpListener) -> io::Result<TcpListener> {
     TcpListener::from_std(listener)
 }
 
-/// Accepts connections until `stopped` changes, closing at once those past
-/// the cap, then waits for the open ones to finish their requests in flight.
+/// Serves `listener` with `handler` until `stopped` changes.
 async fn accept<H, F, B>(
+    acceptor: &Acceptor,
     listener: TcpListener,
-    mut stopped: watch::Receiver<()>,
-    connections: Arc<Semaphore>,
+    stopped: watch::Receiver<()>,
     handler: H,
 ) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + 'static,
@@ -218,56 +203,10 @@ async fn accept<H, F, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let mut http = http1::Builder::new();
-    // At most 100 header fields (`431` beyond): hyper's default, left
-    // unset because setting it moves the parser's array to the heap.
-    http.timer(TokioTimer::new())
-        .keep_alive(true)
-        .half_close(false)
-        .max_header_size(MAX_HEADER_SIZE)
-        .max_buf_size(MAX_BUF_SIZE)
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    let graceful = GracefulShutdown::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors, most often: said loudly, and
-                    // counted, since every listener of the process suffers.
-                    tracing::warn!(%error, "cannot accept a gateway connection");
-                    metrics::counter!(ACCEPT_ERRORS, "listener" => "gateway").increment(1);
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            },
-            _ = stopped.changed() => break,
-        };
-        // Past the cap, a connection is closed at once, as NGINX does past
-        // `worker_connections`, so its descriptor comes straight back. (It
-        // cannot wait in the backlog instead: the workers' listeners share
-        // one cap but not one backlog, so a worker holding a free permit
-        // could wait on an empty backlog while the connection sat in
-        // another's.)
-        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
-            metrics::counter!(REFUSED_CONNECTIONS, "listener" => "gateway").increment(1);
-            tracing::debug!(%peer, "connection closed: the gateway holds its maximum");
-            drop(stream);
-            continue;
-        };
-        let handler = handler.clone();
-        let connection = http.serve_connection(
-            TokioIo::new(stream),
-            service_fn(move |request| handler(peer, request)),
-        );
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, %peer, "connection ended with an error");
-            }
-            drop(permit);
-        });
-    }
-    drop(listener);
-    graceful.shutdown().await;
+    acceptor
+        .serve(listener, stopped, move |peer| {
+            let handler = handler.clone();
+            service_fn(move |request| handler(peer, request))
+        })
+        .await;
 }

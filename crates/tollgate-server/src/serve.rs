@@ -31,11 +31,13 @@ use tonic_health::server::HealthReporter;
 use tracing_subscriber::EnvFilter;
 
 mod admin;
+mod auth;
 mod backend;
 mod envoy;
 mod envoy_json;
 mod grpc;
 mod http;
+mod listeners;
 mod metrics;
 mod native;
 mod reload;
@@ -45,7 +47,9 @@ pub use reload::POLL as RELOAD_POLL;
 use backend::Backend;
 use grpc::{RateLimitGrpc, RateLimitServiceServer};
 use http::AppState;
+use hyper_util::service::TowerToHyperService;
 use tollgate_gateway::Gateway;
+use tollgate_gateway::listen::{Acceptor, Protocol};
 use tollgate_policy::Enforcer;
 
 /// How long requests in flight may take to finish once a shutdown starts.
@@ -110,7 +114,24 @@ pub struct Args {
         value_name = "TOKEN",
         hide_env_values = true
     )]
-    admin_token: Option<admin::AdminToken>,
+    admin_token: Option<auth::Token>,
+
+    /// Require `Authorization: Bearer <TOKEN>` on the check APIs (gRPC
+    /// `ShouldRateLimit`, `/json`, `/v1/check`, `/v1/release`); give it more
+    /// than once (or comma-separated in the variable) to accept several
+    /// during a rotation. Without it, the check APIs are open to whoever
+    /// reaches them.
+    #[arg(
+        long,
+        env = "TOLLGATE_API_TOKEN",
+        value_name = "TOKEN",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    api_token: Vec<auth::Token>,
+
+    #[command(flatten, next_help_heading = "Listeners")]
+    listen: listeners::Args,
 
     #[command(flatten, next_help_heading = "Store")]
     store: backend::StoreArgs,
@@ -245,6 +266,10 @@ struct Prepared {
     reloader: Option<Reloader>,
     handle: PolicyHandle,
     gateway: Option<Gateway>,
+    /// The admin listener, when `--admin-listen` asks for one.
+    admin: Option<TcpListener>,
+    /// The cap of each of the HTTP API's, gRPC's and admin's listeners.
+    max_connections: usize,
     /// The config's `store:` section and its file.
     store: Option<(PathBuf, StoreSettings)>,
 }
@@ -265,11 +290,33 @@ async fn prepare(args: Args) -> anyhow::Result<Prepared> {
     let domains: Vec<&str> = policy.domains().collect();
     tracing::info!(?domains, source = %source(&args.config), "policy loaded");
 
-    let gateway = match tollgate_gateway::Settings::resolve(args.gateway.clone())? {
-        Some(settings) if args.gateway_on_caller_runtime => {
-            Some(Gateway::bind(settings.on_caller_runtime(), &policy).await?)
+    let gateway = tollgate_gateway::Settings::resolve(args.gateway.clone())?;
+    let caps = listeners::fit(
+        listeners::raise_file_limit(),
+        listeners::Demand {
+            listeners: 2 + u64::from(args.listen.admin_listen.is_some()),
+            files_per_connection: 1,
+            given: args.listen.max_connections.map(|n| n as usize),
+        },
+        gateway.as_ref().map(|_| listeners::Demand {
+            listeners: 1,
+            // The client's connection and the upstream one.
+            files_per_connection: 2,
+            given: args.gateway.proxy_max_connections.map(|n| n as usize),
+        }),
+    )?;
+    let gateway = match gateway {
+        Some(settings) => {
+            let mut settings = settings.with_max_connections(caps.gateway.unwrap_or(1));
+            if args.gateway_on_caller_runtime {
+                settings = settings.on_caller_runtime();
+            }
+            Some(Gateway::bind(settings, &policy).await?)
         }
-        Some(settings) => Some(Gateway::bind(settings, &policy).await?),
+        None => None,
+    };
+    let admin = match &args.listen.admin_listen {
+        Some(addr) => Some(bind("admin", addr).await?),
         None => None,
     };
     // The store is built from the section at start-up only.
@@ -284,6 +331,8 @@ async fn prepare(args: Args) -> anyhow::Result<Prepared> {
         reloader,
         handle,
         gateway,
+        admin,
+        max_connections: caps.api,
         store,
     })
 }
@@ -299,13 +348,28 @@ async fn launch(
         reloader,
         handle,
         gateway,
+        admin,
+        max_connections,
         store,
     } = prepared;
     let http_addr = local_addr("HTTP", &listeners.http)?;
     let grpc_addr = local_addr("gRPC", &listeners.grpc)?;
-    for (what, bound) in [("HTTP", http_addr), ("gRPC", grpc_addr)] {
-        tracing::info!("listening for {what} on {bound}");
+    let admin_addr = admin
+        .as_ref()
+        .map(|admin| local_addr("admin", admin))
+        .transpose()?;
+    // The admin line first: tests wait for the HTTP and gRPC lines.
+    let bound = [
+        ("admin", admin_addr),
+        ("HTTP", Some(http_addr)),
+        ("gRPC", Some(grpc_addr)),
+    ];
+    for (what, bound) in bound {
+        if let Some(bound) = bound {
+            tracing::info!(max_connections, "listening for {what} on {bound}");
+        }
     }
+    let limits = args.listen.limits(max_connections);
 
     let metrics_handle = metrics_handle()?;
     let store = Backend::open(
@@ -326,15 +390,18 @@ async fn launch(
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RlsServer>().await;
-    let grpc_server = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(RlsServer::new(RateLimitGrpc::new(Arc::clone(&enforcer))))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listeners.grpc),
-            signalled(stopped.clone()),
-        );
-    let grpc_task: JoinHandle<anyhow::Result<()>> =
-        tokio::spawn(async move { grpc_server.await.context("the gRPC server failed") });
+    let routes = tonic::service::Routes::new(health_service)
+        .add_service(RlsServer::new(RateLimitGrpc::new(
+            Arc::clone(&enforcer),
+            args.api_token.clone(),
+        )))
+        .prepare();
+    let grpc_task = serve_on(
+        Acceptor::new("grpc", limits, Protocol::Http2),
+        listeners.grpc,
+        stopped.clone(),
+        move |_| TowerToHyperService::new(routes.clone()),
+    );
 
     let store_metrics: Option<Box<dyn Fn() + Send + Sync>> = {
         let enforcer = Arc::clone(&enforcer);
@@ -345,19 +412,32 @@ async fn launch(
         metrics: metrics_handle.clone(),
         store_metrics,
         admin_token: args.admin_token,
+        api_tokens: args.api_token.clone(),
         reloader: reloader.clone(),
     });
     // On the shared multi-threaded runtime, not the gateway's per-CPU
     // workers: measured both ways (`scripts/bench-http`), per-CPU workers
     // gave the same throughput and a worse p99, since a check is too short
     // to amortize connections unevenly spread over the workers.
-    let http_server = axum::serve(
+    let http_surface = if admin.is_some() {
+        http::Surface::Public
+    } else {
+        http::Surface::Everything
+    };
+    let http_task = serve_http(
+        Acceptor::new("http", limits, Protocol::Any),
         listeners.http,
-        axum::ServiceExt::<axum::extract::Request>::into_make_service(http::service(state)),
-    )
-    .with_graceful_shutdown(signalled(stopped.clone()));
-    let http_task: JoinHandle<anyhow::Result<()>> =
-        tokio::spawn(async move { http_server.await.context("the HTTP server failed") });
+        stopped.clone(),
+        http::service(Arc::clone(&state), http_surface),
+    );
+    let admin_task = admin.map(|admin| {
+        serve_http(
+            Acceptor::new("admin", limits, Protocol::Any),
+            admin,
+            stopped.clone(),
+            http::service(state, http::Surface::Operator),
+        )
+    });
     let gateway_addr = gateway.as_ref().map(Gateway::local_addr);
     let gateway_task = gateway.map(|g| g.spawn(&enforcer, stopped.clone(), metrics::gateway));
 
@@ -369,11 +449,13 @@ async fn launch(
     Ok(Running {
         http: http_addr,
         grpc: grpc_addr,
+        admin: admin_addr,
         gateway: gateway_addr,
         health,
         stop,
         grpc_task: Some(grpc_task),
         http_task: Some(http_task),
+        admin_task,
         gateway_task,
     })
 }
@@ -385,6 +467,7 @@ async fn launch(
 pub struct Running {
     http: SocketAddr,
     grpc: SocketAddr,
+    admin: Option<SocketAddr>,
     gateway: Option<SocketAddr>,
     health: HealthReporter,
     /// Sending on it (or dropping it) is the one signal that stops
@@ -393,6 +476,7 @@ pub struct Running {
     /// Each server's task; taken once it has ended.
     grpc_task: Option<JoinHandle<anyhow::Result<()>>>,
     http_task: Option<JoinHandle<anyhow::Result<()>>>,
+    admin_task: Option<JoinHandle<anyhow::Result<()>>>,
     gateway_task: Option<JoinHandle<Result<(), tollgate_gateway::Error>>>,
 }
 
@@ -407,6 +491,11 @@ impl Running {
         self.grpc
     }
 
+    /// Where the admin API listens, when it has a listener of its own.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin
+    }
+
     /// Where the gateway listens, when there is one.
     pub fn gateway_addr(&self) -> Option<SocketAddr> {
         self.gateway
@@ -419,6 +508,7 @@ impl Running {
         let (which, result) = tokio::select! {
             result = finished(&mut self.grpc_task) => ("gRPC", result),
             result = finished(&mut self.http_task) => ("HTTP", result),
+            result = finished(&mut self.admin_task) => ("admin", result),
             result = finished(&mut self.gateway_task) => ("gateway", result),
         };
         self.signal_stop().await;
@@ -438,15 +528,18 @@ impl Running {
     /// When a server failed or panicked.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         self.signal_stop().await;
-        let (grpc, http, gateway) = (
+        let (grpc, http, admin, gateway) = (
             self.grpc_task.take(),
             self.http_task.take(),
+            self.admin_task.take(),
             self.gateway_task.take(),
         );
         let finished = tokio::time::timeout(GRACE, async {
-            let (grpc, http, gateway) = tokio::join!(ended(grpc), ended(http), ended(gateway));
+            let (grpc, http, admin, gateway) =
+                tokio::join!(ended(grpc), ended(http), ended(admin), ended(gateway));
             grpc.context("the gRPC server panicked")??;
             http.context("the HTTP server panicked")??;
+            admin.context("the admin server panicked")??;
             gateway.context("the gateway panicked")??;
             anyhow::Ok(())
         })
@@ -563,6 +656,49 @@ async fn ended<T: Default, E: Into<anyhow::Error>>(
         Some(task) => task.await.map(|result| result.map_err(Into::into)),
         None => Ok(Ok(T::default())),
     }
+}
+
+/// Serves `listener` with `acceptor`'s limits on a task of its own until
+/// `stopped` changes, each connection with `make(peer)`'s service.
+fn serve_on<M, S, B>(
+    acceptor: Acceptor,
+    listener: TcpListener,
+    stopped: watch::Receiver<()>,
+    make: M,
+) -> JoinHandle<anyhow::Result<()>>
+where
+    M: Fn(SocketAddr) -> S + Send + 'static,
+    S: hyper::service::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = hyper::Response<B>,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::spawn(async move {
+        acceptor.serve(listener, stopped, make).await;
+        Ok(())
+    })
+}
+
+/// [`serve_on`] with one of the HTTP API's services.
+fn serve_http<S: tollgate_core::Store + 'static>(
+    acceptor: Acceptor,
+    listener: TcpListener,
+    stopped: watch::Receiver<()>,
+    service: http::HttpService<S>,
+) -> JoinHandle<anyhow::Result<()>> {
+    serve_on(acceptor, listener, stopped, move |_| {
+        let service = service.clone();
+        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            // The service is always ready (see `http::service`).
+            tower_service::Service::call(&mut service.clone(), request.map(axum::body::Body::new))
+        })
+    })
 }
 
 /// The address `listener` is bound to.

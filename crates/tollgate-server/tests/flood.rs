@@ -139,3 +139,89 @@ async fn a_flood_of_new_keys_through_every_door_keeps_victims_limited() {
     assert!(keys <= max_keys as f64, "{keys} keys held past the cap");
     assert!(metric(&server, "tollgate_memory_refusals_total").await > 0.0);
 }
+
+/// The number after `marker` in the first log line that has it.
+fn logged_number(log: &str, marker: &str) -> usize {
+    log.lines()
+        .find_map(|line| {
+            let rest = &line[line.find(marker)? + marker.len()..];
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no {marker} in the log:\n{log}"))
+}
+
+/// Regression: exhausting file descriptors through one port stopped the
+/// gateway, the HTTP API and gRPC together. Under a 512-file limit, the caps
+/// are fitted to it, so a connection flood on the HTTP port takes only the
+/// HTTP listener's share and every other listener keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_on_one_port_leaves_the_other_listeners_serving() {
+    let server = Server::with_config_by(
+        common::tollgate_with_file_limit(512),
+        &[("flood.yaml", POLICY)],
+        &[
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--proxy-listen",
+            "127.0.0.1:0",
+            // Nothing listens there: the gateway answers 502, which is an
+            // answer.
+            "--upstream",
+            "http://127.0.0.1:1",
+        ],
+    );
+    let log = server.log();
+    let cap = logged_number(&log, "max_connections=");
+    assert!(cap < 256, "the caps were fitted to the limit: {cap}");
+
+    let http = server.http;
+    let flood: Vec<std::net::TcpStream> = tokio::task::spawn_blocking(move || {
+        (0..600)
+            .map(|_| std::net::TcpStream::connect(http).expect("the backlog takes it"))
+            .collect()
+    })
+    .await
+    .unwrap();
+
+    let mut grpc = server.grpc_client().await;
+    let answer = grpc
+        .should_rate_limit(common::rls_request("flood", &[&[("victim", "v")]]))
+        .await
+        .expect("gRPC answers during the flood")
+        .into_inner();
+    assert_eq!(answer.overall_code, 1, "OK");
+    let gateway = reqwest::get(format!("http://{}/", server.gateway()))
+        .await
+        .expect("the gateway answers during the flood");
+    assert_eq!(gateway.status(), 502);
+    // The listener refuses what the backlog still holds as it accepts it.
+    let everything = 600 - cap;
+    let mut refused = 0;
+    for _ in 0..100 {
+        let metrics = reqwest::get(format!("http://{}/metrics", server.admin()))
+            .await
+            .expect("the admin listener answers during the flood")
+            .text()
+            .await
+            .unwrap();
+        refused = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(r#"tollgate_refused_connections_total{listener="http"} "#))
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0);
+        if refused >= everything {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(refused >= everything, "{refused} refused, cap {cap}");
+
+    drop(flood);
+    let healthz = reqwest::get(server.url("/healthz"))
+        .await
+        .expect("the HTTP API answers once the flood ends");
+    assert_eq!(healthz.status(), 200);
+}

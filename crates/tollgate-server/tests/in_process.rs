@@ -22,7 +22,8 @@ use axum::extract::{Request, State};
 use common::{config_dir, rls_request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use reqwest::Client;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tollgate_server::TokioClock;
 use tollgate_server::serve::{self, Args, Listeners, RELOAD_POLL, Running};
@@ -73,42 +74,13 @@ fn write(path: &Path, contents: &str) {
 
 /// What the service logged, captured once per test process.
 fn log() -> String {
-    LOG.get_or_init(capture_log)
+    LOG.get_or_init(common::capture_log)
         .lock()
         .expect("log lock")
         .clone()
 }
 
 static LOG: OnceLock<Arc<Mutex<String>>> = OnceLock::new();
-
-/// Installs a subscriber writing into [`LOG`] (global: the reload watcher
-/// logs from tokio's blocking pool).
-fn capture_log() -> Arc<Mutex<String>> {
-    let captured = Arc::new(Mutex::new(String::new()));
-    let writer = Arc::clone(&captured);
-    tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || LogWriter(Arc::clone(&writer)))
-        .try_init()
-        .expect("no other subscriber in this test process");
-    captured
-}
-
-struct LogWriter(Arc<Mutex<String>>);
-
-impl std::io::Write for LogWriter {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .expect("log lock")
-            .push_str(&String::from_utf8_lossy(bytes));
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 // ---- the gateway's shaping ----
 
@@ -543,5 +515,246 @@ async fn the_handle_reports_the_listeners_it_was_given() {
     assert_eq!((running.http_addr(), running.grpc_addr()), bound);
     assert_eq!(running.gateway_addr(), None, "no gateway asked for");
     assert_eq!(get(&running, "/healthz").await.0, 200);
+    running.shutdown().await.expect("a clean shutdown");
+}
+
+// ---- listeners ----
+
+/// Reads `stream` until the service closes it: what it sent, and the
+/// virtual time that passed since `since`.
+async fn until_closed(mut stream: TcpStream, since: Instant) -> (Vec<u8>, Duration) {
+    let mut sent = Vec::new();
+    // A reset is a close too.
+    let _ = stream.read_to_end(&mut sent).await;
+    (sent, since.elapsed())
+}
+
+/// HTTP/2's connection preface and an empty SETTINGS frame: a client that
+/// then says nothing.
+const H2_HELLO: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+#[tokio::test(start_paused = true)]
+async fn silent_slow_and_idle_connections_are_closed_on_time() {
+    let (running, _dir) = start(
+        &[("a.yaml", &config(5))],
+        &["--idle-timeout", "5s", "--header-read-timeout", "2s"],
+    )
+    .await;
+    let started = Instant::now();
+    let silent = TcpStream::connect(running.http_addr()).await.unwrap();
+    let mut slow = TcpStream::connect(running.http_addr()).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut h2 = TcpStream::connect(running.grpc_addr()).await.unwrap();
+    h2.write_all(H2_HELLO).await.unwrap();
+    // A gRPC client that made one call and then went quiet.
+    let mut grpc = grpc_client(&running).await;
+    assert_eq!(limit_in(&mut grpc, "reload").await, Some(5));
+    let used_at = Instant::now();
+
+    let ((silent_sent, silent), (_, slow), (h2_sent, h2)) = tokio::join!(
+        until_closed(silent, started),
+        until_closed(slow, started),
+        until_closed(h2, started),
+    );
+    let idle = Duration::from_secs(5);
+    assert!(silent_sent.is_empty(), "closed without a word");
+    assert!(silent >= idle && silent < idle + STEP, "{silent:?}");
+    let head = Duration::from_secs(2);
+    assert!(
+        slow >= head && slow < head + STEP,
+        "an unfinished head: {slow:?}"
+    );
+    // Asked to go away when idle; dropped 10 s later, since this client
+    // never answers the PING that ends a graceful HTTP/2 close.
+    let grace = Duration::from_secs(10);
+    assert!(h2 >= idle + grace && h2 < idle + grace + STEP, "{h2:?}");
+    // A GOAWAY frame (type 7) after the server's SETTINGS.
+    assert!(
+        h2_sent.windows(4).any(|w| w[3] == 7 && w[..3] == [0, 0, 8]),
+        "{h2_sent:?}"
+    );
+    // The client that went quiet was closed too; its next call reconnects.
+    assert!(used_at.elapsed() >= idle);
+    assert_eq!(limit_in(&mut grpc, "reload").await, Some(5));
+    running.shutdown().await.expect("a clean shutdown");
+}
+
+/// One request per client a minute, and room for one more in the queue.
+const SLOW_TURN: &str = "
+domain: gateway
+rules:
+  - name: shaped
+    match: [{ key: remote_address }]
+    algorithm: leaky-bucket-shaping
+    limit: { requests: 1, per: 1m, burst: 2 }
+";
+
+/// A request held longer than the idle timeout is in flight, not idle: it
+/// is answered, not cut.
+#[tokio::test(start_paused = true)]
+async fn a_request_held_past_the_idle_timeout_is_answered() {
+    let (upstream, arrivals) = upstream().await;
+    let (running, _dir) = start(
+        &[("gateway.yaml", SLOW_TURN)],
+        &["--proxy-listen", "127.0.0.1:0", "--upstream", &upstream],
+    )
+    .await;
+    let base = format!("http://{}", running.gateway_addr().expect("a gateway"));
+    let started = Instant::now();
+    let http = client();
+    let (first, second) = tokio::join!(
+        http.get(format!("{base}/a")).send(),
+        http.get(format!("{base}/b")).send()
+    );
+    assert_eq!(first.unwrap().status(), 200);
+    assert_eq!(second.unwrap().status(), 200);
+    let last = ["/a", "/b"]
+        .iter()
+        .filter_map(|path| arrival(&arrivals, path))
+        .max()
+        .expect("both reached the upstream");
+    assert!(
+        last - started >= Duration::from_secs(60),
+        "held for its turn, a minute, twice the gateway's idle timeout"
+    );
+    running.shutdown().await.expect("a clean shutdown");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_listener_closes_new_connections_at_once_and_the_others_serve() {
+    let (running, _dir) = start(&[("a.yaml", &config(5))], &["--max-connections", "2"]).await;
+    let held = [
+        TcpStream::connect(running.http_addr()).await.unwrap(),
+        TcpStream::connect(running.http_addr()).await.unwrap(),
+    ];
+    let started = Instant::now();
+    let third = TcpStream::connect(running.http_addr()).await.unwrap();
+    let (sent, after) = until_closed(third, started).await;
+    assert!(sent.is_empty());
+    assert!(after < STEP, "closed at once, not when idle: {after:?}");
+    // gRPC has a cap of its own.
+    let mut grpc = grpc_client(&running).await;
+    assert_eq!(limit_in(&mut grpc, "reload").await, Some(5));
+    drop(held);
+    let (status, metrics) = get(&running, "/metrics").await;
+    assert_eq!(status, 200, "a place came free");
+    assert_eq!(
+        counter(
+            &metrics,
+            r#"tollgate_refused_connections_total{listener="http"}"#
+        ),
+        1,
+        "{metrics}"
+    );
+    assert!(
+        counter(&metrics, r#"tollgate_open_connections{listener="http"}"#) >= 1,
+        "this request's own connection at least: {metrics}"
+    );
+    running.shutdown().await.expect("a clean shutdown");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_admin_listener_takes_the_admin_api_and_metrics_off_the_public_one() {
+    let (running, _dir) = start(
+        &[("a.yaml", &config(5))],
+        &[
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--admin-token",
+            ADMIN_TOKEN,
+        ],
+    )
+    .await;
+    let admin = running.admin_addr().expect("an admin listener");
+    let public = running.http_addr();
+    let http = client();
+    let status = |address: SocketAddr, method: &'static str, path: &'static str| {
+        let request = match method {
+            "GET" => http.get(format!("http://{address}{path}")),
+            _ => http
+                .post(format!("http://{address}{path}"))
+                .json(&serde_json::json!({"key": "k", "limit": 1, "period": "1s"})),
+        };
+        async move {
+            request
+                .bearer_auth(ADMIN_TOKEN)
+                .send()
+                .await
+                .expect("an answer")
+                .status()
+                .as_u16()
+        }
+    };
+    for (address, expected) in [(public, 404), (admin, 200)] {
+        assert_eq!(status(address, "GET", "/metrics").await, expected);
+        assert_eq!(status(address, "GET", "/admin/kill-switch").await, expected);
+    }
+    for (address, expected) in [(public, 200), (admin, 404)] {
+        assert_eq!(status(address, "POST", "/v1/check").await, expected);
+    }
+    for address in [public, admin] {
+        assert_eq!(status(address, "GET", "/healthz").await, 200);
+        assert_eq!(status(address, "GET", "/readyz").await, 200);
+    }
+    running.shutdown().await.expect("a clean shutdown");
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_api_tokens_every_check_api_needs_one_of_them() {
+    let (running, _dir) = start(
+        &[("a.yaml", &config(5))],
+        &["--api-token", "old", "--api-token", "new"],
+    )
+    .await;
+    let http = client();
+    let base = format!("http://{}", running.http_addr());
+    let calls = [
+        (
+            "/v1/check",
+            serde_json::json!({"key": "k", "limit": 1, "period": "1s"}),
+        ),
+        (
+            "/json",
+            serde_json::json!({"domain": "reload", "descriptors": [{"entries": [{"key": "user", "value": "u"}]}]}),
+        ),
+        ("/v1/release", serde_json::json!({"lease": "1:00:00"})),
+    ];
+    for (path, body) in &calls {
+        for token in [None, Some("wrong")] {
+            let mut request = http.post(format!("{base}{path}")).json(body);
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 401, "{path} with {token:?}");
+            assert_eq!(response.headers()["www-authenticate"], "Bearer");
+        }
+        for token in ["old", "new"] {
+            let response = http
+                .post(format!("{base}{path}"))
+                .bearer_auth(token)
+                .json(body)
+                .send()
+                .await
+                .unwrap();
+            assert_ne!(response.status(), 401, "{path} with {token}");
+        }
+    }
+    assert_eq!(get(&running, "/healthz").await.0, 200, "probes stay open");
+
+    let mut grpc = grpc_client(&running).await;
+    let refused = grpc
+        .should_rate_limit(rls_request("reload", &[&[("user", "u")]]))
+        .await
+        .expect_err("no token");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    let mut request = tonic::Request::new(rls_request("reload", &[&[("user", "u")]]));
+    request
+        .metadata_mut()
+        .insert("authorization", "Bearer new".parse().unwrap());
+    let answer = grpc.should_rate_limit(request).await.expect("with a token");
+    assert_eq!(answer.into_inner().overall_code, 1);
     running.shutdown().await.expect("a clean shutdown");
 }

@@ -11,8 +11,6 @@
 //! the service was started without `--admin-token` the admin API is off and
 //! every admin endpoint answers 403. Tokens are compared in constant time.
 
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -24,41 +22,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use subtle::ConstantTimeEq;
 use tollgate_core::Store;
 use tollgate_policy::{Refusal, ReloadError};
 
+use super::auth;
 use super::http::{ApiError, AppState};
 use super::native::quota_of;
-
-/// The admin API's bearer token. Its `Debug` does not show it.
-#[derive(Clone)]
-pub(crate) struct AdminToken(String);
-
-impl AdminToken {
-    /// Whether `given` is the token, compared in constant time (the length may
-    /// show, the content does not).
-    fn matches(&self, given: &str) -> bool {
-        self.0.as_bytes().ct_eq(given.as_bytes()).into()
-    }
-}
-
-impl fmt::Debug for AdminToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("AdminToken(<redacted>)")
-    }
-}
-
-impl FromStr for AdminToken {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s.trim().is_empty() {
-            return Err("the admin token must not be empty".into());
-        }
-        Ok(Self(s.to_owned()))
-    }
-}
 
 /// The admin routes, each behind the bearer token check.
 pub(crate) fn routes<S: Store + 'static>(state: Arc<AppState<S>>) -> Router<Arc<AppState<S>>> {
@@ -84,17 +53,25 @@ async fn authorize<S: Store + 'static>(
         )
         .into_response();
     };
-    let given = request
+    if auth::admits(std::slice::from_ref(token), authorization(&request)) {
+        return next.run(request).await;
+    }
+    unauthorized("admin token")
+}
+
+/// The request's `Authorization` value.
+pub(crate) fn authorization(request: &Request) -> Option<&str> {
+    request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if given.is_some_and(|given| token.matches(given)) {
-        return next.run(request).await;
-    }
+}
+
+/// 401, asking for a bearer token (`what` names which).
+pub(crate) fn unauthorized(what: &str) -> Response {
     let mut response = ApiError::new(
         StatusCode::UNAUTHORIZED,
-        "missing or wrong `Authorization: Bearer <admin token>`",
+        format!("missing or wrong `Authorization: Bearer <{what}>`"),
     )
     .into_response();
     response

@@ -18,6 +18,7 @@ use tollgate_core::Store;
 use tollgate_policy::{Check, Descriptor, Enforcer, Entry, Request};
 use tonic::{Response, Status};
 
+use super::auth::{self, Token};
 use super::envoy::{self, Answer, RequestDescriptor};
 use super::metrics::{self, Api, CheckResult};
 
@@ -26,12 +27,16 @@ pub(crate) use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_servic
 /// The gRPC service over the shared [`Enforcer`].
 pub(crate) struct RateLimitGrpc<S> {
     enforcer: Arc<Enforcer<S>>,
+    /// The bearer tokens any of which a call must carry in its
+    /// `authorization` metadata; none: open.
+    tokens: Vec<Token>,
 }
 
 impl<S> RateLimitGrpc<S> {
-    /// Serves `enforcer`.
-    pub(crate) fn new(enforcer: Arc<Enforcer<S>>) -> Self {
-        Self { enforcer }
+    /// Serves `enforcer` to callers with one of `tokens` (to any caller when
+    /// there are none).
+    pub(crate) fn new(enforcer: Arc<Enforcer<S>>, tokens: Vec<Token>) -> Self {
+        Self { enforcer, tokens }
     }
 }
 
@@ -41,6 +46,17 @@ impl<S: Store + 'static> RateLimitService for RateLimitGrpc<S> {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        if !self.tokens.is_empty() {
+            let given = request
+                .metadata()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok());
+            if !auth::admits(&self.tokens, given) {
+                return Err(Status::unauthenticated(
+                    "missing or wrong `authorization: Bearer <API token>` metadata",
+                ));
+            }
+        }
         let started = Instant::now();
         let answer = should_rate_limit(&self.enforcer, request.into_inner()).await;
         metrics::check(Api::Grpc, result_of(&answer), started.elapsed());

@@ -22,12 +22,14 @@ use axum::Router;
 use axum::body::{Bytes, HttpBody};
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tollgate_core::Store;
 
-use super::admin::{self, AdminToken};
+use super::admin;
+use super::auth::{self, Token};
 use super::{envoy_json, metrics, native, reload};
 use tollgate_policy::{Enforcer, Reloader};
 
@@ -41,7 +43,9 @@ pub(crate) struct AppState<S> {
     /// just before `/metrics` renders; `None` for a store that keeps none.
     pub(crate) store_metrics: Option<Box<dyn Fn() + Send + Sync>>,
     /// The bearer token of the admin API; `None` disables it.
-    pub(crate) admin_token: Option<AdminToken>,
+    pub(crate) admin_token: Option<Token>,
+    /// The bearer tokens any of which the check APIs require; none: open.
+    pub(crate) api_tokens: Vec<Token>,
     /// Reloads `--config` for `POST /admin/reload` and tells `/readyz` how
     /// the last reload went; `None` when the built-in policy is in force.
     pub(crate) reloader: Option<Reloader>,
@@ -76,18 +80,50 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Every HTTP endpoint over `state`.
-pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>) -> Router {
-    Router::new()
-        .route("/json", post(envoy_json::json::<S>))
-        .route("/v1/check", post(native::check::<S>))
-        .route("/v1/release", post(native::release::<S>))
-        .route("/metrics", get(render_metrics::<S>))
+/// Which endpoints one listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Surface {
+    /// Every endpoint: the HTTP listener without `--admin-listen`.
+    Everything,
+    /// The check APIs and the health probes: the HTTP listener beside an
+    /// admin listener.
+    Public,
+    /// The admin API, `/metrics` and the health probes: the admin listener.
+    Operator,
+}
+
+impl Surface {
+    fn checks(self) -> bool {
+        self != Self::Operator
+    }
+
+    fn operations(self) -> bool {
+        self != Self::Public
+    }
+}
+
+/// The HTTP endpoints of `surface` over `state`.
+pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>, surface: Surface) -> Router {
+    let mut router = Router::new()
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz::<S>))
-        .merge(admin::routes(Arc::clone(&state)))
-        .fallback(not_found)
-        .with_state(state)
+        .route("/readyz", get(readyz::<S>));
+    if surface.checks() {
+        let checks = Router::new()
+            .route("/json", post(envoy_json::json::<S>))
+            .route("/v1/check", post(native::check::<S>))
+            .route("/v1/release", post(native::release::<S>))
+            .route_layer(middleware::from_fn_with_state(
+                Arc::clone(&state),
+                authorize_checks::<S>,
+            ));
+        router = router.merge(checks);
+    }
+    if surface.operations() {
+        router = router
+            .route("/metrics", get(render_metrics::<S>))
+            .merge(admin::routes(Arc::clone(&state)));
+    }
+    router.fallback(not_found).with_state(state)
 }
 
 /// The HTTP service: [`router`], except that `POST /v1/check`, the one
@@ -96,9 +132,13 @@ pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>) -> Router {
 /// the boxed route, URL parameters in its extensions and a boxed handler
 /// future, together about a tenth of a check's CPU time. The handler and its
 /// extractors are the same, so the answers are the router's, byte for byte.
-pub(crate) fn service<S: Store + 'static>(state: Arc<AppState<S>>) -> HttpService<S> {
+pub(crate) fn service<S: Store + 'static>(
+    state: Arc<AppState<S>>,
+    surface: Surface,
+) -> HttpService<S> {
     HttpService {
-        router: router(Arc::clone(&state)),
+        router: router(Arc::clone(&state), surface),
+        checks: surface.checks(),
         state,
     }
 }
@@ -106,6 +146,8 @@ pub(crate) fn service<S: Store + 'static>(state: Arc<AppState<S>>) -> HttpServic
 /// See [`service`].
 pub(crate) struct HttpService<S> {
     router: Router,
+    /// Whether `/v1/check` is served here.
+    checks: bool,
     state: Arc<AppState<S>>,
 }
 
@@ -113,6 +155,7 @@ impl<S> Clone for HttpService<S> {
     fn clone(&self) -> Self {
         Self {
             router: self.router.clone(),
+            checks: self.checks,
             state: Arc::clone(&self.state),
         }
     }
@@ -129,9 +172,13 @@ impl<S: Store + 'static> tower_service::Service<Request> for HttpService<S> {
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        if request.method() == Method::POST && request.uri().path() == "/v1/check" {
+        if self.checks && request.method() == Method::POST && request.uri().path() == "/v1/check" {
             let state = Arc::clone(&self.state);
             Box::pin(async move {
+                // As the router's route layer does.
+                if !may_check(&state, &request) {
+                    return Ok(admin::unauthorized("API token"));
+                }
                 // The extractor the route would run, with its body limit.
                 let mut response = match Bytes::from_request(request, &()).await {
                     Ok(body) => native::check(State(state), body).await,
@@ -150,6 +197,24 @@ impl<S: Store + 'static> tower_service::Service<Request> for HttpService<S> {
         } else {
             Box::pin(self.router.call(request))
         }
+    }
+}
+
+/// Whether `request` may use the check APIs: any request when no API token
+/// is set, else one that carries one of them.
+fn may_check<S>(state: &AppState<S>, request: &Request) -> bool {
+    state.api_tokens.is_empty() || auth::admits(&state.api_tokens, admin::authorization(request))
+}
+
+async fn authorize_checks<S: Store + 'static>(
+    State(state): State<Arc<AppState<S>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if may_check(&state, &request) {
+        next.run(request).await
+    } else {
+        admin::unauthorized("API token")
     }
 }
 
@@ -203,9 +268,10 @@ mod tests {
             metrics: metrics::recorder().expect("valid buckets").handle(),
             store_metrics: None,
             admin_token: admin_token.map(|t| t.parse().expect("a token")),
+            api_tokens: Vec::new(),
             reloader: None,
         };
-        router(Arc::new(state))
+        router(Arc::new(state), Surface::Everything)
     }
 
     async fn call(app: Router, request: Request<Body>) -> (StatusCode, serde_json::Value) {
@@ -278,6 +344,7 @@ mod tests {
                 metrics: metrics::recorder().expect("valid buckets").handle(),
                 store_metrics: None,
                 admin_token: None,
+                api_tokens: Vec::new(),
                 reloader: None,
             })
         };
@@ -313,11 +380,11 @@ mod tests {
                     .body(Body::from(body.clone()))
                     .expect("a valid request")
             };
-            let a = service(Arc::clone(&direct))
+            let a = service(Arc::clone(&direct), Surface::Everything)
                 .oneshot(request())
                 .await
                 .expect("infallible");
-            let b = router(Arc::clone(&routed))
+            let b = router(Arc::clone(&routed), Surface::Everything)
                 .oneshot(request())
                 .await
                 .expect("infallible");

@@ -36,23 +36,26 @@ pub(crate) struct Server {
 
 /// The binary, with no `TOLLGATE_*` or `RUST_LOG` from the environment.
 pub(crate) fn tollgate() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    for var in [
-        "TOLLGATE_CONFIG",
-        "TOLLGATE_HTTP",
-        "TOLLGATE_GRPC",
-        "TOLLGATE_REDIS",
-        "TOLLGATE_ADMIN_TOKEN",
-        "TOLLGATE_PROXY_LISTEN",
-        "TOLLGATE_UPSTREAM",
-        "TOLLGATE_PROXY_DOMAIN",
-        "TOLLGATE_TRUSTED_PROXIES",
-        "TOLLGATE_IPV6_PREFIX",
-        "TOLLGATE_GATEWAY_CONFIG",
-        "TOLLGATE_ALLOW_EMPTY_CONFIG",
-        "TOLLGATE_ALLOW_DOMAIN_REMOVAL",
-    ] {
-        command.env_remove(var);
+    clean(Command::new(env!("CARGO_BIN_EXE_tollgate")))
+}
+
+/// The binary run by `sh` with at most `files` open files (soft and hard
+/// limit), so that it cannot raise its own.
+pub(crate) fn tollgate_with_file_limit(files: u32) -> Command {
+    let mut command = Command::new("sh");
+    command.args([
+        "-c",
+        &format!("ulimit -n {files} && exec \"$0\" \"$@\""),
+        env!("CARGO_BIN_EXE_tollgate"),
+    ]);
+    clean(command)
+}
+
+fn clean(mut command: Command) -> Command {
+    for (var, _) in std::env::vars_os() {
+        if var.to_string_lossy().starts_with("TOLLGATE_") {
+            command.env_remove(var);
+        }
     }
     command.env("RUST_LOG", "info");
     command
@@ -75,11 +78,20 @@ impl Server {
 
     /// Starts it with a config directory holding `files`.
     pub(crate) fn with_config(files: &[(&str, &str)], args: &[&str]) -> Server {
+        Self::with_config_by(tollgate(), files, args)
+    }
+
+    /// Starts it with a config directory holding `files`, by `command`.
+    pub(crate) fn with_config_by(
+        command: Command,
+        files: &[(&str, &str)],
+        args: &[&str],
+    ) -> Server {
         let dir = config_dir(files);
         let path = dir.path().to_str().expect("a UTF-8 temp path").to_owned();
         let mut all = vec!["--config", path.as_str()];
         all.extend_from_slice(args);
-        Self::spawn(tollgate(), &serve_args(&all), Some(dir))
+        Self::spawn(command, &serve_args(&all), Some(dir))
     }
 
     /// Runs `command args...` and waits for both listeners' log lines.
@@ -156,6 +168,18 @@ impl Server {
             .iter()
             .find_map(|line| address_after(line, "listening for the gateway on "));
         found.unwrap_or_else(|| panic!("no gateway listener in the log\n{}", self.log()))
+    }
+
+    /// Where the admin listener listens (`--admin-listen`); logged before
+    /// the HTTP and gRPC lines.
+    pub(crate) fn admin(&self) -> SocketAddr {
+        let found = self
+            .log
+            .lock()
+            .expect("log lock")
+            .iter()
+            .find_map(|line| address_after(line, "listening for admin on "));
+        found.unwrap_or_else(|| panic!("no admin listener in the log\n{}", self.log()))
     }
 
     /// The config directory.
@@ -340,4 +364,47 @@ pub(crate) fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port()
+}
+
+/// Installs a subscriber writing the process's log into the string it
+/// gives (global: the reload watcher logs from tokio's blocking pool).
+pub(crate) fn capture_log() -> Arc<Mutex<String>> {
+    let captured = Arc::new(Mutex::new(String::new()));
+    let writer = Arc::clone(&captured);
+    tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || LogWriter(Arc::clone(&writer)))
+        .try_init()
+        .expect("no other subscriber in this test process");
+    captured
+}
+
+struct LogWriter(Arc<Mutex<String>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .expect("log lock")
+            .push_str(&String::from_utf8_lossy(bytes));
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Whether `done` turns true within `within`, looked at every 20 ms: for
+/// waiting on something another thread or process does, never to let time
+/// pass.
+pub(crate) async fn wait_until(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
 }

@@ -1,0 +1,428 @@
+//! How every listener of the service takes connections: the gateway's, and
+//! the HTTP API's, gRPC's and admin's in `tollgate serve`.
+//!
+//! A listener holds at most [`ConnectionLimits::max_connections`] open
+//! connections; past that, a new one is closed at once (as NGINX does past
+//! `worker_connections`) and counted in `tollgate_refused_connections_total`,
+//! so its descriptor comes straight back and a flood on one listener cannot
+//! take the descriptors the others need. A connection with no request in
+//! flight for [`ConnectionLimits::idle_timeout`] is closed gracefully (HTTP/2:
+//! `GOAWAY`; HTTP/1: closed between requests), and one that has not closed
+//! [`CLOSE_GRACE`] later is dropped; whatever it trickles meanwhile does not
+//! count as a request. `tollgate_open_connections` says how many each
+//! listener holds. An HTTP/1 request's head must arrive within
+//! [`ConnectionLimits::header_read_timeout`]. An `accept` that fails (most
+//! often: out of file descriptors) is counted in
+//! `tollgate_accept_errors_total`, logged at WARN (at most once a second)
+//! and retried after a short pause, so the loop neither spins nor stops.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::{Body, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::Service;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio::time::Instant;
+
+/// The most bytes an HTTP/1 request's start line and headers may take
+/// (`431` beyond; see [`Builders`] for the HTTP API's), and an HTTP/2
+/// request's header list.
+const MAX_HEAD_SIZE: usize = 32 * 1024;
+/// The largest HTTP/1 read buffer of a connection.
+const MAX_BUF_SIZE: usize = 64 * 1024;
+/// How long to wait before accepting again after `accept` failed.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// The least time between two warnings of failing `accept`s.
+const WARN_EVERY: Duration = Duration::from_secs(1);
+/// How long a connection asked to close gracefully (idle, or the service
+/// stopping) has before it is dropped; the service's own shutdown may bound
+/// it more tightly.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(10);
+/// Connections a listener could not accept, by listener.
+pub const ACCEPT_ERRORS: &str = "tollgate_accept_errors_total";
+/// Connections closed at once because their listener held its maximum, by
+/// listener.
+pub const REFUSED_CONNECTIONS: &str = "tollgate_refused_connections_total";
+/// Connections open now, by listener.
+pub const OPEN_CONNECTIONS: &str = "tollgate_open_connections";
+
+/// What one listener allows its connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// How long an HTTP/1 request's head may take to arrive (hyper also
+    /// closes a kept-alive connection that has waited this long for its next
+    /// request).
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay open with no request in flight.
+    pub idle_timeout: Duration,
+}
+
+/// The HTTP versions a listener speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP/1.1 only (the gateway: what NGINX speaks to its clients).
+    Http1,
+    /// HTTP/2 only, with prior knowledge (gRPC).
+    Http2,
+    /// Either, told apart by the connection's first bytes (the HTTP API).
+    Any,
+}
+
+/// One listener's connection policy and its count of open connections.
+/// Clones share the count, so that several listening sockets on one address
+/// (the gateway's workers) share one cap.
+#[derive(Clone, Debug)]
+pub struct Acceptor {
+    name: &'static str,
+    limits: ConnectionLimits,
+    protocol: Protocol,
+    open: Arc<Semaphore>,
+}
+
+impl Acceptor {
+    /// The policy of the listener called `name` (the `listener` label of its
+    /// metrics and the subject of its log lines).
+    pub fn new(name: &'static str, limits: ConnectionLimits, protocol: Protocol) -> Self {
+        let permits = limits.max_connections.min(max_permits());
+        Self {
+            name,
+            limits,
+            protocol,
+            open: Arc::new(Semaphore::new(permits)),
+        }
+    }
+
+    /// Serves `listener` until `stopped` changes (or its sender is dropped),
+    /// then asks every open connection to close gracefully and returns once
+    /// all of this acceptor's connections (those of its clones included)
+    /// have closed. Each accepted connection is served by
+    /// `make(peer)`'s service on a task of its own.
+    pub async fn serve<M, S, B>(
+        &self,
+        listener: TcpListener,
+        mut stopped: watch::Receiver<()>,
+        make: M,
+    ) where
+        M: Fn(SocketAddr) -> S,
+        S: Service<Request<Incoming>, Response = Response<B>> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        B: Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let builders = Arc::new(self.builders());
+        let mut last_warned: Option<Instant> = None;
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        // Out of file descriptors, most often: said loudly,
+                        // and counted, since every listener of the process
+                        // suffers; but said once a second at most, as it
+                        // fails again at every retry.
+                        metrics::counter!(ACCEPT_ERRORS, "listener" => self.name).increment(1);
+                        if last_warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+                            tracing::warn!(%error, listener = self.name, "cannot accept a connection");
+                            last_warned = Some(Instant::now());
+                        }
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                },
+                _ = stopped.changed() => break,
+            };
+            // It cannot wait in the backlog instead: the gateway's workers
+            // share one cap but not one backlog, so a worker holding a free
+            // permit could wait on an empty backlog while the connection sat
+            // in another's.
+            let Ok(permit) = Arc::clone(&self.open).try_acquire_owned() else {
+                metrics::counter!(REFUSED_CONNECTIONS, "listener" => self.name).increment(1);
+                tracing::debug!(%peer, listener = self.name, "connection closed: the listener holds its maximum");
+                continue;
+            };
+            // Answers are small and must not wait for Nagle's timer.
+            let _ = stream.set_nodelay(true);
+            let activity = Arc::new(Activity::new());
+            let service = Tracked {
+                inner: make(peer),
+                activity: Arc::clone(&activity),
+            };
+            let builders = Arc::clone(&builders);
+            let (stopped, idle_timeout) = (stopped.clone(), self.limits.idle_timeout);
+            let open = metrics::gauge!(OPEN_CONNECTIONS, "listener" => self.name);
+            open.increment(1);
+            tokio::spawn(async move {
+                let io = TokioIo::new(stream);
+                let watch = Watch {
+                    activity: &activity,
+                    idle_timeout,
+                    stopped,
+                    peer,
+                };
+                match &*builders {
+                    Builders::Http1(http1) => {
+                        let connection = http1.serve_connection(io, service);
+                        watch.serve(connection, |c| c.graceful_shutdown()).await;
+                    }
+                    Builders::Auto(auto) => {
+                        let connection = auto.serve_connection(io, service);
+                        watch.serve(connection, |c| c.graceful_shutdown()).await;
+                    }
+                }
+                open.decrement(1);
+                drop(permit);
+            });
+        }
+        drop(listener);
+        // Every permit back means every connection has closed.
+        let all = u32::try_from(self.limits.max_connections.min(max_permits())).unwrap_or(u32::MAX);
+        let _ = self.open.acquire_many(all).await;
+    }
+
+    /// hyper's connection builder, with every limit set explicitly.
+    fn builders(&self) -> Builders {
+        // At most 100 header fields (`431` beyond): hyper's default, left
+        // unset because setting it moves the parser's array to the heap.
+        let mut http1 = http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .keep_alive(true)
+            .half_close(false)
+            .max_header_size(MAX_HEAD_SIZE)
+            .max_buf_size(MAX_BUF_SIZE)
+            .header_read_timeout(self.limits.header_read_timeout);
+        let mut auto = match self.protocol {
+            Protocol::Http1 => return Builders::Http1(http1),
+            Protocol::Http2 => auto::Builder::new(TokioExecutor::new()).http2_only(),
+            // hyper-util's builder cannot set hyper's head limit, so an
+            // HTTP/1 head here is bounded by the read buffer only (which a
+            // head read in one piece can pass): the gateway, facing any
+            // client, speaks through hyper's own builder instead.
+            Protocol::Any => auto::Builder::new(TokioExecutor::new()),
+        };
+        auto.http1()
+            .timer(TokioTimer::new())
+            .keep_alive(true)
+            .half_close(false)
+            .max_buf_size(MAX_BUF_SIZE)
+            .header_read_timeout(self.limits.header_read_timeout);
+        auto.http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(u32::try_from(MAX_HEAD_SIZE).unwrap_or(u32::MAX));
+        Builders::Auto(auto)
+    }
+}
+
+/// The connection builder of each [`Protocol`].
+enum Builders {
+    /// hyper's own: it alone bounds an HTTP/1 head.
+    Http1(http1::Builder),
+    /// hyper-util's, for HTTP/2 and for either version.
+    Auto(auto::Builder<TokioExecutor>),
+}
+
+/// What serving one connection needs besides the connection.
+struct Watch<'a> {
+    activity: &'a Activity,
+    idle_timeout: Duration,
+    stopped: watch::Receiver<()>,
+    peer: SocketAddr,
+}
+
+impl Watch<'_> {
+    /// Serves `connection` until it ends, asking it to close (`shut_down`)
+    /// when it has been idle for the idle timeout or the service stops, and
+    /// dropping it [`CLOSE_GRACE`] after asking.
+    async fn serve<C, E>(mut self, connection: C, shut_down: impl Fn(Pin<&mut C>))
+    where
+        C: Future<Output = Result<(), E>>,
+        E: std::fmt::Display,
+    {
+        let mut connection = pin!(connection);
+        // Asked to close: dropped at this instant if still open.
+        let mut drop_at: Option<Instant> = None;
+        let mut check_idle_at = Instant::now() + self.idle_timeout;
+        loop {
+            tokio::select! {
+                ended = connection.as_mut() => {
+                    if let Err(error) = ended {
+                        tracing::debug!(%error, peer = %self.peer, "connection ended with an error");
+                    }
+                    return;
+                }
+                () = tokio::time::sleep_until(check_idle_at), if drop_at.is_none() => {
+                    match self.activity.idle_deadline(self.idle_timeout) {
+                        Some(deadline) if deadline <= Instant::now() => {
+                            shut_down(connection.as_mut());
+                            drop_at = Some(Instant::now() + CLOSE_GRACE);
+                        }
+                        Some(deadline) => check_idle_at = deadline,
+                        // In flight: looked at again one timeout from now
+                        // at the earliest.
+                        None => check_idle_at = Instant::now() + self.idle_timeout,
+                    }
+                }
+                _ = self.stopped.changed(), if drop_at.is_none() => {
+                    shut_down(connection.as_mut());
+                    drop_at = Some(Instant::now() + CLOSE_GRACE);
+                }
+                () = sleep_until_some(drop_at) => return,
+            }
+        }
+    }
+}
+
+/// The most permits a semaphore holds, and that `acquire_many` can take back.
+fn max_permits() -> usize {
+    Semaphore::MAX_PERMITS.min(u32::MAX as usize)
+}
+
+/// How a connection has been used: requests in flight, and when the last
+/// one ended. Updated by [`Tracked`], read by the idle watch.
+struct Activity {
+    opened: Instant,
+    in_flight: AtomicU64,
+    /// Nanoseconds from `opened` to the end of the last request.
+    last_end: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            opened: Instant::now(),
+            in_flight: AtomicU64::new(0),
+            last_end: AtomicU64::new(0),
+        }
+    }
+
+    /// When the connection will have been idle for `timeout`, if nothing
+    /// starts meanwhile: `None` while a request is in flight.
+    fn idle_deadline(&self, timeout: Duration) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let last_end = Duration::from_nanos(self.last_end.load(Ordering::Acquire));
+        Some(self.opened + last_end + timeout)
+    }
+
+    fn started(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn ended(&self) {
+        let since_open = u64::try_from(self.opened.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last_end.fetch_max(since_open, Ordering::AcqRel);
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection's service, telling [`Activity`] when each request starts
+/// and when its answer's head is ready (the body of every answer this
+/// service gives is small and already in memory, or streams from the
+/// gateway's upstream, which has its own timeouts).
+struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S, B> Service<Request<Incoming>> for Tracked<S>
+where
+    S: Service<Request<Incoming>, Response = Response<B>>,
+{
+    type Response = Response<TrackedBody<B>>;
+    type Error = S::Error;
+    type Future = InFlight<S::Future>;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        self.activity.started();
+        InFlight {
+            answer: self.inner.call(request),
+            ends: Some(Ends(Arc::clone(&self.activity))),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's answer on its way. The request stays in flight until its
+    /// answer's body has been sent (or the answer is dropped: cancelled with
+    /// its connection), so a long download is never cut as idle.
+    struct InFlight<F> {
+        #[pin]
+        answer: F,
+        ends: Option<Ends>,
+    }
+}
+
+impl<F, B, E> Future for InFlight<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<TrackedBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answer = std::task::ready!(this.answer.poll(cx))?;
+        let ends = this.ends.take();
+        Poll::Ready(Ok(answer.map(|body| TrackedBody { body, _ends: ends })))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An answer's body, ending its request's time in flight when dropped.
+    struct TrackedBody<B> {
+        #[pin]
+        body: B,
+        _ends: Option<Ends>,
+    }
+}
+
+impl<B: Body> Body for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        self.project().body.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Ends a request's time in flight when dropped.
+struct Ends(Arc<Activity>);
+
+impl Drop for Ends {
+    fn drop(&mut self) {
+        self.0.ended();
+    }
+}
+
+/// Sleeps until `at`, or forever when there is no `at`.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
