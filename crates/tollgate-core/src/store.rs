@@ -344,6 +344,16 @@ pub trait Store: Send + Sync {
     /// released or lapsed, or one this store did not grant, is left alone.
     fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Whether this store enforces `algorithm` at `quota` exactly; if not,
+    /// [`StoreError::Invalid`] says why. Asked when a config loads and before
+    /// a request's own quota (an ad-hoc limit, an override) is used, so that
+    /// a limit the store cannot hold is refused up front instead of failing
+    /// every check. The default holds every quota.
+    fn supports(&self, algorithm: Algorithm, quota: &Quota) -> Result<(), StoreError> {
+        let _ = (algorithm, quota);
+        Ok(())
+    }
+
     /// Whether the store reaches its state now, for readiness probes. A
     /// networked store answers checks even when it does not (each limit's
     /// [`FailurePolicy`] decides), so only this tells. Stores that hold their

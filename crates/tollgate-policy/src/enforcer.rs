@@ -39,8 +39,17 @@ use tollgate_core::{
 
 use crate::{
     Applied, Descriptor, FailurePolicy, KillSwitch, Policy, PolicyHandle, Request, RequestError,
-    Resolved, Rule, Unit,
+    Resolved, Rule, Unit, Unsupported,
 };
+
+/// Why a store does not support a limit: the text of its
+/// [`StoreError::Invalid`].
+fn reason(error: StoreError) -> String {
+    match error {
+        StoreError::Invalid(reason) => reason,
+        other => other.to_string(),
+    }
+}
 
 /// Ad-hoc keys live under this prefix. Policy storage keys start with a
 /// length and a colon (`7:default|…`), so the two namespaces cannot meet.
@@ -542,13 +551,50 @@ impl<S: Store> Enforcer<S> {
         &self.store
     }
 
+    /// The first rule of `policy` whose limit this enforcer's store cannot
+    /// enforce exactly ([`Store::supports`]): to refuse such a config when
+    /// it loads (at start-up, and on reload through
+    /// [`Reloader::with_check`](crate::Reloader::with_check)) rather than fail
+    /// every check of the rule by its failure policy.
+    ///
+    /// # Errors
+    ///
+    /// The rule, where it is defined, and why.
+    pub fn unsupported(&self, policy: &Policy) -> Result<(), Unsupported> {
+        for domain in policy.domains() {
+            for rule in policy.rules(domain) {
+                let (Some(algorithm), Some(quota)) = (rule.algorithm(), rule.quota()) else {
+                    continue;
+                };
+                self.store
+                    .supports(algorithm, &quota)
+                    .map_err(|e| Unsupported {
+                        location: rule.source().to_owned(),
+                        domain: domain.to_owned(),
+                        rule: rule.id().to_owned(),
+                        reason: reason(e),
+                    })?;
+            }
+        }
+        Ok(())
+    }
+
     /// Decides `check`: the entry of every evaluation, at every door. A
-    /// policy request the policy cannot take is an error (a bad request);
-    /// ad-hoc checks always get a verdict.
+    /// request the policy cannot take, or whose own limit (ad hoc, or an
+    /// override) the store cannot enforce exactly, is an error (a bad
+    /// request).
     pub async fn enforce(&self, check: Check<'_>) -> Result<Verdict, RequestError> {
         match check {
             Check::Policy(request) => self.enforce_policy(&request).await,
-            Check::AdHoc(adhoc) => Ok(self.enforce_adhoc(adhoc).await),
+            Check::AdHoc(adhoc) => {
+                self.store
+                    .supports(adhoc.algorithm, &adhoc.quota)
+                    .map_err(|e| RequestError::UnsupportedLimit {
+                        descriptor: None,
+                        reason: reason(e),
+                    })?;
+                Ok(self.enforce_adhoc(adhoc).await)
+            }
         }
     }
 
@@ -599,6 +645,17 @@ impl<S: Store> Enforcer<S> {
                 }
             };
             descriptors.push(verdict);
+        }
+
+        // Config rules were checked when their config loaded (see
+        // `Enforcer::unsupported`); a request's own override was not.
+        for (index, applied) in enforce.iter().chain(&shadow) {
+            self.store
+                .supports(applied.algorithm, &applied.quota)
+                .map_err(|e| RequestError::UnsupportedLimit {
+                    descriptor: Some(*index),
+                    reason: reason(e),
+                })?;
         }
 
         // A blocked rule denies without a store call, so the enforcing limits

@@ -16,6 +16,21 @@ pub struct ConfigError {
     pub reason: String,
 }
 
+/// A rule whose limit the store in use cannot enforce exactly (a quota past
+/// what its numbers hold), found when a config loads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{location}: rule `{rule}` of domain `{domain}`: {reason}")]
+pub struct Unsupported {
+    /// Where the rule is defined, as `file:line`.
+    pub location: String,
+    /// The rule's domain.
+    pub domain: String,
+    /// The rule's id.
+    pub rule: String,
+    /// Why the store cannot enforce it.
+    pub reason: String,
+}
+
 /// A request that cannot be checked as it stands.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -55,6 +70,15 @@ pub enum RequestError {
         count: usize,
         /// The most the enforcer takes ([`crate::RequestLimits`]).
         max: usize,
+    },
+    /// The request's own limit (an ad-hoc limit, or descriptor `index`'s
+    /// override) is one the store cannot enforce exactly.
+    #[error("{}the store cannot enforce this limit exactly: {reason}", descriptor.map(|i| format!("descriptor {i}: ")).unwrap_or_default())]
+    UnsupportedLimit {
+        /// Which descriptor; `None` for an ad-hoc limit.
+        descriptor: Option<usize>,
+        /// Why.
+        reason: String,
     },
     /// A limit override is not a usable quota.
     #[error("descriptor {index} has an invalid limit override: {reason}")]

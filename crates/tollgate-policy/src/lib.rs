@@ -45,7 +45,7 @@ pub use enforcer::{
     AdHoc, Check, Decided, DescriptorVerdict, Enforcer, InvalidToken, NoObserver, Observer, Permit,
     RequestLimits, State, Verdict,
 };
-pub use error::{ConfigError, RequestError};
+pub use error::{ConfigError, RequestError, Unsupported};
 pub use kill_switch::KillSwitch;
 pub use policy::{Applied, Policy, Resolved};
 pub use policy_handle::PolicyHandle;

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwapOption;
 
-use crate::{ConfigError, Policy, PolicyHandle};
+use crate::{ConfigError, Policy, PolicyHandle, Unsupported};
 
 /// What a config looked like: each file read and a hash of its contents
 /// (`None` when it could not be read).
@@ -134,6 +134,10 @@ pub enum ReloadError {
     /// The config does not parse or validate.
     #[error(transparent)]
     Invalid(#[from] ConfigError),
+    /// A rule's limit is one the store in use cannot enforce exactly (see
+    /// [`Reloader::with_check`]).
+    #[error(transparent)]
+    Unsupported(#[from] Unsupported),
     /// The config is valid but the [`Safeguards`] refuse it.
     #[error("the config at {} {refusal}", path.display())]
     Refused {
@@ -169,6 +173,9 @@ pub struct Reload {
 /// Called with every reload attempt, on the thread that made it.
 type Observer = Arc<dyn Fn(&Reload) + Send + Sync>;
 
+/// Asked of every config before it is put in force.
+type Check = Arc<dyn Fn(&Policy) -> Result<(), Unsupported> + Send + Sync>;
+
 /// Keeps a [`PolicyHandle`] in step with a config path. Clones share the
 /// handle and the watch state; reloads through any clone are serialized.
 #[derive(Clone)]
@@ -177,6 +184,7 @@ pub struct Reloader {
     handle: PolicyHandle,
     safeguards: Safeguards,
     observer: Option<Observer>,
+    check: Option<Check>,
     shared: Arc<Shared>,
 }
 
@@ -236,6 +244,7 @@ impl Reloader {
             handle,
             safeguards,
             observer: None,
+            check: None,
             shared: Arc::new(Shared {
                 polls: Mutex::new(Polls::new(loaded)),
                 last: ArcSwapOption::empty(),
@@ -247,6 +256,18 @@ impl Reloader {
     /// attach.
     pub fn with_observer(mut self, observer: impl Fn(&Reload) + Send + Sync + 'static) -> Self {
         self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// Asks `check` of every reloaded config before it is put in force; a
+    /// config it refuses is a failed reload ([`ReloadError::Unsupported`])
+    /// and the last good config stays. For the store's limits:
+    /// [`Enforcer::unsupported`](crate::Enforcer::unsupported).
+    pub fn with_check(
+        mut self,
+        check: impl Fn(&Policy) -> Result<(), Unsupported> + Send + Sync + 'static,
+    ) -> Self {
+        self.check = Some(Arc::new(check));
         self
     }
 
@@ -301,6 +322,9 @@ impl Reloader {
                         path: self.path.clone(),
                         refusal,
                     })?;
+                if let Some(check) = &self.check {
+                    check(&next)?;
+                }
                 let domains = next.domains().map(str::to_owned).collect();
                 self.handle.store(next);
                 Ok(domains)

@@ -46,35 +46,43 @@ pub(crate) fn micros_up(ns: u64) -> u64 {
     ns.div_ceil(1000)
 }
 
+/// Whether the script holds `q`'s numbers exactly; if not, why.
+pub(crate) fn check(q: &Quota) -> Result<(), String> {
+    let (period_us, emission_us) = (micros_up(q.period_ns()), micros_up(q.emission_ns()));
+    let beyond = |what: String, bound: &str| {
+        Err(format!(
+            "{what}, beyond what the Redis store holds exactly ({bound})"
+        ))
+    };
+    if q.limit() > MAX_COUNT || q.burst() > MAX_COUNT {
+        return beyond(format!("limit {} / burst {}", q.limit(), q.burst()), "2^52");
+    }
+    if period_us > MAX_MICROS {
+        return beyond(
+            format!("period {:?}", q.period()),
+            "2^52 µs, about 142 years",
+        );
+    }
+    if q.burst()
+        .checked_mul(emission_us)
+        .is_none_or(|c| c > MAX_MICROS)
+    {
+        return beyond(
+            format!("burst {} × emission interval {emission_us} µs", q.burst()),
+            "2^52 µs, about 142 years",
+        );
+    }
+    Ok(())
+}
+
 impl Params {
     /// Converts a limit to microseconds: the period and the emission interval are
     /// rounded up to whole microseconds (never looser than the quota), counts are
     /// kept. Quotas whose numbers the script could not hold exactly are refused.
     pub(crate) fn new(limit: &Limit<'_>) -> Result<Self, StoreError> {
         let q: &Quota = &limit.quota;
-        let period_us = micros_up(q.period_ns());
-        let emission_us = micros_up(q.emission_ns());
-        let invalid = |what: String| {
-            Err(StoreError::Invalid(format!(
-                "key {:?}: {what}, beyond what the Redis store holds exactly (2^52)",
-                limit.key
-            )))
-        };
-        if q.limit() > MAX_COUNT || q.burst() > MAX_COUNT {
-            return invalid(format!("limit {} / burst {}", q.limit(), q.burst()));
-        }
-        if period_us > MAX_MICROS {
-            return invalid(format!("period {:?}", q.period()));
-        }
-        if q.burst()
-            .checked_mul(emission_us)
-            .is_none_or(|c| c > MAX_MICROS)
-        {
-            return invalid(format!(
-                "burst {} × emission interval {emission_us} µs",
-                q.burst()
-            ));
-        }
+        check(q).map_err(|why| StoreError::Invalid(format!("key {:?}: {why}", limit.key)))?;
+        let (period_us, emission_us) = (micros_up(q.period_ns()), micros_up(q.emission_ns()));
         let delay_after = match limit.algorithm {
             // delay_after ≥ burst shapes nothing, whatever its size.
             Algorithm::LeakyBucketShaping { delay_after } => delay_after.min(q.burst()),

@@ -5,13 +5,14 @@ use std::time::Duration;
 
 use smallvec::{SmallVec, smallvec};
 use tollgate_core::{
-    Algorithm, Clock, Decision, Lease, LeaseId, Limit, Nanos, Outcome, Stamped, Store, StoreError,
+    Algorithm, Clock, Decision, Lease, LeaseId, Limit, Nanos, Outcome, Quota, Stamped, Store,
+    StoreError,
 };
 
 use crate::batch::{BatchError, Batcher, Job};
 use crate::conn::{Conn, ConnectError, connect};
 use crate::keys::{redis_keys, slot};
-use crate::script::{MAX_MICROS, Params, SOURCE, decode, parse_check};
+use crate::script::{self, MAX_MICROS, Params, SOURCE, decode, parse_check};
 use crate::stats::{Counters, bump};
 use crate::{RedisConfig, RedisStats, TimeSource};
 
@@ -472,6 +473,10 @@ fn groups_index(groups: &[SmallVec<[usize; 4]>], n: usize) -> Vec<usize> {
 }
 
 impl Store for RedisStore {
+    fn supports(&self, _: Algorithm, quota: &Quota) -> Result<(), StoreError> {
+        script::check(quota).map_err(StoreError::Invalid)
+    }
+
     fn check(
         &self,
         limits: &[Limit<'_>],

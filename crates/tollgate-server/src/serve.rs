@@ -386,6 +386,15 @@ async fn launch(
             .with_clock(clock)
             .with_observer(Arc::new(metrics::Observe)),
     );
+    // Only now is the store known: a rule it cannot enforce exactly would
+    // otherwise fail every check, by its failure policy.
+    enforcer
+        .unsupported(&enforcer.policy())
+        .map_err(|e| anyhow::anyhow!("config does not validate: {e}"))?;
+    let reloader = reloader.map(|reloader| {
+        let enforcer = Arc::clone(&enforcer);
+        reloader.with_check(move |policy| enforcer.unsupported(policy))
+    });
     let (stop, stopped) = watch::channel(());
 
     let (health, health_service) = tonic_health::server::health_reporter();

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{Redis, Server, free_port, rls_request, tollgate};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use serde_json::json;
 use tonic::transport::Channel;
 
 const HOURLY: &str = "domain: shared\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: hour\n      requests_per_unit: 5\n";
@@ -358,4 +359,84 @@ async fn a_store_section_builds_the_stack_and_flags_override_it() {
         stderr.contains("store.breaker_failures") && stderr.contains("store.yaml"),
         "{stderr}"
     );
+}
+
+/// A rule of two centuries: more microseconds than the Redis store holds
+/// exactly (2^52, about 142 years).
+const CENTURIES: &str = "domain: long
+rules:
+  - name: fine
+    match: [{ key: user }]
+    limit: { requests: 5, per: 1d }
+  - name: centuries
+    match: [{ key: archive }]
+    limit: { requests: 5, per: 73000d }
+";
+
+const FINE: &str = "domain: long
+rules:
+  - name: fine
+    match: [{ key: user }]
+    limit: { requests: 5, per: 1d }
+";
+
+/// Regression: a quota the Redis store cannot hold loaded fine, then every
+/// check of it was a store error (admitted by `local`, denied by
+/// `fail_closed`). Now it is refused where it is written: at start-up, on
+/// reload, and in a request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quotas_redis_cannot_hold_are_refused_at_load_and_in_requests() {
+    let redis = Redis::start();
+    let url = redis.url();
+
+    let dir = common::config_dir(&[("long.yaml", CENTURIES)]);
+    let output = tollgate()
+        .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+        .args(["--redis", &url, "--config", dir.path().to_str().unwrap()])
+        .stdin(Stdio::null())
+        .output()
+        .expect("the binary runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for needle in [
+        "long.yaml:6",
+        "rule `centuries`",
+        "2^52 µs, about 142 years",
+    ] {
+        assert!(stderr.contains(needle), "{needle}: {stderr}");
+    }
+    // The memory store holds it.
+    let memory = Server::with_config(&[("long.yaml", CENTURIES)], &[]);
+    drop(memory);
+
+    let server = Server::with_config(&[("long.yaml", FINE)], &["--redis", &url]);
+    std::fs::write(server.config_path().join("long.yaml"), CENTURIES).unwrap();
+    let refused = server
+        .wait_for_log(
+            &["config reload failed", "rule `centuries`"],
+            Duration::from_secs(10),
+        )
+        .await;
+    assert!(refused, "{}", server.log());
+    let http = reqwest::Client::new();
+    let fine =
+        json!({"domain": "long", "descriptors": [{"entries": [{"key": "user", "value": "u"}]}]});
+    let answer = http
+        .post(server.url("/json"))
+        .json(&fine)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200, "the last good config serves");
+
+    let adhoc = json!({"key": "k", "limit": 5, "period": "73000d"});
+    let answer = http
+        .post(server.url("/v1/check"))
+        .json(&adhoc)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 400);
+    let body = answer.text().await.unwrap();
+    assert!(body.contains("cannot enforce this limit exactly"), "{body}");
 }

@@ -274,6 +274,10 @@ impl<S: Store> DenyCache<S> {
 }
 
 impl<S: Store> Store for DenyCache<S> {
+    fn supports(&self, algorithm: Algorithm, quota: &Quota) -> Result<(), StoreError> {
+        self.inner.supports(algorithm, quota)
+    }
+
     async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
         Ok(self.check_limits(limits).await?.outcome)
     }

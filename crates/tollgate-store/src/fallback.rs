@@ -31,7 +31,8 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tokio::task::JoinHandle;
 use tollgate_core::{
-    Clock, Decision, FailurePolicy, Lease, Limit, Outcome, Stamped, Store, StoreError,
+    Algorithm, Clock, Decision, FailurePolicy, Lease, Limit, Outcome, Quota, Stamped, Store,
+    StoreError,
 };
 
 use crate::breaker::{Breaker, BreakerState};
@@ -397,6 +398,10 @@ impl<S: Store> Fallback<S> {
 }
 
 impl<S: Store> Store for Fallback<S> {
+    fn supports(&self, algorithm: Algorithm, quota: &Quota) -> Result<(), StoreError> {
+        self.inner().supports(algorithm, quota)
+    }
+
     async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
         Ok(self.check_limits(limits).await?.outcome)
     }

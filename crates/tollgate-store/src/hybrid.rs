@@ -459,6 +459,10 @@ impl<S: Store> Shared<S> {
 }
 
 impl<S: Store> Store for Hybrid<S> {
+    fn supports(&self, algorithm: Algorithm, quota: &Quota) -> Result<(), StoreError> {
+        self.inner().supports(algorithm, quota)
+    }
+
     async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
         Ok(self.shared.check(limits).await?.outcome)
     }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Clock, Lease, Limit, Outcome, Stamped, Store, StoreError};
+use tollgate_core::{Algorithm, Clock, Lease, Limit, Outcome, Quota, Stamped, Store, StoreError};
 use tollgate_policy::StoreSettings;
 use tollgate_redis::{RedisConfig, RedisStats, RedisStore};
 use tollgate_store::{
@@ -232,6 +232,10 @@ impl Remote {
 }
 
 impl Store for Remote {
+    fn supports(&self, algorithm: Algorithm, quota: &Quota) -> Result<(), StoreError> {
+        self.redis().supports(algorithm, quota)
+    }
+
     async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
         Ok(self.check_stamped(limits).await?.outcome)
     }
@@ -384,6 +388,13 @@ impl Backend {
 }
 
 impl Store for Backend {
+    fn supports(&self, algorithm: Algorithm, quota: &Quota) -> Result<(), StoreError> {
+        match self {
+            Backend::Memory(m) => m.supports(algorithm, quota),
+            Backend::Redis(r) => r.supports(algorithm, quota),
+        }
+    }
+
     async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
         match self {
             Backend::Memory(m) => m.check(limits).await,

@@ -168,9 +168,9 @@ pub(crate) fn fit(
                     *cap = usize::try_from(scaled).unwrap_or(usize::MAX).max(1);
                 }
             }
-            tracing::warn!(
+            tracing::info!(
                 file_limit = limit,
-                "the open-file limit is low: connection caps lowered to fit it"
+                "connection caps lowered to fit the open-file limit"
             );
         }
     }
