@@ -3,7 +3,7 @@
 //!
 //! | endpoint | answer |
 //! | --- | --- |
-//! | `POST /json` | envoyproxy/ratelimit's JSON shape (see `envoy_json`) |
+//! | `/json` (any method; `POST` in practice) | envoyproxy/ratelimit's JSON shape (see `envoy_json`) |
 //! | `POST /v1/check` | Tollgate's JSON shape (see `native`) |
 //! | `POST /v1/release` | gives back a checked request's concurrency permits |
 //! | `GET /metrics` | Prometheus text |
@@ -11,7 +11,8 @@
 //! | `GET /readyz` | 200 when the store answers a probe check, 503 otherwise; the body also says when the last config reload was refused or failed (still 200: the last good config is enforced) |
 //! | `/admin/...` | see `admin` |
 //!
-//! Errors are `{"error": "..."}` with a 4xx or 5xx status.
+//! Errors are `{"error": "..."}` with a 4xx or 5xx status, except at
+//! envoyproxy/ratelimit's endpoints, which answer as it does.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -23,7 +24,7 @@ use axum::body::{Bytes, HttpBody};
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tollgate_core::Store;
 
@@ -79,7 +80,8 @@ impl IntoResponse for ApiError {
 /// Every HTTP endpoint over `state`.
 pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>) -> Router {
     Router::new()
-        .route("/json", post(envoy_json::json::<S>))
+        // envoyproxy/ratelimit's endpoints take any method, as its router does.
+        .route("/json", any(envoy_json::json::<S>))
         .route("/v1/check", post(native::check::<S>))
         .route("/v1/release", post(native::release::<S>))
         .route("/metrics", get(render_metrics::<S>))
@@ -242,12 +244,6 @@ mod tests {
     #[tokio::test]
     async fn bad_bodies_are_400_with_a_reason() {
         for (uri, body, needle) in [
-            ("/json", "{", "EOF"),
-            (
-                "/json",
-                r#"{"domain": "", "descriptors": []}"#,
-                "domain must not be empty",
-            ),
             ("/v1/check", "[]", "expected a JSON object"),
             (
                 "/v1/check",
@@ -266,6 +262,23 @@ mod tests {
             assert_eq!(status, StatusCode::BAD_REQUEST, "{uri} {body}");
             let error = json["error"].as_str().unwrap_or_default();
             assert!(error.contains(needle), "{uri} {body}: {error}");
+        }
+    }
+
+    #[tokio::test]
+    async fn json_errors_are_a_plain_bad_request() {
+        for body in ["{", r#"{"domain": "", "descriptors": []}"#] {
+            let response = app(None)
+                .oneshot(post("/json", body))
+                .await
+                .expect("infallible");
+            assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body}");
+            let nosniff = response.headers().get(header::X_CONTENT_TYPE_OPTIONS);
+            assert_eq!(nosniff.map(HeaderValue::as_bytes), Some(&b"nosniff"[..]));
+            let text = axum::body::to_bytes(response.into_body(), 1 << 10)
+                .await
+                .expect("a small body");
+            assert_eq!(&text[..], b"Bad Request\n", "{body}");
         }
     }
 
