@@ -27,7 +27,6 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tollgate_core::{Clock, SystemClock};
 use tollgate_policy::{Policy, PolicyHandle, Reloader, StoreSettings};
-use tonic_health::server::HealthReporter;
 use tracing_subscriber::EnvFilter;
 
 mod admin;
@@ -35,6 +34,7 @@ mod backend;
 mod envoy;
 mod envoy_json;
 mod grpc;
+mod health;
 mod http;
 mod metrics;
 mod native;
@@ -324,8 +324,7 @@ async fn launch(
     );
     let (stop, stopped) = watch::channel(());
 
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<RlsServer>().await;
+    let (health, health_service) = health::Health::start().await;
     let grpc_server = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(RlsServer::new(RateLimitGrpc::new(Arc::clone(&enforcer))))
@@ -346,6 +345,7 @@ async fn launch(
         store_metrics,
         admin_token: args.admin_token,
         reloader: reloader.clone(),
+        health: Arc::clone(&health),
     });
     // On the shared multi-threaded runtime, not the gateway's per-CPU
     // workers: measured both ways (`scripts/bench-http`), per-CPU workers
@@ -364,6 +364,7 @@ async fn launch(
     if let Some(reloader) = reloader {
         tokio::spawn(reloader.watch(reload::POLL, signalled(stopped.clone())));
     }
+    tokio::spawn(Arc::clone(&health).follow(Arc::clone(&enforcer), stopped.clone()));
     tokio::spawn(upkeep(metrics_handle, stopped));
 
     Ok(Running {
@@ -386,7 +387,7 @@ pub struct Running {
     http: SocketAddr,
     grpc: SocketAddr,
     gateway: Option<SocketAddr>,
-    health: HealthReporter,
+    health: Arc<health::Health>,
     /// Sending on it (or dropping it) is the one signal that stops
     /// everything.
     stop: watch::Sender<()>,
@@ -465,10 +466,10 @@ impl Running {
         }
     }
 
-    /// Tells gRPC health checkers first, then sends the one signal that
-    /// stops every listener and background task.
+    /// Turns every health probe unhealthy first, then sends the one signal
+    /// that stops every listener and background task.
     async fn signal_stop(&self) {
-        self.health.set_not_serving::<RlsServer>().await;
+        self.health.stop().await;
         let _ = self.stop.send(());
     }
 }

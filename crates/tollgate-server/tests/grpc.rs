@@ -503,16 +503,28 @@ async fn duration_until_reset_is_envoyproxy_ratelimits_for_its_rules_and_exact_f
     assert_eq!((reset.seconds, reset.nanos), (1800, 0));
 }
 
-#[tokio::test]
-async fn health_service_reports_serving() {
-    let server = readme_server();
+async fn health_client(server: &Server) -> HealthClient<tonic::transport::Channel> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
         .expect("a valid URI")
         .connect()
         .await
         .expect("the gRPC listener accepts");
-    let mut health = HealthClient::new(channel);
-    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+    HealthClient::new(channel)
+}
+
+/// The name envoyproxy/ratelimit's probes ask for (`ratelimit`), the
+/// server's overall health and the service's full name.
+const HEALTH_NAMES: [&str; 3] = [
+    "ratelimit",
+    "",
+    "envoy.service.ratelimit.v3.RateLimitService",
+];
+
+#[tokio::test]
+async fn health_service_reports_serving() {
+    let server = readme_server();
+    let mut health = health_client(&server).await;
+    for service in HEALTH_NAMES {
         let response = health
             .check(HealthCheckRequest {
                 service: service.to_owned(),
@@ -526,6 +538,35 @@ async fn health_service_reports_serving() {
             "{service:?}"
         );
     }
+}
+
+/// SIGTERM turns every name `NOT_SERVING` before the listeners stop, as
+/// envoyproxy/ratelimit's health checker fails on SIGTERM (its
+/// `src/server/health.go`), so a watching Envoy stops sending first.
+// Multi-threaded, so the client's connection closes while the test waits
+// for the process to exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_service_turns_not_serving_on_shutdown() {
+    let mut server = readme_server();
+    let mut health = health_client(&server).await;
+    let mut watches = Vec::new();
+    for service in HEALTH_NAMES {
+        let request = HealthCheckRequest {
+            service: service.to_owned(),
+        };
+        let mut watch = health.watch(request).await.expect("watch").into_inner();
+        let first = watch.message().await.expect("a status").expect("one");
+        assert_eq!(first.status, ServingStatus::Serving as i32, "{service:?}");
+        watches.push((service, watch));
+    }
+    server.signal("TERM");
+    for (service, watch) in &mut watches {
+        let next = watch.message().await.expect("a status").expect("one");
+        assert_eq!(next.status, ServingStatus::NotServing as i32, "{service:?}");
+    }
+    drop((watches, health));
+    let exit = server.wait(common::SHUTDOWN).expect("it exits");
+    assert!(exit.success(), "{exit:?}");
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! The HTTP API against a real `tollgate serve`: `/json` in
 //! envoyproxy/ratelimit's shape, `/v1/check` in both its shapes with headers,
-//! `/metrics`, `/healthz`, `/readyz`, errors, and the admin API.
+//! `/metrics`, `/healthz`, `/readyz`, `/healthcheck`, errors, and the admin
+//! API.
 
 mod common;
 
@@ -154,6 +155,27 @@ async fn json_endpoint_errors_are_envoyproxy_ratelimits_bad_request() {
     let response = reqwest::get(server.url("/json")).await.expect("answers");
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     assert_eq!(response.text().await.expect("a body"), "Bad Request\n");
+}
+
+/// envoyproxy/ratelimit's probe: 200 `OK` while healthy, on any method, as
+/// its router takes it (`src/server/health.go`, `ServeHTTP`).
+#[tokio::test]
+async fn healthcheck_answers_ok() {
+    let server = daily_server();
+    for method in [reqwest::Method::GET, reqwest::Method::POST] {
+        let response = Client::new()
+            .request(method.clone(), server.url("/healthcheck"))
+            .send()
+            .await
+            .expect("answers");
+        assert_eq!(response.status(), StatusCode::OK, "{method}");
+        let content_type = response.headers().get("content-type").cloned();
+        assert_eq!(
+            content_type.as_ref().and_then(|v| v.to_str().ok()),
+            Some("text/plain; charset=utf-8")
+        );
+        assert_eq!(response.text().await.expect("a body"), "OK");
+    }
 }
 
 #[tokio::test]
