@@ -2,6 +2,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use tollgate_core::Quota;
+
+use crate::RequestError;
+
 /// One `(key, value)` pair of a descriptor.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Entry {
@@ -50,6 +54,44 @@ pub struct Request<'a> {
     pub descriptors: &'a [Descriptor],
     /// What each descriptor costs unless it says otherwise (Envoy treats 0 as 1).
     pub hits_addend: u64,
+}
+
+impl Request<'_> {
+    /// Whether Tollgate's own API takes this request, which is stricter than
+    /// envoyproxy/ratelimit's protocol. Both refuse an empty domain and an
+    /// empty descriptor list. Tollgate's API also refuses a descriptor
+    /// without entries and an entry with an empty key, which the Envoy doors
+    /// answer as matching no rule, and a limit override that is no quota,
+    /// where the Envoy doors block a `requests_per_unit` of 0.
+    ///
+    /// # Errors
+    ///
+    /// The first problem found, in that order.
+    pub fn well_formed(&self) -> Result<(), RequestError> {
+        if self.domain.is_empty() {
+            return Err(RequestError::EmptyDomain);
+        }
+        if self.descriptors.is_empty() {
+            return Err(RequestError::NoDescriptors);
+        }
+        for (index, descriptor) in self.descriptors.iter().enumerate() {
+            if descriptor.entries.is_empty() {
+                return Err(RequestError::EmptyDescriptor { index });
+            }
+            if descriptor.entries.iter().any(|e| e.key.is_empty()) {
+                return Err(RequestError::EmptyKey { index });
+            }
+            if let Some(o) = descriptor.limit {
+                Quota::new(o.requests_per_unit, o.unit.duration()).map_err(|e| {
+                    RequestError::InvalidOverride {
+                        index,
+                        reason: e.to_string(),
+                    }
+                })?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Envoy's time units, with the lengths envoyproxy/ratelimit gives them.

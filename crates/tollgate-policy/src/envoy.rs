@@ -537,6 +537,11 @@ fn rule(
         detailed_metric: d.detailed_metric == Some(true),
         value_to_metric: level.value_to_metric.clone(),
         quota_mode: d.quota_mode == Some(true),
+        envoy_window: match action {
+            Action::Unlimited => None,
+            Action::Block(unit) => Some(unit),
+            Action::Limit(ref limited) => Some(limited.envoy.1),
+        },
         action,
         source: file.source(spanned.referenced),
     }))

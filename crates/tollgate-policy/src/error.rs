@@ -41,13 +41,13 @@ pub enum RequestError {
     /// There are no descriptors.
     #[error("rate limit descriptor list must not be empty")]
     NoDescriptors,
-    /// A descriptor has no entries.
+    /// A descriptor has no entries ([`crate::Request::well_formed`] only).
     #[error("descriptor {index} has no entries")]
     EmptyDescriptor {
         /// Which descriptor.
         index: usize,
     },
-    /// An entry has an empty key.
+    /// An entry has an empty key ([`crate::Request::well_formed`] only).
     #[error("descriptor {index} has an entry with an empty key")]
     EmptyKey {
         /// Which descriptor.

@@ -362,6 +362,7 @@ fn rule(
         value_to_metric: Vec::new(),
         quota_mode: false,
         action,
+        envoy_window: None,
         source: file.source(spanned.referenced),
     }))
 }

@@ -2,7 +2,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tollgate_core::{Algorithm, Limit, Quota};
+use tollgate_core::{Algorithm, Limit, Quota, QuotaError};
 
 use crate::rule::{Action, Limited, envoy_limit};
 use crate::tree::Node;
@@ -196,12 +196,9 @@ impl Policy {
             .iter()
             .enumerate()
             .map(|(index, descriptor)| {
-                if descriptor.entries.is_empty() {
-                    return Err(RequestError::EmptyDescriptor { index });
-                }
-                if descriptor.entries.iter().any(|e| e.key.is_empty()) {
-                    return Err(RequestError::EmptyKey { index });
-                }
+                // A descriptor without entries, or with an empty key, matches
+                // no rule, as in envoyproxy/ratelimit; Tollgate's own API
+                // refuses them first (`Request::well_formed`).
                 let cost = descriptor.hits_addend.unwrap_or(request.hits_addend.max(1));
                 let Some(domain) = domain else {
                     return Ok(Resolved::NoRule);
@@ -310,37 +307,50 @@ fn override_limit(
     o: crate::LimitOverride,
     cost: u64,
 ) -> Result<Resolved, RequestError> {
-    let quota = Quota::new(o.requests_per_unit, o.unit.duration()).map_err(|e| {
-        RequestError::InvalidOverride {
-            index,
-            reason: e.to_string(),
+    let quota = match Quota::new(o.requests_per_unit, o.unit.duration()) {
+        Ok(quota) => Some(quota),
+        // As a config's `requests_per_unit: 0`: envoyproxy/ratelimit counts
+        // the hit and answers it over the limit.
+        Err(QuotaError::ZeroLimit) => None,
+        Err(e) => {
+            return Err(RequestError::InvalidOverride {
+                index,
+                reason: e.to_string(),
+            });
         }
-    })?;
+    };
     let id: String = descriptor
         .entries
         .iter()
         .map(|e| format!("{}_{}", e.key, e.value))
         .collect::<Vec<_>>()
         .join(".");
-    let rule = Arc::new(Rule {
-        id: Arc::from(format!("override:{id}")),
-        name: None,
-        replaces: Vec::new(),
-        shadow: false,
-        detailed_metric: false,
-        value_to_metric: Vec::new(),
-        quota_mode: false,
-        action: Action::Limit(Limited {
-            algorithm: Algorithm::FixedWindow,
-            quota,
-            tiers: None,
-            priority: None,
-            bucket: None,
-            failure: FailurePolicy::default(),
-            envoy: envoy_limit(&quota),
-        }),
-        source: "request".into(),
-    });
+    let rule = |action| {
+        Arc::new(Rule {
+            id: Arc::from(format!("override:{id}")),
+            name: None,
+            replaces: Vec::new(),
+            shadow: false,
+            detailed_metric: false,
+            value_to_metric: Vec::new(),
+            quota_mode: false,
+            action,
+            envoy_window: Some(o.unit),
+            source: "request".into(),
+        })
+    };
+    let Some(quota) = quota else {
+        return Ok(Resolved::Blocked(rule(Action::Block(o.unit)), o.unit));
+    };
+    let rule = rule(Action::Limit(Limited {
+        algorithm: Algorithm::FixedWindow,
+        quota,
+        tiers: None,
+        priority: None,
+        bucket: None,
+        failure: FailurePolicy::default(),
+        envoy: envoy_limit(&quota),
+    }));
     let key = storage_key(
         domain,
         &format!("override:{}:{}", o.requests_per_unit, o.unit),

@@ -62,6 +62,8 @@ pub struct Rule {
     pub(crate) value_to_metric: Vec<bool>,
     pub(crate) quota_mode: bool,
     pub(crate) action: Action,
+    /// See [`Rule::envoy_window`].
+    pub(crate) envoy_window: Option<Unit>,
     pub(crate) source: String,
 }
 
@@ -70,6 +72,24 @@ impl Rule {
     /// envoyproxy/ratelimit descriptor path (`key_value.key`). Metrics label by it.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The rule's name, if it has one: envoyproxy/ratelimit's
+    /// `rate_limit.name` (what `replaces` names), or a native rule's `name`
+    /// (which is also its id). Envoy's answers report it as
+    /// `current_limit.name`, as envoyproxy/ratelimit does.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The window of one `unit`, aligned to the Unix epoch, that the rule
+    /// counts in when it has envoyproxy/ratelimit's semantics (a rule of its
+    /// format, or a request's limit override). Envoy's answers then report
+    /// `duration_until_reset` as envoyproxy/ratelimit computes it: the whole
+    /// seconds to the window's end. `None` for native rules, whose answers
+    /// keep their algorithm's exact time, and for unlimited ones.
+    pub fn envoy_window(&self) -> Option<Unit> {
+        self.envoy_window
     }
 
     /// Whether this rule only reports (dark launch) and never denies.

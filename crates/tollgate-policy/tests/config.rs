@@ -365,6 +365,12 @@ fn unknown_domains_and_unmatched_descriptors_have_no_limit() {
     ));
 }
 
+/// envoyproxy/ratelimit refuses only an empty domain and an empty descriptor
+/// list (`shouldRateLimitWorker`; `TestEmptyDomain`, `TestEmptyDescriptors`
+/// in its `test/service/ratelimit_test.go`). A descriptor without entries
+/// or with an empty key matches no rule there (`GetLimit`), and an override
+/// of 0 is a limit every hit is over. Tollgate's own API refuses all of
+/// them (`Request::well_formed`).
 #[test]
 fn malformed_requests_are_refused_with_a_reason() {
     let p = Policy::parse("messaging.yaml", MESSAGING).unwrap();
@@ -377,37 +383,41 @@ fn malformed_requests_are_refused_with_a_reason() {
         }),
         ..descriptor(&[("k", "v")])
     }];
-    let cases: [(&str, &[Descriptor], RequestError); 4] = [
-        ("", &no_key, RequestError::EmptyDomain),
+    let request = |domain, descriptors| Request {
+        domain,
+        descriptors,
+        hits_addend: 1,
+    };
+    for (domain, descriptors, expected) in [
+        ("", &no_key[..], RequestError::EmptyDomain),
         ("messaging", &[], RequestError::NoDescriptors),
-        (
-            "messaging",
-            &empty,
-            RequestError::EmptyDescriptor { index: 0 },
-        ),
-        ("messaging", &no_key, RequestError::EmptyKey { index: 0 }),
-    ];
-    for (domain, descriptors, expected) in cases {
-        let got = p
-            .resolve(&Request {
-                domain,
-                descriptors,
-                hits_addend: 1,
-            })
-            .unwrap_err();
-        assert_eq!(got, expected);
+    ] {
+        let request = request(domain, descriptors);
+        assert_eq!(p.resolve(&request).unwrap_err(), expected);
+        assert_eq!(request.well_formed().unwrap_err(), expected);
     }
-    let got = p
-        .resolve(&Request {
-            domain: "messaging",
-            descriptors: &zero,
-            hits_addend: 1,
-        })
-        .unwrap_err();
+
+    let resolved = |descriptors| p.resolve(&request("messaging", descriptors)).unwrap();
+    assert!(matches!(resolved(&empty)[..], [Resolved::NoRule]));
+    assert!(matches!(resolved(&no_key)[..], [Resolved::NoRule]));
+    match &resolved(&zero)[..] {
+        [Resolved::Blocked(rule, Unit::Second)] => {
+            assert_eq!(rule.name(), None, "an override has no name");
+            assert_eq!(rule.envoy_window(), Some(Unit::Second));
+        }
+        other => panic!("{other:?}"),
+    }
+
+    let refusal = |descriptors| request("messaging", descriptors).well_formed().unwrap_err();
+    assert_eq!(refusal(&empty), RequestError::EmptyDescriptor { index: 0 });
+    assert_eq!(refusal(&no_key), RequestError::EmptyKey { index: 0 });
+    let got = refusal(&zero);
     assert!(
         got.to_string().contains("limit must be at least 1"),
         "{got}"
     );
+    let fine = [descriptor(&[("to_number", "1")])];
+    assert_eq!(request("messaging", &fine).well_formed(), Ok(()));
 }
 
 #[test]

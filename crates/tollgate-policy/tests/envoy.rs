@@ -92,6 +92,12 @@ fn dir_of(files: &[(&str, &str)]) -> PathBuf {
 #[test]
 fn basic_config_loads_with_its_limits_and_its_exempted_values() {
     let p = load("basic_config.yaml");
+    let empty = resolve_all(&p, &[Descriptor::default()]);
+    assert!(matches!(empty[..], [Resolved::NoRule]), "{empty:?}");
+    // Not in its test: `GetLimit` looks an empty key up as `_value`, then as
+    // ``, and no descriptor has either.
+    no_rule(&p, &[("", "value1")]);
+    no_rule(&p, &[("key1", "value1"), ("", "subvalue1")]);
     no_rule(&p, &[("key1", "something")]);
     no_rule(&p, &[("key1", "value1")]);
     no_rule(&p, &[("key2", "value2"), ("subkey", "subvalue")]);
@@ -110,9 +116,9 @@ fn basic_config_loads_with_its_limits_and_its_exempted_values() {
     assert_eq!((n, unit), (1, Unit::Hour));
     match one(&p, &[("key4", "foo")]) {
         Resolved::Limit(a) => assert_eq!(
-            (a.envoy_limit, a.rule.id()),
-            ((1, Unit::Day), "key4"),
-            "named key4_rate_limit in the file"
+            (a.envoy_limit, a.rule.id(), a.rule.name()),
+            ((1, Unit::Day), "key4", Some("key4_rate_limit")),
+            "the id is the path, the name is the file's"
         ),
         other => panic!("{other:?}"),
     }

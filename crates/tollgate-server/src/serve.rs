@@ -27,7 +27,6 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tollgate_core::{Clock, SystemClock};
 use tollgate_policy::{Policy, PolicyHandle, Reloader, StoreSettings};
-use tonic_health::server::HealthReporter;
 use tracing_subscriber::EnvFilter;
 
 mod admin;
@@ -36,6 +35,7 @@ mod backend;
 mod envoy;
 mod envoy_json;
 mod grpc;
+mod health;
 mod http;
 mod listeners;
 mod metrics;
@@ -397,8 +397,7 @@ async fn launch(
     });
     let (stop, stopped) = watch::channel(());
 
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<RlsServer>().await;
+    let (health, health_service) = health::Health::start().await;
     let routes = tonic::service::Routes::new(health_service)
         .add_service(RlsServer::new(RateLimitGrpc::new(
             Arc::clone(&enforcer),
@@ -423,6 +422,7 @@ async fn launch(
         admin_token: args.admin_token,
         api_tokens: args.api_token.clone(),
         reloader: reloader.clone(),
+        health: Arc::clone(&health),
     });
     // On the shared multi-threaded runtime, not the gateway's per-CPU
     // workers: measured both ways (`scripts/bench-http`), per-CPU workers
@@ -453,6 +453,7 @@ async fn launch(
     if let Some(reloader) = reloader {
         tokio::spawn(reloader.watch(reload::POLL, signalled(stopped.clone())));
     }
+    tokio::spawn(Arc::clone(&health).follow(Arc::clone(&enforcer), stopped.clone()));
     tokio::spawn(upkeep(metrics_handle, stopped));
 
     Ok(Running {
@@ -478,7 +479,7 @@ pub struct Running {
     grpc: SocketAddr,
     admin: Option<SocketAddr>,
     gateway: Option<SocketAddr>,
-    health: HealthReporter,
+    health: Arc<health::Health>,
     /// Sending on it (or dropping it) is the one signal that stops
     /// everything.
     stop: watch::Sender<()>,
@@ -567,10 +568,10 @@ impl Running {
         }
     }
 
-    /// Tells gRPC health checkers first, then sends the one signal that
-    /// stops every listener and background task.
+    /// Turns every health probe unhealthy first, then sends the one signal
+    /// that stops every listener and background task.
     async fn signal_stop(&self) {
-        self.health.set_not_serving::<RlsServer>().await;
+        self.health.stop().await;
         let _ = self.stop.send(());
     }
 }

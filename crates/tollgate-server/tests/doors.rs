@@ -11,7 +11,13 @@ use std::net::SocketAddr;
 
 use axum::Router;
 use common::{Redis, Server, config_dir, rls_request};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use serde_json::{Value, json};
 
 /// The policy the doors share: the gateway's domain, one descriptor per key.
@@ -299,21 +305,143 @@ async fn oversized_requests_are_refused_at_every_door() {
         .iter()
         .map(|v| json!({"entries": [{"key": "user", "value": v}]}))
         .collect::<Vec<Value>>()});
-    for path in ["/json", "/v1/check"] {
-        let response = reqwest::Client::new()
+    let post = |path: &str, body: &Value| {
+        reqwest::Client::new()
             .post(server.url(path))
+            .json(body)
+            .send()
+    };
+    let response = post("/v1/check", &body).await.expect("an answer");
+    assert_eq!(response.status(), 400);
+    let error: Value = response.json().await.expect("a JSON body");
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("at most 128"),
+        "{error}"
+    );
+    // As envoyproxy/ratelimit answers what it refuses.
+    let response = post("/json", &body).await.expect("an answer");
+    assert_eq!(response.status(), 400);
+    assert_eq!(response.text().await.expect("a body"), "Bad Request\n");
+}
+
+/// The two Envoy doors answer what envoyproxy/ratelimit answers (see
+/// `tests/grpc.rs` for where it says so) alike, and `/v1/check` refuses it:
+/// a descriptor without entries or with an empty key has no limit, an
+/// override of 0 is over the limit, an empty domain is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_envoy_doors_answer_malformed_requests_as_envoyproxy_ratelimit_does() {
+    let (server, _actions) = serve(POLICY, &[]).await;
+    let zero = json!({"requestsPerUnit": 0, "unit": "MINUTE"});
+    let cases = [
+        (
+            json!({"domain": "gateway", "descriptors": [{"entries": []}]}),
+            Some(Code::Ok),
+        ),
+        (
+            json!({"domain": "gateway", "descriptors": [{"entries": [{"key": "", "value": "x"}]}]}),
+            Some(Code::Ok),
+        ),
+        (
+            json!({"domain": "gateway", "descriptors": [{"entries": [{"key": "user", "value": "z"}], "limit": zero}]}),
+            Some(Code::OverLimit),
+        ),
+        (
+            json!({"domain": "", "descriptors": [{"entries": [{"key": "user", "value": "z"}]}]}),
+            None,
+        ),
+    ];
+    let http = reqwest::Client::new();
+    for (body, expected) in cases {
+        let request: RateLimitRequest = grpc_request(&body);
+        let grpc = server.grpc_client().await.should_rate_limit(request).await;
+        let json = http
+            .post(server.url("/json"))
             .json(&body)
             .send()
             .await
             .expect("an answer");
-        assert_eq!(response.status(), 400, "{path}");
-        let error: Value = response.json().await.expect("a JSON body");
-        assert!(
-            error["error"]
-                .as_str()
-                .unwrap_or_default()
-                .contains("at most 128"),
-            "{path}: {error}"
-        );
+        let v1 = http
+            .post(server.url("/v1/check"))
+            .json(&native(&body))
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(v1.status(), 400, "{body}");
+        match expected {
+            Some(code) => {
+                let grpc = grpc.expect("an answer").into_inner();
+                assert_eq!(grpc.overall_code, code as i32, "{body}");
+                let status = if code == Code::Ok { 200 } else { 429 };
+                assert_eq!(json.status(), status, "{body}");
+                let answer: Value = json.json().await.expect("a JSON answer");
+                assert_eq!(
+                    answer["statuses"].as_array().map(Vec::len),
+                    Some(1),
+                    "{answer}"
+                );
+                let limit = &answer["statuses"][0]["currentLimit"];
+                assert_eq!(
+                    grpc.statuses[0].current_limit.is_some(),
+                    !limit.is_null(),
+                    "{body}"
+                );
+            }
+            None => {
+                let status = grpc.expect_err("refused");
+                assert_eq!(status.code(), tonic::Code::Unknown);
+                assert_eq!(json.status(), 400, "{body}");
+            }
+        }
     }
+}
+
+/// `body` (a `/json` request) as gRPC's request.
+fn grpc_request(body: &Value) -> RateLimitRequest {
+    let descriptors = body["descriptors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|d| RateLimitDescriptor {
+            entries: d["entries"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| Entry {
+                    key: e["key"].as_str().unwrap_or_default().to_owned(),
+                    value: e["value"].as_str().unwrap_or_default().to_owned(),
+                })
+                .collect(),
+            limit: d.get("limit").map(|l| RateLimitOverride {
+                requests_per_unit: l["requestsPerUnit"]
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .unwrap_or_default(),
+                unit: Unit::from_str_name(l["unit"].as_str().unwrap_or_default())
+                    .map_or(0, |u| u as i32),
+            }),
+            ..RateLimitDescriptor::default()
+        })
+        .collect();
+    RateLimitRequest {
+        domain: body["domain"].as_str().unwrap_or_default().to_owned(),
+        descriptors,
+        ..RateLimitRequest::default()
+    }
+}
+
+/// `body` (a `/json` request) as `/v1/check`'s policy check.
+fn native(body: &Value) -> Value {
+    let mut body = body.clone();
+    for d in body["descriptors"].as_array_mut().into_iter().flatten() {
+        if let Some(limit) = d.get("limit").cloned() {
+            d["limit"] = json!({
+                "requests_per_unit": limit["requestsPerUnit"],
+                "unit": limit["unit"].as_str().unwrap_or_default().to_lowercase(),
+            });
+        }
+    }
+    body
 }

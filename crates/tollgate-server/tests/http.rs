@@ -1,6 +1,7 @@
 //! The HTTP API against a real `tollgate serve`: `/json` in
 //! envoyproxy/ratelimit's shape, `/v1/check` in both its shapes with headers,
-//! `/metrics`, `/healthz`, `/readyz`, errors, and the admin API.
+//! `/metrics`, `/healthz`, `/readyz`, `/healthcheck`, errors, and the admin
+//! API.
 
 mod common;
 
@@ -122,23 +123,58 @@ async fn json_endpoint_status_codes() {
         body,
         json!({"overallCode": "OK", "statuses": [{"code": "OK"}]})
     );
+}
 
-    for (bad, reason) in [
-        ("{", "EOF"),
-        (
-            r#"{"domain": "daily", "descriptors": []}"#,
-            "descriptor list must not be empty",
-        ),
-        (
-            r#"{"domain": "daily", "descriptors": [{"entries": [{"key": 7}]}]}"#,
-            "descriptors[0].entries[0].key",
-        ),
+/// Every request `/json` cannot read or check gets what envoyproxy/ratelimit
+/// writes: `TestJsonHandler` in its `test/server/server_impl_test.go` (no
+/// body, a body that is not JSON, a service error such as `{"domain":
+/// "foo"}` with no descriptors).
+#[tokio::test]
+async fn json_endpoint_errors_are_envoyproxy_ratelimits_bad_request() {
+    let server = daily_server();
+    for bad in [
+        "",
+        "}",
+        r#"{"domain": "foo"}"#,
+        r#"{"domain": "", "descriptors": [{"entries": [{"key": "user"}]}]}"#,
+        r#"{"domain": "daily", "descriptors": [{"entries": [{"key": 7}]}]}"#,
+        r#"{"domain": "daily", "descriptors": [{"entries": [{"key": "user"}]}], "extra": 1}"#,
+        r#"{"domain": "daily", "descriptors": [{"entries": [{"key": "user"}], "limit": {"requestsPerUnit": 1}}]}"#,
     ] {
         let response = post(&server, "/json", bad).await;
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{bad}");
-        let error: Value = response.json().await.expect("a JSON error");
-        let text = error["error"].as_str().unwrap_or_default();
-        assert!(text.contains(reason), "{bad}: {text}");
+        let content_type = response.headers().get("content-type").cloned();
+        assert_eq!(
+            content_type.as_ref().and_then(|v| v.to_str().ok()),
+            Some("text/plain; charset=utf-8"),
+            "{bad}"
+        );
+        assert_eq!(response.text().await.expect("a body"), "Bad Request\n");
+    }
+    // Any method reaches the handler, whose empty body is no request.
+    let response = reqwest::get(server.url("/json")).await.expect("answers");
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(response.text().await.expect("a body"), "Bad Request\n");
+}
+
+/// envoyproxy/ratelimit's probe: 200 `OK` while healthy, on any method, as
+/// its router takes it (`src/server/health.go`, `ServeHTTP`).
+#[tokio::test]
+async fn healthcheck_answers_ok() {
+    let server = daily_server();
+    for method in [reqwest::Method::GET, reqwest::Method::POST] {
+        let response = Client::new()
+            .request(method.clone(), server.url("/healthcheck"))
+            .send()
+            .await
+            .expect("answers");
+        assert_eq!(response.status(), StatusCode::OK, "{method}");
+        let content_type = response.headers().get("content-type").cloned();
+        assert_eq!(
+            content_type.as_ref().and_then(|v| v.to_str().ok()),
+            Some("text/plain; charset=utf-8")
+        );
+        assert_eq!(response.text().await.expect("a body"), "OK");
     }
 }
 
@@ -314,6 +350,14 @@ async fn v1_check_errors_name_the_field() {
         (
             r#"{"domain": "daily", "descriptors": [{"entries": []}]}"#,
             "descriptor 0 has no entries",
+        ),
+        (
+            r#"{"domain": "daily", "descriptors": [{"entries": [{"key": ""}]}]}"#,
+            "descriptor 0 has an entry with an empty key",
+        ),
+        (
+            r#"{"domain": "daily", "descriptors": [{"entries": [{"key": "user"}], "limit": {"requests_per_unit": 0, "unit": "second"}}]}"#,
+            "limit must be at least 1",
         ),
         (
             r#"{"domain": "daily", "descriptors": [{"entries": [{"key": "user"}]}], "extra": 1}"#,

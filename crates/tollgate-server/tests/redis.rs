@@ -11,6 +11,9 @@ use common::{Redis, Server, free_port, rls_request, tollgate};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use serde_json::json;
 use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
 
 const HOURLY: &str = "domain: shared\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: hour\n      requests_per_unit: 5\n";
 
@@ -128,6 +131,63 @@ async fn each_rule_falls_back_by_its_failure_policy_and_readyz_follows_redis() {
         value("tollgate_redis_breaker_state") > 0.0,
         "the breaker opened"
     );
+}
+
+/// `GET /healthcheck` and gRPC health follow the store as `/readyz` does,
+/// as envoyproxy/ratelimit's follow its Redis connection (its
+/// `src/server/health.go`, `TestHealthCheck` and `TestGrpcHealthCheck`
+/// in `test/server/health_test.go`): 200 `OK` and `SERVING` while it
+/// answers, 500 with an empty body and `NOT_SERVING` while it does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_probes_follow_redis() {
+    let mut redis = Redis::start();
+    let server = Server::with_config(&[("shared.yaml", HOURLY)], &["--redis", &redis.url()]);
+    let channel = Channel::from_shared(format!("http://{}", server.grpc))
+        .expect("a valid URI")
+        .connect()
+        .await
+        .expect("the gRPC listener accepts");
+    let mut grpc = HealthClient::new(channel);
+    let probes = async |grpc: &mut HealthClient<Channel>| {
+        let response = reqwest::get(server.url("/healthcheck"))
+            .await
+            .expect("answers");
+        let status = response.status().as_u16();
+        let body = response.text().await.expect("a body");
+        let mut serving = Vec::new();
+        for service in [
+            "ratelimit",
+            "",
+            "envoy.service.ratelimit.v3.RateLimitService",
+        ] {
+            let request = HealthCheckRequest {
+                service: service.to_owned(),
+            };
+            let answer = grpc.check(request).await.expect("health answers");
+            serving.push(answer.into_inner().status == ServingStatus::Serving as i32);
+        }
+        (status, body, serving)
+    };
+    let healthy = (200, "OK".to_owned(), vec![true; 3]);
+    let unhealthy = (500, String::new(), vec![false; 3]);
+    assert_eq!(probes(&mut grpc).await, healthy);
+
+    redis.kill();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = probes(&mut grpc).await;
+    while seen != unhealthy && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen = probes(&mut grpc).await;
+    }
+    assert_eq!(seen, unhealthy, "Redis is gone");
+
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen != healthy && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen = probes(&mut grpc).await;
+    }
+    assert_eq!(seen, healthy, "Redis is back");
 }
 
 /// One GCRA budget of 1,000 per hour (burst 1,000) shared by every instance.

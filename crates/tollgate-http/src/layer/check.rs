@@ -111,8 +111,9 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
         });
 
         // The local pre-check: obviously-over-limit traffic stops here. A
-        // request the policy cannot take (e.g. an entry with an empty key,
-        // which only a custom source can make) is not limited.
+        // request the policy cannot take (e.g. more descriptors than the
+        // enforcer takes, which only many custom sources can make) is not
+        // limited.
         let mut prechecked = None;
         if let Some(precheck) = &self.precheck
             && let Ok(mut verdict) = precheck.enforce(request).await

@@ -1,4 +1,5 @@
-//! `POST /json`: envoyproxy/ratelimit's HTTP endpoint, in its shape.
+//! `/json`: envoyproxy/ratelimit's HTTP endpoint, in its shape, on any
+//! method as there (clients `POST`).
 //!
 //! The body is a `RateLimitRequest` and the answer a `RateLimitResponse`, both
 //! in the protobuf JSON mapping (as envoyproxy/ratelimit reads and writes them
@@ -6,8 +7,10 @@
 //! too), enums by name, 64-bit integers as numbers or strings, durations as
 //! `"1.500s"`, and fields left out when they hold their default value. The
 //! request goes through the very function the gRPC service calls. The status
-//! is 200 when the overall code is `OK`, 429 when it is `OVER_LIMIT`, and 400
-//! with `{"error": "..."}` for a request that cannot be read or checked.
+//! is 200 when the overall code is `OK`, 429 when it is `OVER_LIMIT`, and a
+//! request that cannot be read or checked gets what envoyproxy/ratelimit's
+//! `NewJsonHandler` writes (Go's `http.Error`): 400, `text/plain`, `Bad
+//! Request` and a newline. The reason is logged at debug level.
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,6 +20,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::http::header::{CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS};
 use axum::response::{IntoResponse, Response};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ResponseUnit;
 use serde::de::{self, Deserializer, Unexpected, Visitor};
@@ -24,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use tollgate_core::Store;
 use tollgate_policy::{Check, Descriptor, Entry, Request};
 
-use super::envoy::{self, Answer, RequestDescriptor};
-use super::http::{ApiError, AppState};
+use super::envoy::{self, Answer, Refusal, RequestDescriptor};
+use super::http::AppState;
 use super::metrics::{self, Api, CheckResult};
 
 /// `RateLimitRequest`.
@@ -90,28 +94,22 @@ struct JsonOverride {
 }
 
 impl JsonRequest {
-    /// The descriptors, as the enforcer takes them; a descriptor asking to
-    /// subtract hits, or whose override names no unit, is refused.
-    fn descriptors(self) -> Result<(String, Vec<Descriptor>, u32), ApiError> {
-        let descriptors = self
-            .descriptors
-            .into_iter()
-            .enumerate()
-            .map(|(index, d)| {
-                RequestDescriptor {
-                    entries: d
-                        .entries
-                        .into_iter()
-                        .map(|e| Entry::new(e.key, e.value))
-                        .collect(),
-                    limit: d.limit.map(|o| (o.requests_per_unit, o.unit)),
-                    hits_addend: d.hits_addend,
-                    is_negative_hits: d.is_negative_hits,
-                }
-                .into_descriptor(index)
-                .map_err(ApiError::bad_request)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+    /// The domain, the descriptors as the enforcer takes them and the
+    /// hits, or why the request is refused (see [`envoy::descriptors`]).
+    fn descriptors(self) -> Result<(String, Vec<Descriptor>, u32), Refusal> {
+        let descriptors = envoy::descriptors(
+            &self.domain,
+            self.descriptors.into_iter().map(|d| RequestDescriptor {
+                entries: d
+                    .entries
+                    .into_iter()
+                    .map(|e| Entry::new(e.key, e.value))
+                    .collect(),
+                limit: d.limit.map(|o| (o.requests_per_unit, o.unit)),
+                hits_addend: d.hits_addend,
+                is_negative_hits: d.is_negative_hits,
+            }),
+        )?;
         Ok((self.domain, descriptors, self.hits_addend))
     }
 }
@@ -211,7 +209,7 @@ fn duration(d: Duration) -> String {
     }
 }
 
-/// `POST /json`.
+/// `/json`.
 pub(crate) async fn json<S: Store + 'static>(
     State(state): State<Arc<AppState<S>>>,
     body: Bytes,
@@ -233,14 +231,34 @@ pub(crate) async fn json<S: Store + 'static>(
             };
             (status, Json(response)).into_response()
         }
-        Err(error) => error.into_response(),
+        Err(reason) => {
+            tracing::debug!(%reason, "/json: bad request");
+            bad_request()
+        }
     }
 }
 
-async fn answer<S: Store>(state: &AppState<S>, body: &[u8]) -> Result<JsonResponse, ApiError> {
-    let Json(request) = Json::<JsonRequest>::from_bytes(body)
-        .map_err(|rejection| ApiError::bad_request(rejection.body_text()))?;
-    let (domain, descriptors, hits_addend) = request.descriptors()?;
+/// Go's `http.Error(w, "Bad Request", 400)`, as envoyproxy/ratelimit
+/// answers every request it cannot read or check.
+fn bad_request() -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        [
+            (CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        "Bad Request\n",
+    )
+        .into_response()
+}
+
+/// The answer, or why there is none.
+async fn answer<S: Store>(state: &AppState<S>, body: &[u8]) -> Result<JsonResponse, String> {
+    let Json(request) =
+        Json::<JsonRequest>::from_bytes(body).map_err(|rejection| rejection.body_text())?;
+    let (domain, descriptors, hits_addend) = request
+        .descriptors()
+        .map_err(|refusal| refusal.to_string())?;
     let verdict = state
         .enforcer
         .enforce(Check::Policy(Request {
@@ -249,7 +267,7 @@ async fn answer<S: Store>(state: &AppState<S>, body: &[u8]) -> Result<JsonRespon
             hits_addend: u64::from(hits_addend),
         }))
         .await
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        .map_err(|e| e.to_string())?;
     Ok(JsonResponse::from(envoy::answer(&verdict)))
 }
 

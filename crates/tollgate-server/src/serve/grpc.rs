@@ -15,11 +15,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tollgate_core::Store;
-use tollgate_policy::{Check, Descriptor, Enforcer, Entry, Request};
+use tollgate_policy::{Check, Enforcer, Entry, Request};
 use tonic::{Response, Status};
 
 use super::auth::{self, Token};
-use super::envoy::{self, Answer, RequestDescriptor};
+use super::envoy::{self, Answer, Refusal, RequestDescriptor};
 use super::metrics::{self, Api, CheckResult};
 
 pub(crate) use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -73,13 +73,17 @@ fn result_of(answer: &Result<RateLimitResponse, Status>) -> CheckResult {
     }
 }
 
-/// Answers one `ShouldRateLimit` request; a malformed one is
-/// `INVALID_ARGUMENT` with the reason.
+/// Answers one `ShouldRateLimit` request; a malformed one fails with the
+/// reason (see [`status`]).
 async fn should_rate_limit<S: Store>(
     enforcer: &Enforcer<S>,
     mut request: RateLimitRequest,
 ) -> Result<RateLimitResponse, Status> {
-    let descriptors = descriptors(std::mem::take(&mut request.descriptors))?;
+    let descriptors = envoy::descriptors(
+        &request.domain,
+        descriptors(std::mem::take(&mut request.descriptors)),
+    )
+    .map_err(status)?;
     // Envoy's protocol has no release call: a concurrency permit lapses
     // after its rule's period.
     let verdict = enforcer
@@ -89,30 +93,31 @@ async fn should_rate_limit<S: Store>(
             hits_addend: u64::from(request.hits_addend),
         }))
         .await
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        .map_err(|e| status(e.into()))?;
     Ok(response(envoy::answer(&verdict)))
 }
 
+/// The failure a refusal is: envoyproxy/ratelimit's own refusals with its
+/// code and words, Tollgate's `INVALID_ARGUMENT`.
+fn status(refusal: Refusal) -> Status {
+    match refusal {
+        Refusal::Service(error) => Status::unknown(error.to_string()),
+        Refusal::Invalid(reason) => Status::invalid_argument(reason),
+    }
+}
+
 /// The request's descriptors, their strings moved rather than copied.
-fn descriptors(descriptors: Vec<RateLimitDescriptor>) -> Result<Vec<Descriptor>, Status> {
-    descriptors
-        .into_iter()
-        .enumerate()
-        .map(|(index, d)| {
-            RequestDescriptor {
-                entries: d
-                    .entries
-                    .into_iter()
-                    .map(|e| Entry::new(e.key, e.value))
-                    .collect(),
-                limit: d.limit.map(|o| (o.requests_per_unit, o.unit)),
-                hits_addend: d.hits_addend.map(|h| h.value),
-                is_negative_hits: d.is_negative_hits,
-            }
-            .into_descriptor(index)
-            .map_err(Status::invalid_argument)
-        })
-        .collect()
+fn descriptors(descriptors: Vec<RateLimitDescriptor>) -> impl Iterator<Item = RequestDescriptor> {
+    descriptors.into_iter().map(|d| RequestDescriptor {
+        entries: d
+            .entries
+            .into_iter()
+            .map(|e| Entry::new(e.key, e.value))
+            .collect(),
+        limit: d.limit.map(|o| (o.requests_per_unit, o.unit)),
+        hits_addend: d.hits_addend.map(|h| h.value),
+        is_negative_hits: d.is_negative_hits,
+    })
 }
 
 fn code(ok: bool) -> i32 {

@@ -3,15 +3,17 @@
 //!
 //! | endpoint | answer |
 //! | --- | --- |
-//! | `POST /json` | envoyproxy/ratelimit's JSON shape (see `envoy_json`) |
+//! | `/json` (any method; `POST` in practice) | envoyproxy/ratelimit's JSON shape (see `envoy_json`) |
 //! | `POST /v1/check` | Tollgate's JSON shape (see `native`) |
 //! | `POST /v1/release` | gives back a checked request's concurrency permits |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200 when the store answers a probe check, 503 otherwise; the body also says when the last config reload was refused or failed (still 200: the last good config is enforced) |
+//! | `/healthcheck` | envoyproxy/ratelimit's probe: 200 `OK` while healthy (see `health`), 500 with an empty body otherwise |
 //! | `/admin/...` | see `admin` |
 //!
-//! Errors are `{"error": "..."}` with a 4xx or 5xx status.
+//! Errors are `{"error": "..."}` with a 4xx or 5xx status, except at
+//! envoyproxy/ratelimit's endpoints, which answer as it does.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -24,12 +26,13 @@ use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tollgate_core::Store;
 
 use super::admin;
 use super::auth::{self, Token};
+use super::health::Health;
 use super::{envoy_json, metrics, native, reload};
 use tollgate_policy::{Enforcer, Reloader};
 
@@ -49,6 +52,8 @@ pub(crate) struct AppState<S> {
     /// Reloads `--config` for `POST /admin/reload` and tells `/readyz` how
     /// the last reload went; `None` when the built-in policy is in force.
     pub(crate) reloader: Option<Reloader>,
+    /// What `/healthcheck` reports, as the gRPC health service does.
+    pub(crate) health: Arc<Health>,
 }
 
 /// An error answer: a status and `{"error": message}`.
@@ -105,11 +110,13 @@ impl Surface {
 /// The HTTP endpoints of `surface` over `state`.
 pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>, surface: Surface) -> Router {
     let mut router = Router::new()
+        // envoyproxy/ratelimit's endpoints take any method, as its router does.
+        .route("/healthcheck", any(healthcheck::<S>))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz::<S>));
     if surface.checks() {
         let checks = Router::new()
-            .route("/json", post(envoy_json::json::<S>))
+            .route("/json", any(envoy_json::json::<S>))
             .route("/v1/check", post(native::check::<S>))
             .route("/v1/release", post(native::release::<S>))
             .route_layer(middleware::from_fn_with_state(
@@ -245,6 +252,14 @@ async fn readyz<S: Store + 'static>(State(state): State<Arc<AppState<S>>>) -> Re
     }
 }
 
+async fn healthcheck<S>(State(state): State<Arc<AppState<S>>>) -> Response {
+    if state.health.healthy() {
+        "OK".into_response()
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+    }
+}
+
 async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "no such endpoint")
 }
@@ -261,7 +276,7 @@ mod tests {
     use super::super::metrics;
     use super::*;
 
-    fn app(admin_token: Option<&str>) -> Router {
+    async fn app(admin_token: Option<&str>) -> Router {
         let store = MemoryStore::with_clock(MemoryConfig::default(), SystemClock);
         let state = AppState {
             enforcer: Arc::new(Enforcer::new(Policy::builtin(), store)),
@@ -270,6 +285,7 @@ mod tests {
             admin_token: admin_token.map(|t| t.parse().expect("a token")),
             api_tokens: Vec::new(),
             reloader: None,
+            health: Health::start().await.0,
         };
         router(Arc::new(state), Surface::Everything)
     }
@@ -298,7 +314,7 @@ mod tests {
     #[tokio::test]
     async fn json_checks_the_builtin_policy_without_a_content_type() {
         let body = r#"{"domain": "default", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.0.0.1"}]}]}"#;
-        let (status, json) = call(app(None), post("/json", body)).await;
+        let (status, json) = call(app(None).await, post("/json", body)).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(json["overallCode"], "OK");
         assert_eq!(json["statuses"][0]["currentLimit"]["requestsPerUnit"], 10);
@@ -308,12 +324,6 @@ mod tests {
     #[tokio::test]
     async fn bad_bodies_are_400_with_a_reason() {
         for (uri, body, needle) in [
-            ("/json", "{", "EOF"),
-            (
-                "/json",
-                r#"{"domain": "", "descriptors": []}"#,
-                "domain must not be empty",
-            ),
             ("/v1/check", "[]", "expected a JSON object"),
             (
                 "/v1/check",
@@ -328,7 +338,7 @@ mod tests {
             ),
             ("/v1/check", r#"{"domain": "default"}"#, "descriptors"),
         ] {
-            let (status, json) = call(app(None), post(uri, body)).await;
+            let (status, json) = call(app(None).await, post(uri, body)).await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{uri} {body}");
             let error = json["error"].as_str().unwrap_or_default();
             assert!(error.contains(needle), "{uri} {body}: {error}");
@@ -336,8 +346,61 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn json_errors_are_a_plain_bad_request() {
+        for body in ["{", r#"{"domain": "", "descriptors": []}"#] {
+            let response = app(None)
+                .await
+                .oneshot(post("/json", body))
+                .await
+                .expect("infallible");
+            assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body}");
+            let nosniff = response.headers().get(header::X_CONTENT_TYPE_OPTIONS);
+            assert_eq!(nosniff.map(HeaderValue::as_bytes), Some(&b"nosniff"[..]));
+            let text = axum::body::to_bytes(response.into_body(), 1 << 10)
+                .await
+                .expect("a small body");
+            assert_eq!(&text[..], b"Bad Request\n", "{body}");
+        }
+    }
+
+    #[tokio::test]
+    async fn healthcheck_follows_the_health_state() {
+        let (health, _grpc) = Health::start().await;
+        let store = MemoryStore::with_clock(MemoryConfig::default(), SystemClock);
+        let app = router(
+            Arc::new(AppState {
+                enforcer: Arc::new(Enforcer::new(Policy::builtin(), store)),
+                metrics: metrics::recorder().expect("valid buckets").handle(),
+                store_metrics: None,
+                admin_token: None,
+                api_tokens: Vec::new(),
+                reloader: None,
+                health: Arc::clone(&health),
+            }),
+            Surface::Everything,
+        );
+        let probe = async || {
+            let request = Request::get("/healthcheck").body(Body::empty());
+            let response = app
+                .clone()
+                .oneshot(request.expect("valid"))
+                .await
+                .expect("infallible");
+            let status = response.status();
+            let body = axum::body::to_bytes(response.into_body(), 1 << 10).await;
+            (status, body.expect("a small body"))
+        };
+        assert_eq!(probe().await, (StatusCode::OK, "OK".into()));
+        health.stop().await;
+        assert_eq!(
+            probe().await,
+            (StatusCode::INTERNAL_SERVER_ERROR, Bytes::new())
+        );
+    }
+
+    #[tokio::test]
     async fn the_direct_path_answers_like_the_router() {
-        let state = || {
+        let state = || async {
             let store = MemoryStore::with_clock(MemoryConfig::default(), SystemClock);
             Arc::new(AppState {
                 enforcer: Arc::new(Enforcer::new(Policy::builtin(), store)),
@@ -346,6 +409,7 @@ mod tests {
                 admin_token: None,
                 api_tokens: Vec::new(),
                 reloader: None,
+                health: Health::start().await.0,
             })
         };
         let too_big = format!(r#"{{"key": "{}"}}"#, "k".repeat(3 << 20));
@@ -371,7 +435,7 @@ mod tests {
             ("POST", "/v1/check/", "{}".to_owned()),
             ("GET", "/healthz", String::new()),
         ];
-        let (direct, routed) = (state(), state());
+        let (direct, routed) = (state().await, state().await);
         for (method, uri, body) in requests {
             let request = || {
                 Request::builder()
@@ -418,9 +482,9 @@ mod tests {
                 .body(Body::empty())
                 .expect("valid")
         };
-        assert_eq!(call(app(None), list()).await.0, StatusCode::FORBIDDEN);
+        assert_eq!(call(app(None).await, list()).await.0, StatusCode::FORBIDDEN);
         assert_eq!(
-            call(app(Some("s3cret")), list()).await.0,
+            call(app(Some("s3cret")).await, list()).await.0,
             StatusCode::UNAUTHORIZED
         );
         let authorized = Request::get("/admin/kill-switch")
@@ -428,7 +492,7 @@ mod tests {
             .body(Body::empty())
             .expect("valid");
         assert_eq!(
-            call(app(Some("s3cret")), authorized).await.0,
+            call(app(Some("s3cret")).await, authorized).await.0,
             StatusCode::OK
         );
     }
@@ -437,12 +501,20 @@ mod tests {
     async fn health_and_readiness() {
         let get = |uri: &str| Request::get(uri).body(Body::empty()).expect("valid");
         let response = app(None)
+            .await
             .oneshot(get("/healthz"))
             .await
             .expect("infallible");
         assert_eq!(response.status(), StatusCode::OK);
-        let response = app(None).oneshot(get("/readyz")).await.expect("infallible");
+        let response = app(None)
+            .await
+            .oneshot(get("/readyz"))
+            .await
+            .expect("infallible");
         assert_eq!(response.status(), StatusCode::OK);
-        assert_eq!(call(app(None), get("/nope")).await.0, StatusCode::NOT_FOUND);
+        assert_eq!(
+            call(app(None).await, get("/nope")).await.0,
+            StatusCode::NOT_FOUND
+        );
     }
 }

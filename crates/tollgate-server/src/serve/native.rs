@@ -415,7 +415,15 @@ async fn answer<S: Store>(enforcer: &Enforcer<S>, body: &[u8]) -> Result<Verdict
     let checked = parse(body)?;
     let check = match &checked {
         Checked::AdHoc(adhoc) => Check::AdHoc(adhoc),
-        Checked::Policy(policy) => Check::Policy(policy.request()),
+        Checked::Policy(policy) => {
+            let request = policy.request();
+            // Stricter than the Envoy doors, which answer these as
+            // envoyproxy/ratelimit does.
+            request
+                .well_formed()
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            Check::Policy(request)
+        }
     };
     enforcer
         .enforce(check)

@@ -201,13 +201,18 @@ impl Server {
 
     /// Sends `signal` (e.g. `TERM`) and waits (bounded) for the process to exit.
     pub(crate) fn stop_with(&mut self, signal: &str) -> ExitStatus {
+        self.signal(signal);
+        self.wait(SHUTDOWN)
+            .unwrap_or_else(|| panic!("no exit within {SHUTDOWN:?} of SIG{signal}\n{}", self.log()))
+    }
+
+    /// Sends `signal` (e.g. `TERM`) without waiting.
+    pub(crate) fn signal(&self, signal: &str) {
         let sent = Command::new("kill")
             .args([format!("-{signal}"), self.child.id().to_string()])
             .status()
             .expect("kill runs");
         assert!(sent.success(), "kill -{signal} failed");
-        self.wait(SHUTDOWN)
-            .unwrap_or_else(|| panic!("no exit within {SHUTDOWN:?} of SIG{signal}\n{}", self.log()))
     }
 
     /// Waits up to `within` for the process to exit.
