@@ -37,6 +37,9 @@ pub struct StoreSettings {
     pub hybrid_lease_ttl: Option<Duration>,
     /// The most keys the in-process store holds (`--max-keys`).
     pub max_keys: Option<u64>,
+    /// The part of what Redis last reported remaining that one instance may
+    /// spend locally when Redis does not answer (`--fallback-share`).
+    pub fallback_share: Option<f64>,
 }
 
 /// A duration written as Tollgate's configs write them (`10ms`, `1s`, `1m`).

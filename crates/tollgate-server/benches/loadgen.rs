@@ -141,6 +141,10 @@ struct Load {
     /// The burst (capacity).
     #[arg(long, default_value_t = 1000)]
     burst: u64,
+    /// Tollgate's algorithm for the HTTP checks (`scripts/bench-fallback`
+    /// measures each); the burst is sent only to the bucket algorithms.
+    #[arg(long, default_value = "gcra")]
+    algorithm: String,
     /// The generator's threads (default: one per CPU).
     #[arg(long)]
     threads: Option<usize>,
@@ -361,10 +365,18 @@ fn http_bodies(load: &Load) -> Vec<Bytes> {
         .map(|i| {
             let key = key_name(i);
             let json = match load.server {
-                Server::Tollgate => format!(
-                    r#"{{"key":"{key}","limit":{},"period":"{}s","burst":{},"algorithm":"gcra","cost":1}}"#,
-                    load.limit, load.period_secs, load.burst
-                ),
+                Server::Tollgate => {
+                    let burst = match load.algorithm.as_str() {
+                        "gcra" | "token-bucket" | "leaky-bucket" => {
+                            format!(r#","burst":{}"#, load.burst)
+                        }
+                        _ => String::new(),
+                    };
+                    format!(
+                        r#"{{"key":"{key}","limit":{},"period":"{}s"{burst},"algorithm":"{}","cost":1}}"#,
+                        load.limit, load.period_secs, load.algorithm
+                    )
+                }
                 Server::Throttlecrab => format!(
                     r#"{{"key":"{key}","max_burst":{},"count_per_period":{},"period":{},"quantity":1}}"#,
                     load.burst, load.limit, load.period_secs

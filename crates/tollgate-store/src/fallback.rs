@@ -19,11 +19,26 @@
 //! and no request ever carries a probe, so a cancelled request cannot leave the
 //! breaker half-open.
 //!
+//! **A local decision starts where the inner store left off.** While the inner
+//! store answers, the wrapper keeps what it last said of each `local` limit's
+//! key (the units remaining, and until when that holds: the decision's
+//! reset), for up to 65,536 keys. The first time a key is decided
+//! locally after that, its local state is charged down to
+//! `share × remaining` (`share` is [`FallbackConfig::local_share`]), and a
+//! key with no report still in force starts at `share × capacity`. So a
+//! timeout on a busy but healthy store (a blip) cannot hand out a fresh full
+//! budget: one instance stays within the limit, and `n` instances sharing a
+//! store overshoot by at most `(n × share − 1) × remaining` instead of `n ×`
+//! the limit. Concurrency is charged the same way: the units charged are a
+//! local lease that lapses after the quota's period, and the permits this
+//! instance holds on the inner store count in the remaining it reported.
+//!
 //! Concurrency leases go back where they were taken: each lease id the
 //! wrapper hands out carries a tag naming the store that granted it (`i`, the
 //! inner store; `l`, the local one), and a release sends each lease to its
 //! store with the tag taken off.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -34,6 +49,8 @@ use tollgate_core::{
     Algorithm, Clock, Decision, FailurePolicy, Lease, Limit, Outcome, Quota, Stamped, Store,
     StoreError,
 };
+
+use parking_lot::Mutex;
 
 use crate::breaker::{Breaker, BreakerState};
 use crate::{FastClock, MemoryConfig, MemoryStore};
@@ -84,6 +101,12 @@ pub struct FallbackConfig {
     pub breaker_cool_down: Duration,
     /// The local store that limits with [`FailurePolicy::Local`] fall back to.
     pub local: MemoryConfig,
+    /// The part of what the inner store last reported remaining (or of the
+    /// capacity, for a key with no report in force) that one instance may
+    /// spend locally (above 0, at most 1). Default 1: exact for one
+    /// instance; `1/n` keeps `n` instances within the limit, at the price of
+    /// denying sooner when only some of them fall back.
+    pub local_share: f64,
 }
 
 impl Default for FallbackConfig {
@@ -96,6 +119,7 @@ impl Default for FallbackConfig {
                 max_keys: 100_000,
                 ..MemoryConfig::default()
             },
+            local_share: 1.0,
         }
     }
 }
@@ -145,14 +169,34 @@ fn policy_index(policy: FailurePolicy) -> usize {
     }
 }
 
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
 fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Keys the wrapper remembers the inner store's last report of.
+const MAX_REPORTS: usize = 65_536;
+
+/// What the inner store last said of one key.
+#[derive(Debug, Clone, Copy)]
+struct Report {
+    remaining: u64,
+    /// Until when (on the local clock) `remaining` holds at most: the
+    /// decision's reset.
+    until: u64,
+    /// Whether the local state was charged down to it since.
+    seeded: bool,
 }
 
 struct Shared<S> {
     inner: S,
     config: FallbackConfig,
     local: MemoryStore<Arc<dyn Clock>>,
+    clock: Arc<dyn Clock>,
+    reports: Mutex<HashMap<Box<str>, Report>>,
     breaker: Breaker,
     counters: Counters,
 }
@@ -190,7 +234,9 @@ impl<S: Store + 'static> Fallback<S> {
     /// simulations, the clock the inner store was given).
     pub fn with_clock(inner: S, config: FallbackConfig, clock: Arc<dyn Clock>) -> Self {
         let shared = Arc::new(Shared {
-            local: MemoryStore::with_clock(config.local.clone(), clock),
+            local: MemoryStore::with_clock(config.local.clone(), Arc::clone(&clock)),
+            clock,
+            reports: Mutex::new(HashMap::new()),
             breaker: Breaker::new(config.breaker_failures),
             counters: Counters::default(),
             inner,
@@ -279,6 +325,7 @@ impl<S: Store> Fallback<S> {
             Ok(Ok(mut stamped)) => {
                 shared.breaker.success();
                 bump(&shared.counters.checks);
+                self.remember(limits, &stamped.outcome.decisions);
                 let leases = std::mem::take(&mut stamped.outcome.leases);
                 stamped.outcome.leases = tag(leases, INNER);
                 Ok(stamped)
@@ -291,6 +338,90 @@ impl<S: Store> Fallback<S> {
             Err(_) => {
                 self.failed(None);
                 Ok(self.fallback(limits))
+            }
+        }
+    }
+
+    /// Keeps what the inner store said of each `local` limit's key.
+    fn remember(&self, limits: &[Limit<'_>], decisions: &[Decision]) {
+        let now = self.shared.clock.now();
+        let mut reports = self.shared.reports.lock();
+        for (limit, decision) in limits.iter().zip(decisions) {
+            if limit.failure != FailurePolicy::Local {
+                continue;
+            }
+            // Permits in flight stay taken up to the period, whatever the
+            // decision's reset says.
+            let holds = if limit.algorithm == Algorithm::Concurrency {
+                limit.quota.period()
+            } else {
+                decision.reset_after
+            };
+            let report = Report {
+                remaining: decision.remaining,
+                until: now.saturating_add(nanos(holds)),
+                seeded: false,
+            };
+            if let Some(known) = reports.get_mut(limit.key) {
+                *known = report;
+                continue;
+            }
+            if reports.len() >= MAX_REPORTS {
+                // Any one: a key forgotten starts at its share of the
+                // capacity, which is still bounded.
+                let Some(old) = reports.keys().next().cloned() else {
+                    break;
+                };
+                reports.remove(&old);
+            }
+            reports.insert(limit.key.into(), report);
+        }
+    }
+
+    /// Charges the local state of each of `limits` down to its share of what
+    /// the inner store last reported (or of its capacity), the first time it
+    /// is decided locally since that report; see the module documentation.
+    fn seed(&self, limits: &[Limit<'_>]) {
+        let shared = &self.shared;
+        let now = shared.clock.now();
+        for limit in limits {
+            let base = {
+                let mut reports = shared.reports.lock();
+                let fresh = Report {
+                    remaining: limit.capacity(),
+                    until: now.saturating_add(nanos(limit.quota.period())),
+                    seeded: true,
+                };
+                match reports.get_mut(limit.key) {
+                    Some(report) if report.seeded && now < report.until => continue,
+                    Some(report) if now < report.until => {
+                        report.seeded = true;
+                        report.remaining
+                    }
+                    Some(report) => {
+                        *report = fresh;
+                        fresh.remaining
+                    }
+                    None => {
+                        if reports.len() < MAX_REPORTS {
+                            reports.insert(limit.key.into(), fresh);
+                        }
+                        fresh.remaining
+                    }
+                }
+            };
+            // Rounded down: never more than the share.
+            let target = (base as f64 * shared.config.local_share) as u64;
+            let peek = Limit { cost: 0, ..*limit };
+            let left = shared.local.check_now(&[peek]).decisions[0].remaining;
+            let charge = left.saturating_sub(target);
+            if charge > 0 {
+                // A concurrency charge is a lease that lapses after the
+                // period, never released.
+                shared.local.check_now(&[Limit {
+                    cost: charge,
+                    ..*limit
+                }]);
             }
         }
     }
@@ -314,6 +445,9 @@ impl<S: Store> Fallback<S> {
                 ..*l
             })
             .collect();
+        if !closed {
+            self.seed(&local);
+        }
         // The local check is the whole verdict unless a `fail_closed` limit
         // refused, in which case it was at cost 0 and took no lease: its
         // leases are the request's.
@@ -584,6 +718,119 @@ mod tests {
         assert_eq!(store.stats().breaker, BreakerState::Closed);
     }
 
+    const EVERY_ALGORITHM: [Algorithm; 8] = [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::LeakyBucket,
+        Algorithm::LeakyBucketShaping { delay_after: 10 },
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Concurrency,
+    ];
+
+    /// 10 an hour, decided locally when the inner store fails.
+    fn hourly(key: &str, algorithm: Algorithm) -> Limit<'_> {
+        Limit::new(key, Quota::per_hour(10).unwrap(), algorithm)
+    }
+
+    /// How many single checks of `limit` in a row `store` admits.
+    async fn admitted(store: &Fallback<Switch>, limit: Limit<'_>) -> u64 {
+        let mut admitted = 0;
+        while store.check(&[limit]).await.unwrap().allowed() {
+            admitted += 1;
+            assert!(admitted <= 10, "past the whole limit");
+        }
+        admitted
+    }
+
+    /// Regression: a check that timed out on a busy but healthy store was
+    /// decided by a local limiter with a full budget (concurrency 119/100 on
+    /// one instance). Now it starts from what the inner store last reported.
+    #[tokio::test(start_paused = true)]
+    async fn a_blip_spends_only_what_the_inner_store_last_left() {
+        for algorithm in EVERY_ALGORITHM {
+            let (store, _clock) = store();
+            let limit = hourly("k", algorithm);
+            store.inner().set(UP);
+            for _ in 0..7 {
+                assert!(store.check(&[limit]).await.unwrap().allowed());
+            }
+            store.inner().set(HANGS);
+            assert_eq!(admitted(&store, limit).await, 3, "{algorithm:?}");
+            // A key the inner store never reported on starts full.
+            assert_eq!(
+                admitted(&store, hourly("new", algorithm)).await,
+                10,
+                "{algorithm:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_share_below_one_keeps_that_part_for_each_instance() {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let config = FallbackConfig {
+            local_share: 0.5,
+            ..config()
+        };
+        let store = Fallback::with_clock(Switch::new(&clock), config, Arc::clone(&clock) as _);
+        for algorithm in EVERY_ALGORITHM {
+            let (spent, fresh) = (
+                format!("spent-{algorithm:?}"),
+                format!("fresh-{algorithm:?}"),
+            );
+            store.inner().set(UP);
+            // The background probe closes the breaker the last round opened.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            for _ in 0..4 {
+                assert!(
+                    store
+                        .check(&[hourly(&spent, algorithm)])
+                        .await
+                        .unwrap()
+                        .allowed()
+                );
+            }
+            store.inner().set(ERRS);
+            assert_eq!(
+                admitted(&store, hourly(&spent, algorithm)).await,
+                3,
+                "{algorithm:?}: half of 6"
+            );
+            assert_eq!(
+                admitted(&store, hourly(&fresh, algorithm)).await,
+                5,
+                "{algorithm:?}: half of 10"
+            );
+        }
+    }
+
+    /// A report is used once: the local state then counts on its own, and
+    /// the next report (after the inner store answered again) is the next
+    /// episode's start.
+    #[tokio::test(start_paused = true)]
+    async fn each_episode_starts_from_the_latest_report() {
+        let (store, _clock) = store();
+        let limit = hourly("k", Algorithm::FixedWindow);
+        store.inner().set(UP);
+        assert!(store.check(&[limit]).await.unwrap().allowed());
+        store.inner().set(ERRS);
+        assert!(store.check(&[limit]).await.unwrap().allowed());
+        assert!(store.check(&[limit]).await.unwrap().allowed());
+        store.inner().set(UP);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for _ in 0..6 {
+            assert!(store.check(&[limit]).await.unwrap().allowed());
+        }
+        store.inner().set(ERRS);
+        // The inner store counted 7 of 10 and says 3 are left: the local
+        // state, at 7 left after the first episode, is charged down to them.
+        // (The 2 admitted locally never reached the inner store, which is
+        // the overshoot one episode may leave.)
+        assert_eq!(admitted(&store, limit).await, 3);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn each_limit_falls_back_by_its_own_policy_all_or_nothing() {
         let (store, _clock) = store();
@@ -627,7 +874,7 @@ mod tests {
         let (store, _clock) = store();
         let slots = Limit::new(
             "uploads",
-            Quota::per_minute(1).unwrap(),
+            Quota::per_minute(2).unwrap(),
             Algorithm::Concurrency,
         );
         // Taken from the inner store while it was up...
@@ -640,7 +887,8 @@ mod tests {
                 .await
                 .unwrap();
         }
-        // ...then one from the local store while it is down.
+        // ...then one from the local store while it is down: the one the
+        // inner store had left, never a second grant of the one it holds.
         let local = store.check(&[slots]).await.unwrap().leases;
         assert!(local[0].id.as_str().starts_with(LOCAL));
         assert!(!store.check(&[slots]).await.unwrap().allowed());
@@ -659,6 +907,7 @@ mod tests {
         store.inner().set(UP);
         tokio::time::sleep(Duration::from_millis(150)).await;
         assert_eq!(store.stats().breaker, BreakerState::Closed);
+        assert!(store.check(&[slots]).await.unwrap().allowed());
         assert!(
             !store.check(&[slots]).await.unwrap().allowed(),
             "the inner one is still held"

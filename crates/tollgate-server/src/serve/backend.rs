@@ -97,6 +97,18 @@ pub(crate) struct StoreArgs {
         value_parser = positive_duration
     )]
     hybrid_lease_ttl: Option<Duration>,
+
+    /// When Redis does not answer, the part of what it last reported
+    /// remaining for a key (of the key's capacity, when it reported nothing
+    /// recently) that this instance may spend locally: 1 keeps one instance
+    /// within the limit; 1/N keeps N instances within it [default: 1].
+    #[arg(
+        long,
+        env = "TOLLGATE_FALLBACK_SHARE",
+        value_name = "FRACTION",
+        value_parser = fraction
+    )]
+    fallback_share: Option<f64>,
 }
 
 /// The settings in force: each flag, else the config's `store:` section,
@@ -111,6 +123,7 @@ struct Effective {
     hybrid: bool,
     hybrid_max_lease: f64,
     hybrid_lease_ttl: Duration,
+    fallback_share: f64,
 }
 
 impl Effective {
@@ -140,8 +153,13 @@ impl Effective {
                 checked(field, check_positive(d).map(drop))?;
             }
         }
-        if let Some(f) = settings.hybrid_max_lease {
-            checked("hybrid_max_lease", check_fraction(f).map(drop))?;
+        for (field, f) in [
+            ("hybrid_max_lease", settings.hybrid_max_lease),
+            ("fallback_share", settings.fallback_share),
+        ] {
+            if let Some(f) = f {
+                checked(field, check_fraction(f).map(drop))?;
+            }
         }
         if settings.breaker_failures == Some(0) {
             checked("breaker_failures", Err("must be at least 1".into()))?;
@@ -173,6 +191,10 @@ impl Effective {
                 .hybrid_lease_ttl
                 .or(settings.hybrid_lease_ttl)
                 .unwrap_or(Duration::from_secs(1)),
+            fallback_share: flags
+                .fallback_share
+                .or(settings.fallback_share)
+                .unwrap_or(1.0),
         })
     }
 }
@@ -333,6 +355,7 @@ impl Backend {
             breaker_failures: args.breaker_failures,
             breaker_cool_down: args.breaker_cool_down,
             local: memory,
+            local_share: args.fallback_share,
         };
         let capacity = if args.deny_cache { DENY_CACHE_KEYS } else { 0 };
         Ok(Backend::Redis(Box::new(DenyCache::new(
