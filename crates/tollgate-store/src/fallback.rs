@@ -27,11 +27,16 @@
 //! `share × remaining` (`share` is [`FallbackConfig::local_share`]), and a
 //! key with no report still in force starts at `share × capacity`. So a
 //! timeout on a busy but healthy store (a blip) cannot hand out a fresh full
-//! budget: one instance stays within the limit, and `n` instances sharing a
-//! store overshoot by at most `(n × share − 1) × remaining` instead of `n ×`
-//! the limit. Concurrency is charged the same way: the units charged are a
-//! local lease that lapses after the quota's period, and the permits this
-//! instance holds on the inner store count in the remaining it reported.
+//! budget. And what was admitted locally is **paid back**: when the inner
+//! store next answers a check of the key, the wrapper charges it with those
+//! units (at most what it says is left), so that it counts every admitted
+//! request and one episode's overshoot does not carry into the next. One
+//! instance stays within the limit, and `n` instances sharing a store
+//! overshoot by at most `(n × share − 1) × remaining` per episode instead of
+//! `n ×` the limit. Concurrency is charged the same way: the units charged
+//! (locally, or as a payment) are a lease that lapses after the quota's
+//! period, and the permits this instance holds on the inner store count in
+//! the remaining it reported.
 //!
 //! Concurrency leases go back where they were taken: each lease id the
 //! wrapper hands out carries a tag naming the store that granted it (`i`, the
@@ -189,6 +194,8 @@ struct Report {
     until: u64,
     /// Whether the local state was charged down to it since.
     seeded: bool,
+    /// Units admitted locally since, which the inner store has not counted.
+    debt: u64,
 }
 
 struct Shared<S> {
@@ -325,7 +332,10 @@ impl<S: Store> Fallback<S> {
             Ok(Ok(mut stamped)) => {
                 shared.breaker.success();
                 bump(&shared.counters.checks);
-                self.remember(limits, &stamped.outcome.decisions);
+                let payments = self.remember(limits, &stamped.outcome.decisions);
+                if !payments.is_empty() {
+                    self.pay(&payments).await;
+                }
                 let leases = std::mem::take(&mut stamped.outcome.leases);
                 stamped.outcome.leases = tag(leases, INNER);
                 Ok(stamped)
@@ -342,13 +352,25 @@ impl<S: Store> Fallback<S> {
         }
     }
 
-    /// Keeps what the inner store said of each `local` limit's key.
-    fn remember(&self, limits: &[Limit<'_>], decisions: &[Decision]) {
+    /// Keeps what the inner store said of each `local` limit's key, and
+    /// says what it is owed: for each key admitted locally since its last
+    /// report, the limit charged with those units (at most what the inner
+    /// store says is left).
+    fn remember<'a>(&self, limits: &[Limit<'a>], decisions: &[Decision]) -> Vec<Limit<'a>> {
         let now = self.shared.clock.now();
+        let mut payments = Vec::new();
         let mut reports = self.shared.reports.lock();
         for (limit, decision) in limits.iter().zip(decisions) {
             if limit.failure != FailurePolicy::Local {
                 continue;
+            }
+            let debt = reports.get(limit.key).map_or(0, |known| known.debt);
+            let paid = debt.min(decision.remaining);
+            if paid > 0 {
+                payments.push(Limit {
+                    cost: paid,
+                    ..*limit
+                });
             }
             // Permits in flight stay taken up to the period, whatever the
             // decision's reset says.
@@ -358,9 +380,10 @@ impl<S: Store> Fallback<S> {
                 decision.reset_after
             };
             let report = Report {
-                remaining: decision.remaining,
+                remaining: decision.remaining - paid,
                 until: now.saturating_add(nanos(holds)),
                 seeded: false,
+                debt: 0,
             };
             if let Some(known) = reports.get_mut(limit.key) {
                 *known = report;
@@ -375,6 +398,25 @@ impl<S: Store> Fallback<S> {
                 reports.remove(&old);
             }
             reports.insert(limit.key.into(), report);
+        }
+        payments
+    }
+
+    /// Charges the inner store with what was admitted locally (see
+    /// [`Fallback::remember`]), so that it counts every admitted request and
+    /// the overshoot of an episode does not carry into the next. A
+    /// concurrency charge is a lease that lapses after the period. Best
+    /// effort: what cannot be paid now is owed again.
+    async fn pay(&self, payments: &[Limit<'_>]) {
+        let shared = &self.shared;
+        let paid = tokio::time::timeout(shared.config.timeout, shared.inner.check(payments)).await;
+        if !matches!(paid, Ok(Ok(_))) {
+            let mut reports = shared.reports.lock();
+            for limit in payments {
+                if let Some(report) = reports.get_mut(limit.key) {
+                    report.debt = report.debt.saturating_add(limit.cost);
+                }
+            }
         }
     }
 
@@ -391,6 +433,7 @@ impl<S: Store> Fallback<S> {
                     remaining: limit.capacity(),
                     until: now.saturating_add(nanos(limit.quota.period())),
                     seeded: true,
+                    debt: 0,
                 };
                 match reports.get_mut(limit.key) {
                     Some(report) if report.seeded && now < report.until => continue,
@@ -452,6 +495,14 @@ impl<S: Store> Fallback<S> {
         // refused, in which case it was at cost 0 and took no lease: its
         // leases are the request's.
         let local_outcome = shared.local.check_now(&local);
+        if local_outcome.allowed() {
+            let mut reports = shared.reports.lock();
+            for limit in &local {
+                if let Some(report) = reports.get_mut(limit.key) {
+                    report.debt = report.debt.saturating_add(limit.cost);
+                }
+            }
+        }
         let leases = tag(local_outcome.leases, LOCAL);
         let mut local_decisions = local_outcome.decisions.into_iter();
         let retry = shared.config.breaker_cool_down.max(shared.config.timeout);
@@ -767,6 +818,27 @@ mod tests {
         }
     }
 
+    /// What a blip admitted locally is charged to the inner store when it
+    /// answers again, so that, over both, the limit holds exactly.
+    #[tokio::test(start_paused = true)]
+    async fn what_was_admitted_locally_is_paid_back_when_the_inner_store_answers() {
+        for algorithm in EVERY_ALGORITHM {
+            let (store, _clock) = store();
+            let limit = hourly("k", algorithm);
+            for _ in 0..4 {
+                assert!(store.check(&[limit]).await.unwrap().allowed());
+            }
+            store.inner().set(ERRS);
+            for _ in 0..2 {
+                assert!(store.check(&[limit]).await.unwrap().allowed());
+            }
+            store.inner().set(UP);
+            // The inner store decides this one, then is paid the 2.
+            assert!(store.check(&[limit]).await.unwrap().allowed());
+            assert_eq!(admitted(&store, limit).await, 3, "{algorithm:?}: 10 in all");
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_share_below_one_keeps_that_part_for_each_instance() {
         let clock = Arc::new(ManualClock::new(1_000_000_000));
@@ -806,9 +878,9 @@ mod tests {
         }
     }
 
-    /// A report is used once: the local state then counts on its own, and
-    /// the next report (after the inner store answered again) is the next
-    /// episode's start.
+    /// A report is used once: the local state then counts on its own, what
+    /// it admitted is paid back, and the next report (after the inner store
+    /// answered again) is the next episode's start.
     #[tokio::test(start_paused = true)]
     async fn each_episode_starts_from_the_latest_report() {
         let (store, _clock) = store();
@@ -824,11 +896,10 @@ mod tests {
             assert!(store.check(&[limit]).await.unwrap().allowed());
         }
         store.inner().set(ERRS);
-        // The inner store counted 7 of 10 and says 3 are left: the local
-        // state, at 7 left after the first episode, is charged down to them.
-        // (The 2 admitted locally never reached the inner store, which is
-        // the overshoot one episode may leave.)
-        assert_eq!(admitted(&store, limit).await, 3);
+        // The inner store counted 7 of 10 and was paid the 2 admitted
+        // locally: 1 is left, and the local state (7 left after the first
+        // episode) is charged down to it.
+        assert_eq!(admitted(&store, limit).await, 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -155,10 +155,19 @@ async fn decisions_return_to_a_restarted_redis_without_checks() {
     );
     assert!(closed.probes >= 2, "{closed:?}");
 
-    // Redis restarted empty (SIGKILL, no persistence): it decides again.
+    // Redis restarted empty (SIGKILL, no persistence): it decides again,
+    // and is paid the one admitted locally while it was down.
     let first = store.check(&[limit]).await.unwrap();
     assert!(first.allowed());
     assert_eq!(first.decisions[0].remaining, 1);
     assert_eq!(store.stats().checks, 2);
-    assert_eq!(store.inner().stats().redis_checks, 2);
+    assert_eq!(
+        store.inner().stats().redis_checks,
+        3,
+        "the check and the payment"
+    );
+    assert!(
+        !store.check(&[limit]).await.unwrap().allowed(),
+        "2 an hour: the check and the local one"
+    );
 }
