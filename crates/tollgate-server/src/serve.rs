@@ -307,7 +307,9 @@ async fn prepare(args: Args) -> anyhow::Result<Prepared> {
     let caps = listeners::fit(
         listeners::raise_file_limit(),
         listeners::Demand {
-            listeners: 2 + u64::from(args.listen.admin_listen.is_some()),
+            listeners: 2
+                + u64::from(args.listen.admin_listen.is_some())
+                + u64::from(args.envoy.is_some()),
             files_per_connection: 1,
             given: args.listen.max_connections.map(|n| n as usize),
         },
