@@ -16,7 +16,8 @@
 //!   call after the enforcing ones, whether those admitted the request or not
 //!   (envoyproxy/ratelimit charges every descriptor of a request), so a shadow
 //!   rule counts the traffic it would count if it were enforcing, and never
-//!   denies.
+//!   denies. A global shadow mode ([`Enforcer::with_shadow_mode`],
+//!   envoyproxy/ratelimit's `SHADOW_MODE`) makes every rule a shadow rule.
 //! - **A blocked rule** (a limit of zero) denies without asking the store; a
 //!   blocked shadow rule is a would-be denial on every request.
 //! - **Kill switch**: a switched-off rule or domain is reported as `disabled`
@@ -467,12 +468,15 @@ pub struct Enforcer<S> {
     observer: Arc<dyn Observer>,
     clock: Arc<dyn Clock>,
     limits: RequestLimits,
+    /// Every rule acts as a shadow rule.
+    shadow_mode: bool,
 }
 
 impl<S> fmt::Debug for Enforcer<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Enforcer")
             .field("kill_switch", &self.kill_switch)
+            .field("shadow_mode", &self.shadow_mode)
             .finish_non_exhaustive()
     }
 }
@@ -496,6 +500,20 @@ impl<S: Store> Enforcer<S> {
             observer: Arc::new(NoObserver),
             clock: Arc::new(SystemClock),
             limits: RequestLimits::default(),
+            shadow_mode: false,
+        }
+    }
+
+    /// The same enforcer, in global shadow mode or not: in it, every rule of
+    /// the policy (and every limit override of a request) is a shadow rule,
+    /// counted and reported on every request and never denying
+    /// (envoyproxy/ratelimit's `SHADOW_MODE`). Ad-hoc limits, which the
+    /// caller names itself, are still enforced.
+    #[must_use]
+    pub fn with_shadow_mode(self, shadow_mode: bool) -> Self {
+        Self {
+            shadow_mode,
+            ..self
         }
     }
 
@@ -618,7 +636,7 @@ impl<S: Store> Enforcer<S> {
                     DescriptorVerdict::new(State::Disabled, Some(rule))
                 }
                 Resolved::Blocked(rule, unit) => {
-                    let state = if rule.shadow() {
+                    let state = if rule.shadow() || self.shadow_mode {
                         State::Shadow
                     } else {
                         State::Blocked
@@ -630,7 +648,7 @@ impl<S: Store> Enforcer<S> {
                     }
                 }
                 Resolved::Limit(applied) => {
-                    let state = if applied.shadow {
+                    let state = if applied.shadow || self.shadow_mode {
                         shadow.push((index, applied));
                         State::Shadow
                     } else {

@@ -47,7 +47,7 @@ pub use enforcer::{
 };
 pub use error::{ConfigError, RequestError, Unsupported};
 pub use kill_switch::KillSwitch;
-pub use policy::{Applied, Policy, Resolved};
+pub use policy::{Applied, ConfigFiles, Policy, Resolved};
 pub use policy_handle::PolicyHandle;
 pub use reload::{Fingerprint, Refusal, Reload, ReloadError, Reloader, Safeguards, Trigger};
 pub use rule::Rule;

@@ -100,6 +100,11 @@ impl Policy {
     /// Reads a config file, or every `.yaml`/`.yml` file of a directory (in
     /// name order). A domain defined twice is an error.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_files(path, ConfigFiles::default())
+    }
+
+    /// [`Policy::load`], reading the files of a directory that `files` picks.
+    pub fn load_files(path: &Path, files: ConfigFiles) -> Result<Self, ConfigError> {
         let io_error = |path: &Path, e: std::io::Error| ConfigError {
             path: path.to_owned(),
             line: 0,
@@ -107,7 +112,7 @@ impl Policy {
             field: "file".into(),
             reason: e.to_string(),
         };
-        let files = config_files(path).map_err(|e| io_error(path, e))?;
+        let files = config_files(path, files).map_err(|e| io_error(path, e))?;
         let mut policy = Policy::default();
         for file in files {
             let text = std::fs::read_to_string(&file).map_err(|e| io_error(&file, e))?;
@@ -214,17 +219,44 @@ impl Policy {
     }
 }
 
-/// The files a config path stands for: the path itself, or a directory's
-/// `.yaml`/`.yml` files in name order. [`Policy::load`] reads them and the
-/// reloader's fingerprint hashes them, so both see the same files.
-pub(crate) fn config_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+/// Which files of a config directory are read: every `.yaml`/`.yml` file
+/// directly in it, and by default those whose names start with a dot too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConfigFiles {
+    /// Skip files whose names start with a dot (envoyproxy/ratelimit's
+    /// `RUNTIME_IGNOREDOTFILES`).
+    pub ignore_dot_files: bool,
+}
+
+impl ConfigFiles {
+    /// Skips (or reads) files whose names start with a dot.
+    #[must_use]
+    pub fn ignore_dot_files(mut self, ignore: bool) -> Self {
+        self.ignore_dot_files = ignore;
+        self
+    }
+
+    fn picks(self, file: &Path) -> bool {
+        let dotted = file
+            .file_name()
+            .is_some_and(|name| name.as_encoded_bytes().starts_with(b"."));
+        file.extension().is_some_and(|x| x == "yaml" || x == "yml")
+            && !(self.ignore_dot_files && dotted)
+    }
+}
+
+/// The files a config path stands for: the path itself, or the directory's
+/// files that `files` picks, in name order. [`Policy::load_files`] reads them
+/// and the reloader's fingerprint hashes them, so both see the same files.
+pub(crate) fn config_files(path: &Path, files: ConfigFiles) -> std::io::Result<Vec<PathBuf>> {
     if !path.is_dir() {
         return Ok(vec![path.to_owned()]);
     }
     let mut files: Vec<_> = std::fs::read_dir(path)?
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .filter(|p| files.picks(p))
         .collect();
     files.sort();
     Ok(files)

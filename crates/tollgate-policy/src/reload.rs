@@ -3,7 +3,7 @@
 //! A [`Reloader`] owns the decisions; callers bring the timing and the
 //! reporting. Each [`Reloader::poll_once`] reads the config file (or every
 //! `.yaml`/`.yml` file of the config directory, the files [`Policy::load`]
-//! reads) and hashes the contents into a [`Fingerprint`]. A change is loaded
+//! reads, less dot files when [`ConfigFiles`] says so) and hashes the contents into a [`Fingerprint`]. A change is loaded
 //! once the contents have held still for one poll, so a file caught
 //! half-written is not loaded. Polling contents rather than waiting for file
 //! system events sees every way a file can change: edits in place, editors
@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwapOption;
 
-use crate::{ConfigError, Policy, PolicyHandle, Unsupported};
+use crate::{ConfigError, ConfigFiles, Policy, PolicyHandle, Unsupported};
 
 /// What a config looked like: each file read and a hash of its contents
 /// (`None` when it could not be read).
@@ -40,7 +40,12 @@ impl Fingerprint {
     /// Reads the config at `path` now (blocking file I/O): the file, or the
     /// files of the directory that [`Policy::load`] would read.
     pub fn of(path: &Path) -> Self {
-        let files = crate::policy::config_files(path).unwrap_or_default();
+        Self::of_files(path, ConfigFiles::default())
+    }
+
+    /// [`Fingerprint::of`] the files of a directory that `files` picks.
+    pub fn of_files(path: &Path, files: ConfigFiles) -> Self {
+        let files = crate::policy::config_files(path, files).unwrap_or_default();
         Self(
             files
                 .into_iter()
@@ -181,6 +186,7 @@ type Check = Arc<dyn Fn(&Policy) -> Result<(), Unsupported> + Send + Sync>;
 #[derive(Clone)]
 pub struct Reloader {
     path: PathBuf,
+    files: ConfigFiles,
     handle: PolicyHandle,
     safeguards: Safeguards,
     observer: Option<Observer>,
@@ -207,10 +213,20 @@ impl Reloader {
     /// Loads the config at `path` into a new handle (blocking file I/O).
     /// Refuses a config with no rules unless `safeguards` allow it.
     pub fn load(path: impl Into<PathBuf>, safeguards: Safeguards) -> Result<Self, ReloadError> {
+        Self::load_files(path, ConfigFiles::default(), safeguards)
+    }
+
+    /// [`Reloader::load`], reading and watching the files of a directory
+    /// that `files` picks.
+    pub fn load_files(
+        path: impl Into<PathBuf>,
+        files: ConfigFiles,
+        safeguards: Safeguards,
+    ) -> Result<Self, ReloadError> {
         let path = path.into();
         // Taken before loading, so a change in between is seen by the next poll.
-        let fingerprint = Fingerprint::of(&path);
-        let policy = Policy::load(&path)?;
+        let fingerprint = Fingerprint::of_files(&path, files);
+        let policy = Policy::load_files(&path, files)?;
         safeguards
             .check_initial(&policy)
             .map_err(|refusal| ReloadError::Refused {
@@ -219,6 +235,7 @@ impl Reloader {
             })?;
         Ok(Self::with_fingerprint(
             path,
+            files,
             PolicyHandle::new(policy),
             safeguards,
             fingerprint,
@@ -230,17 +247,20 @@ impl Reloader {
     pub fn new(path: impl Into<PathBuf>, handle: PolicyHandle, safeguards: Safeguards) -> Self {
         let path = path.into();
         let fingerprint = Fingerprint::of(&path);
-        Self::with_fingerprint(path, handle, safeguards, fingerprint)
+        let files = ConfigFiles::default();
+        Self::with_fingerprint(path, files, handle, safeguards, fingerprint)
     }
 
     fn with_fingerprint(
         path: PathBuf,
+        files: ConfigFiles,
         handle: PolicyHandle,
         safeguards: Safeguards,
         loaded: Fingerprint,
     ) -> Self {
         Self {
             path,
+            files,
             handle,
             safeguards,
             observer: None,
@@ -289,7 +309,7 @@ impl Reloader {
     /// Loads the config now, whether or not it changed (blocking file I/O).
     pub fn reload(&self) -> Reload {
         let mut polls = self.polls();
-        polls.attempted = Fingerprint::of(&self.path);
+        polls.attempted = Fingerprint::of_files(&self.path, self.files);
         self.apply(Trigger::Manual)
     }
 
@@ -299,7 +319,7 @@ impl Reloader {
     pub fn poll_once(&self) -> Option<Reload> {
         let mut polls = self.polls();
         polls
-            .observe(Fingerprint::of(&self.path))
+            .observe(Fingerprint::of_files(&self.path, self.files))
             .then(|| self.apply(Trigger::Watch))
     }
 
@@ -313,7 +333,7 @@ impl Reloader {
 
     /// Loads, checks and swaps; the caller holds the poll lock.
     fn apply(&self, trigger: Trigger) -> Reload {
-        let outcome = Policy::load(&self.path)
+        let outcome = Policy::load_files(&self.path, self.files)
             .map_err(ReloadError::from)
             .and_then(|next| {
                 self.safeguards
@@ -665,6 +685,74 @@ mod tests {
             !Arc::ptr_eq(&before, &handle.load()),
             "the caller's handle sees the swap"
         );
+    }
+
+    /// Writes `contents` as `name` in a new timestamped directory and swaps
+    /// `dir/..data` over to it, as the kubelet updates a ConfigMap volume:
+    /// the new link is made aside and renamed over the old one, atomically.
+    #[cfg(unix)]
+    fn configmap_swap(dir: &Path, stamp: &str, name: &str, contents: &str) {
+        let target = format!("..{stamp}");
+        std::fs::create_dir(dir.join(&target)).expect("writable");
+        std::fs::write(dir.join(&target).join(name), contents).expect("writable");
+        std::os::unix::fs::symlink(&target, dir.join("..data_tmp")).expect("a symlink");
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("renamed");
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(Path::new("..data").join(name), link).expect("a symlink");
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_configmap_symlink_swap_is_reloaded() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        configmap_swap(dir.path(), "2026_01_01_v1", "api.yaml", &config("api", 1));
+        let reloader = Reloader::load(dir.path(), Safeguards::default()).expect("valid");
+        assert_eq!(
+            reloader.handle().load().domains().collect::<Vec<_>>(),
+            ["api"],
+            "the linked file is read once, not again inside ..data"
+        );
+        let before = reloader.handle().load();
+        assert_eq!(reloader.poll_once(), None);
+
+        configmap_swap(dir.path(), "2026_01_01_v2", "api.yaml", &config("api", 7));
+        std::fs::remove_dir_all(dir.path().join("..2026_01_01_v1")).expect("removable");
+        assert_eq!(poll_twice(&reloader).outcome, Ok(vec!["api".into()]));
+        assert!(
+            !still(&reloader, &before),
+            "the swapped contents are in force"
+        );
+        let policy = reloader.handle().load();
+        assert_eq!(policy.rules("api")[0].quota().map(|q| q.limit()), Some(7));
+    }
+
+    #[test]
+    fn dot_files_are_read_unless_ignored() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        std::fs::write(dir.path().join("api.yaml"), config("api", 1)).expect("writable");
+        std::fs::write(dir.path().join(".draft.yaml"), config("draft", 1)).expect("writable");
+        let all = Reloader::load(dir.path(), Safeguards::default()).expect("valid");
+        assert_eq!(
+            all.handle().load().domains().collect::<Vec<_>>(),
+            ["api", "draft"]
+        );
+
+        let files = ConfigFiles::default().ignore_dot_files(true);
+        let reloader =
+            Reloader::load_files(dir.path(), files, Safeguards::default()).expect("valid");
+        assert_eq!(
+            reloader.handle().load().domains().collect::<Vec<_>>(),
+            ["api"]
+        );
+        std::fs::write(dir.path().join(".draft.yaml"), "not: [valid").expect("writable");
+        assert_eq!(
+            reloader.poll_once(),
+            None,
+            "a dot file's change is not seen"
+        );
+        assert_eq!(reloader.poll_once(), None);
     }
 
     #[cfg(feature = "watch")]

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tollgate_core::{Algorithm, Lease, Limit, ManualClock, Outcome, Quota, Store, StoreError};
 use tollgate_policy::{
-    AdHoc, Check, Decided, Descriptor, Enforcer, Entry, FailurePolicy, Observer, Permit, Policy,
-    Request, State, Verdict,
+    AdHoc, Check, Decided, Descriptor, Enforcer, Entry, FailurePolicy, LimitOverride, Observer,
+    Permit, Policy, Request, State, Unit, Verdict,
 };
 use tollgate_store::{MemoryConfig, MemoryStore};
 
@@ -191,6 +191,63 @@ async fn blocked_shadow_rule_is_a_shadow_denial() {
     assert_eq!(
         enforced.descriptors[0].decision.and_then(|d| d.retry_after),
         None
+    );
+}
+
+/// envoyproxy/ratelimit's `SHADOW_MODE=true`: nothing denies, every limit
+/// is still counted as it would be if enforced, and past its limit a rule
+/// reports a would-be denial.
+#[tokio::test]
+async fn global_shadow_mode_counts_everything_and_denies_nothing() {
+    let enforcer = memory(POLICY).with_shadow_mode(true);
+    let layers = [descriptor("user", "erin"), descriptor("global", "all")];
+    for _ in 0..3 {
+        let verdict = run(&enforcer, "api", &layers).await;
+        assert!(verdict.allowed());
+        assert!(verdict.descriptors.iter().all(|d| d.state == State::Shadow));
+    }
+    let user = run(&enforcer, "api", &[descriptor("user", "erin")]).await;
+    assert!(user.allowed());
+    assert!(user.descriptors[0].shadow_denied(), "counted: 2 of 2 spent");
+    let global = run(&enforcer, "api", &[descriptor("global", "all")]).await;
+    // Counted as enforcement would count: the third request, a would-be
+    // denial by `user`, charged nothing beside it (all-or-nothing).
+    assert_eq!(
+        global.descriptors[0].decision.map(|d| d.remaining),
+        Some(97)
+    );
+
+    let blocked = memory(BLOCKED).with_shadow_mode(true);
+    let banned = run(&blocked, "blocked", &[descriptor("banned", "x")]).await;
+    assert!(banned.allowed());
+    assert!(banned.descriptors[0].shadow_denied());
+
+    let overridden = Descriptor {
+        limit: Some(LimitOverride {
+            requests_per_unit: 0,
+            unit: Unit::Minute,
+        }),
+        ..descriptor("user", "frank")
+    };
+    let verdict = run(&enforcer, "api", &[overridden]).await;
+    assert!(
+        verdict.allowed(),
+        "a request's own override is shadowed too"
+    );
+    assert!(verdict.descriptors[0].shadow_denied());
+
+    let off = memory(POLICY).with_shadow_mode(false);
+    for _ in 0..2 {
+        assert!(
+            run(&off, "api", &[descriptor("user", "erin")])
+                .await
+                .allowed()
+        );
+    }
+    assert!(
+        !run(&off, "api", &[descriptor("user", "erin")])
+            .await
+            .allowed()
     );
 }
 

@@ -2,18 +2,20 @@
 //!
 //! Each subcommand has a clap `Args` struct and a `run` function (`serve`'s
 //! in the `tollgate_server` library, which tests start in process too); this
-//! file only dispatches and reports errors.
+//! file only dispatches and reports errors. Run under the name `ratelimit`
+//! (envoyproxy/ratelimit's binary's), it is `serve` reading envoyproxy/ratelimit's
+//! environment, with no subcommand.
 
 use std::io;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Subcommand};
 use tollgate_server::serve;
 
 mod simulate;
 
 /// Tollgate, a rate limiter.
-#[derive(Debug, Parser)]
+#[derive(Debug, clap::Parser)]
 #[command(name = "tollgate", version, about)]
 struct Cli {
     #[command(subcommand)]
@@ -39,10 +41,22 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Simulate(args) => simulate::run(args),
-        Command::Serve(args) => serve::run(*args),
+    let result = if serve::invoked_as_ratelimit() {
+        let flags = serve::ratelimit_command().get_matches();
+        serve::Args::from_envoy_env(&flags, true).and_then(serve::run)
+    } else {
+        // The matches, not only the parsed flags: envoyproxy/ratelimit's
+        // variables yield to the flags given, and only the matches tell them
+        // from defaults.
+        let matches = Cli::command().get_matches();
+        let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        match (cli.command, matches.subcommand()) {
+            (Command::Simulate(args), _) => simulate::run(args),
+            (Command::Serve(_), Some((_, flags))) => {
+                serve::Args::from_envoy_env(flags, false).and_then(serve::run)
+            }
+            (Command::Serve(args), None) => serve::run(*args),
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,7 +12,6 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -27,12 +26,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tollgate_core::{Clock, SystemClock};
 use tollgate_policy::{Policy, PolicyHandle, Reloader, StoreSettings};
-use tracing_subscriber::EnvFilter;
 
 mod admin;
 mod auth;
 mod backend;
 mod envoy;
+mod envoy_env;
 mod envoy_json;
 mod grpc;
 mod health;
@@ -42,6 +41,7 @@ mod metrics;
 mod native;
 mod reload;
 
+pub use envoy_env::{ENVOY_VARIABLES, invoked_as_ratelimit, ratelimit_command};
 pub use reload::POLL as RELOAD_POLL;
 
 use backend::Backend;
@@ -141,6 +141,17 @@ pub struct Args {
 
     #[command(flatten, next_help_heading = "Gateway")]
     gateway: tollgate_gateway::Options,
+
+    /// Read envoyproxy/ratelimit's environment (`HOST`, `PORT`,
+    /// `RUNTIME_ROOT`, `REDIS_URL`, ...) with its defaults, under this
+    /// command's flags and `TOLLGATE_*` variables; what the binary does
+    /// when run as `ratelimit` (see `docs/envoy.md`, Settings).
+    #[arg(long, env = "TOLLGATE_ENVOY_ENV")]
+    envoy_env: bool,
+
+    /// What envoyproxy/ratelimit's environment set beside the flags.
+    #[arg(skip)]
+    envoy: Option<Box<envoy_env::Envoy>>,
 
     /// Whether the gateway serves on the runtime that calls [`start`]; not a
     /// flag (see [`Args::gateway_on_caller_runtime`]).
@@ -272,6 +283,8 @@ struct Prepared {
     max_connections: usize,
     /// The config's `store:` section and its file.
     store: Option<(PathBuf, StoreSettings)>,
+    /// envoyproxy/ratelimit's debug listener, in its mode.
+    debug: Option<TcpListener>,
 }
 
 /// Loads the policy and binds the gateway: what `tollgate serve` does before
@@ -294,7 +307,9 @@ async fn prepare(args: Args) -> anyhow::Result<Prepared> {
     let caps = listeners::fit(
         listeners::raise_file_limit(),
         listeners::Demand {
-            listeners: 2 + u64::from(args.listen.admin_listen.is_some()),
+            listeners: 2
+                + u64::from(args.listen.admin_listen.is_some())
+                + u64::from(args.envoy.is_some()),
             files_per_connection: 1,
             given: args.listen.max_connections.map(|n| n as usize),
         },
@@ -319,6 +334,18 @@ async fn prepare(args: Args) -> anyhow::Result<Prepared> {
         Some(addr) => Some(bind("admin", addr).await?),
         None => None,
     };
+    let debug = match &args.envoy {
+        // As envoyproxy/ratelimit, which only logs it, a debug port that
+        // cannot be bound does not stop the service.
+        Some(envoy) => match bind("debug", &envoy.debug).await {
+            Ok(debug) => Some(debug),
+            Err(error) => {
+                tracing::error!("{error:#}");
+                None
+            }
+        },
+        None => None,
+    };
     // The store is built from the section at start-up only.
     let store = policy
         .store()
@@ -334,6 +361,7 @@ async fn prepare(args: Args) -> anyhow::Result<Prepared> {
         admin,
         max_connections: caps.api,
         store,
+        debug,
     })
 }
 
@@ -351,6 +379,7 @@ async fn launch(
         admin,
         max_connections,
         store,
+        debug,
     } = prepared;
     let http_addr = local_addr("HTTP", &listeners.http)?;
     let grpc_addr = local_addr("gRPC", &listeners.grpc)?;
@@ -382,7 +411,8 @@ async fn launch(
     .await?;
     tracing::info!(store = store.describe(), "store ready");
     let enforcer: Arc<Enforcer<Backend>> = Arc::new(
-        Enforcer::new(handle, store)
+        Enforcer::new(handle.clone(), store)
+            .with_shadow_mode(args.envoy.as_ref().is_some_and(|e| e.shadow_mode))
             .with_clock(clock)
             .with_observer(Arc::new(metrics::Observe)),
     );
@@ -447,6 +477,14 @@ async fn launch(
             http::service(state, http::Surface::Operator),
         )
     });
+    if let Some(listener) = debug {
+        tracing::info!("listening for debug on {}", local_addr("debug", &listener)?);
+        let router = envoy_env::debug_router(handle);
+        let acceptor = Acceptor::new("debug", limits, Protocol::Any);
+        serve_on(acceptor, listener, stopped.clone(), move |_| {
+            TowerToHyperService::new(router.clone())
+        });
+    }
     let gateway_addr = gateway.as_ref().map(Gateway::local_addr);
     let gateway_task = gateway.map(|g| g.spawn(&enforcer, stopped.clone(), metrics::gateway));
 
@@ -594,14 +632,7 @@ fn metrics_handle() -> anyhow::Result<PrometheusHandle> {
 
 /// Runs the service until SIGTERM or SIGINT.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init()
-        .map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))?;
+    envoy_env::init_logging(args.envoy.as_deref())?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -42,7 +42,12 @@ pub(crate) struct StoreArgs {
     /// `retry_after` passes, without a Redis call (`true` or `false`)
     /// [default: true].
     #[arg(long, env = "TOLLGATE_DENY_CACHE", value_name = "BOOL")]
-    deny_cache: Option<bool>,
+    pub(crate) deny_cache: Option<bool>,
+
+    /// Prepended to every Redis key (envoyproxy/ratelimit's
+    /// `CACHE_KEY_PREFIX`).
+    #[arg(skip)]
+    pub(crate) key_prefix: Option<String>,
 
     /// Consecutive Redis failures (errors or timeouts) that open the circuit
     /// breaker: checks are then decided by each rule's failure policy
@@ -329,10 +334,13 @@ impl Backend {
         let Some(url) = args.redis.as_deref() else {
             return Ok(Backend::Memory(MemoryStore::with_clock(memory, clock)));
         };
-        let config = RedisConfig {
+        let mut config = RedisConfig {
             timeout,
             ..RedisConfig::default()
         };
+        if let Some(prefix) = &flags.key_prefix {
+            config.prefix.insert_str(0, prefix);
+        }
         let store = RedisStore::connect(url, config)
             .await
             .map_err(|e| anyhow::anyhow!("cannot connect to Redis: {e}"))?;

@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use tollgate_policy::{Refusal, Reload, ReloadError, Reloader, Safeguards};
+use tollgate_policy::{ConfigFiles, Refusal, Reload, ReloadError, Reloader, Safeguards};
 
 use super::metrics;
 
@@ -34,6 +34,11 @@ pub(crate) struct Args {
     /// refused and the last good config stays.
     #[arg(long, env = "TOLLGATE_ALLOW_DOMAIN_REMOVAL")]
     allow_domain_removal: bool,
+
+    /// Which files of a config directory are read (envoyproxy/ratelimit's
+    /// `RUNTIME_IGNOREDOTFILES`).
+    #[arg(skip)]
+    pub(crate) files: ConfigFiles,
 }
 
 /// Loads `path` for start-up and gives the reloader that keeps it current,
@@ -42,7 +47,7 @@ pub(crate) fn load(path: &Path, args: &Args) -> anyhow::Result<Reloader> {
     let safeguards = Safeguards::default()
         .allow_empty(args.allow_empty_config)
         .allow_domain_removal(args.allow_domain_removal);
-    let reloader = Reloader::load(path, safeguards).map_err(|e| match e {
+    let reloader = Reloader::load_files(path, args.files, safeguards).map_err(|e| match e {
         ReloadError::Refused { ref refusal, .. } => {
             anyhow::anyhow!("refusing to start: {e}{}", allowed_by(refusal))
         }

@@ -34,9 +34,24 @@ pub(crate) struct Server {
     pub(crate) config: Option<tempfile::TempDir>,
 }
 
-/// The binary, with no `TOLLGATE_*` or `RUST_LOG` from the environment.
+/// The binary, with no `TOLLGATE_*`, envoyproxy/ratelimit variable or
+/// `RUST_LOG` from the environment.
 pub(crate) fn tollgate() -> Command {
     clean(Command::new(env!("CARGO_BIN_EXE_tollgate")))
+}
+
+/// The binary under the name `ratelimit` (a symlink in `dir`), as
+/// envoyproxy/ratelimit's image runs it, with nothing from the environment
+/// (`RUST_LOG` neither: `LOG_LEVEL` says).
+pub(crate) fn ratelimit(dir: &Path) -> Command {
+    let link = dir.join("ratelimit");
+    if std::fs::symlink_metadata(&link).is_err() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_tollgate"), &link)
+            .expect("a symlink in the temp dir");
+    }
+    let mut command = clean(Command::new(link));
+    command.env_remove("RUST_LOG");
+    command
 }
 
 /// The binary run by `sh` with at most `files` open files (soft and hard
@@ -56,6 +71,9 @@ fn clean(mut command: Command) -> Command {
         if var.to_string_lossy().starts_with("TOLLGATE_") {
             command.env_remove(var);
         }
+    }
+    for var in tollgate_server::serve::ENVOY_VARIABLES {
+        command.env_remove(var);
     }
     command.env("RUST_LOG", "info");
     command

@@ -1,0 +1,1066 @@
+//! envoyproxy/ratelimit's environment: the settings its `/bin/ratelimit`
+//! reads (`src/settings/settings.go`), read with their meaning where they
+//! apply, so that swapping the binary keeps the env, the mounted config and
+//! the ports.
+//!
+//! The mode is entered when the binary runs under the name `ratelimit`
+//! (argv\[0\]'s file name: a symlink or a copy), or with `tollgate serve
+//! --envoy-env` (`TOLLGATE_ENVOY_ENV=true`). Outside it, none of these
+//! variables is read, so a `PORT` set by a platform changes nothing.
+//!
+//! Precedence, for each setting: a Tollgate flag, then its `TOLLGATE_*`
+//! variable, then envoyproxy/ratelimit's variable, then envoyproxy/ratelimit's
+//! default (so `HOST`/`PORT` unset still listen on `0.0.0.0:8080`). Logging
+//! reads `RUST_LOG` before `LOG_LEVEL`.
+//!
+//! A variable that makes no sense for Tollgate is accepted and logged once
+//! at start-up with the reason; one whose meaning Tollgate does not have yet
+//! is logged once at WARN as not yet honoured; one Tollgate cannot honour
+//! safely (TLS to Redis, a gRPC unix socket, Sentinel) stops the start with
+//! an error naming it. The variables read by envoyproxy/ratelimit's Go
+//! `envconfig` are parsed as it parses them (Go's `ParseBool`,
+//! `ParseDuration`), which is not clap's syntax: hence this reader rather
+//! than clap `env` attributes. `docs/envoy.md` ("Settings") has the table.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::bail;
+use axum::Router;
+use axum::routing::get;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches};
+use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+use tollgate_policy::{ConfigFiles, Policy, PolicyHandle};
+use tracing_subscriber::EnvFilter;
+
+use super::{Args, RedisUrl, ServeFlags};
+
+/// Every variable envoyproxy/ratelimit's `settings.go` reads (at commit
+/// f2fb157). Each is either read here or in [`IGNORED`].
+pub const ENVOY_VARIABLES: &[&str] = &[
+    "HOST",
+    "PORT",
+    "DEBUG_HOST",
+    "DEBUG_PORT",
+    "GRPC_UDS",
+    "GRPC_HOST",
+    "GRPC_PORT",
+    "GRPC_MAX_CONNECTION_AGE",
+    "GRPC_MAX_CONNECTION_AGE_GRACE",
+    "GRPC_SERVER_USE_TLS",
+    "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY",
+    "GRPC_CLIENT_TLS_CACERT",
+    "GRPC_CLIENT_TLS_SAN",
+    "LOG_LEVEL",
+    "LOG_FORMAT",
+    "CONFIG_TYPE",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "CONFIG_GRPC_XDS_NODE_ID",
+    "CONFIG_GRPC_XDS_NODE_METADATA",
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+    "XDS_CLIENT_BACKOFF_JITTER",
+    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+    "USE_DOG_STATSD",
+    "USE_DOG_STATSD_MOGRIFIERS",
+    "USE_STATSD",
+    "STATSD_HOST",
+    "STATSD_PORT",
+    "EXTRA_TAGS",
+    "STATS_FLUSH_INTERVAL",
+    "DISABLE_STATS",
+    "USE_PROMETHEUS",
+    "PROMETHEUS_ADDR",
+    "PROMETHEUS_PATH",
+    "PROMETHEUS_MAPPER_YAML",
+    "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+    "RUNTIME_ROOT",
+    "RUNTIME_SUBDIRECTORY",
+    "RUNTIME_APPDIRECTORY",
+    "RUNTIME_IGNOREDOTFILES",
+    "RUNTIME_WATCH_ROOT",
+    "EXPIRATION_JITTER_MAX_SECONDS",
+    "LOCAL_CACHE_SIZE_IN_BYTES",
+    "NEAR_LIMIT_RATIO",
+    "CACHE_KEY_PREFIX",
+    "BACKEND_TYPE",
+    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+    "LIMIT_RESPONSE_HEADERS_ENABLED",
+    "LIMIT_LIMIT_HEADER",
+    "LIMIT_REMAINING_HEADER",
+    "LIMIT_RESET_HEADER",
+    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+    "REDIS_SOCKET_TYPE",
+    "REDIS_TYPE",
+    "REDIS_URL",
+    "REDIS_POOL_SIZE",
+    "REDIS_AUTH",
+    "REDIS_TLS",
+    "REDIS_TLS_CLIENT_CERT",
+    "REDIS_TLS_CLIENT_KEY",
+    "REDIS_TLS_CACERT",
+    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+    "REDIS_PIPELINE_WINDOW",
+    "REDIS_PIPELINE_LIMIT",
+    "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_PERSECOND",
+    "REDIS_PERSECOND_SOCKET_TYPE",
+    "REDIS_PERSECOND_TYPE",
+    "REDIS_PERSECOND_URL",
+    "REDIS_PERSECOND_POOL_SIZE",
+    "REDIS_PERSECOND_AUTH",
+    "REDIS_PERSECOND_TLS",
+    "REDIS_SENTINEL_AUTH",
+    "REDIS_PERSECOND_SENTINEL_AUTH",
+    "REDIS_PERSECOND_PIPELINE_WINDOW",
+    "REDIS_PERSECOND_PIPELINE_LIMIT",
+    "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+    "REDIS_TIMEOUT",
+    "REDIS_PERSECOND_TIMEOUT",
+    "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_STARTUP_INITIAL_INTERVAL",
+    "REDIS_STARTUP_MAX_INTERVAL",
+    "REDIS_STARTUP_MAX_ELAPSED_TIME",
+    "MEMCACHE_HOST_PORT",
+    "MEMCACHE_MAX_IDLE_CONNS",
+    "MEMCACHE_SRV",
+    "MEMCACHE_SRV_REFRESH",
+    "MEMCACHE_TLS",
+    "MEMCACHE_TLS_CLIENT_CERT",
+    "MEMCACHE_TLS_CLIENT_KEY",
+    "MEMCACHE_TLS_CACERT",
+    "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+    "SHADOW_MODE",
+    "QUOTA_MODE",
+    "RESPONSE_DYNAMIC_METADATA",
+    "MERGE_DOMAIN_CONFIG",
+    "TRACING_ENABLED",
+    "TRACING_SERVICE_NAME",
+    "TRACING_SERVICE_NAMESPACE",
+    "TRACING_SERVICE_INSTANCE_ID",
+    "TRACING_EXPORTER_PROTOCOL",
+    "TRACING_SAMPLING_RATE",
+];
+
+const GRPC_TUNING: &str =
+    "Tollgate closes idle connections (--idle-timeout) and sets no maximum connection age";
+const NO_GRPC_TLS: &str = "used with GRPC_SERVER_USE_TLS only, which Tollgate refuses";
+const NO_XDS: &str =
+    "used with CONFIG_TYPE=GRPC_XDS_SOTW only, which Tollgate does not support yet";
+const NO_STATSD: &str =
+    "Tollgate exports Prometheus metrics only (/metrics, or PROMETHEUS_ADDR with USE_PROMETHEUS)";
+const NO_REDIS_TLS: &str = "used with REDIS_TLS only, which Tollgate refuses";
+const REDIS_POOL: &str =
+    "Tollgate multiplexes one connection per Redis node and batches checks itself";
+const PER_SECOND: &str = "per-second limits are kept in REDIS_URL's Redis with all others";
+const NO_SENTINEL: &str = "used with REDIS_TYPE=sentinel only, which Tollgate refuses";
+const NO_MEMCACHE: &str = "used with BACKEND_TYPE=memcache only, which Tollgate refuses";
+const NO_TRACING: &str = "Tollgate exports no OpenTelemetry traces";
+
+/// The variables accepted and not read, with the reason; logged once at
+/// start-up when set.
+const IGNORED: &[(&str, &str)] = &[
+    ("GRPC_MAX_CONNECTION_AGE", GRPC_TUNING),
+    ("GRPC_MAX_CONNECTION_AGE_GRACE", GRPC_TUNING),
+    ("GRPC_SERVER_TLS_CERT", NO_GRPC_TLS),
+    ("GRPC_SERVER_TLS_KEY", NO_GRPC_TLS),
+    ("GRPC_CLIENT_TLS_CACERT", NO_GRPC_TLS),
+    ("GRPC_CLIENT_TLS_SAN", NO_GRPC_TLS),
+    (
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "Tollgate reads its config files before it starts",
+    ),
+    ("CONFIG_GRPC_XDS_NODE_ID", NO_XDS),
+    ("CONFIG_GRPC_XDS_NODE_METADATA", NO_XDS),
+    ("CONFIG_GRPC_XDS_SERVER_URL", NO_XDS),
+    ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", NO_XDS),
+    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", NO_XDS),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", NO_XDS),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", NO_XDS),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", NO_XDS),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", NO_XDS),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", NO_XDS),
+    ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", NO_XDS),
+    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", NO_XDS),
+    ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", NO_XDS),
+    ("XDS_CLIENT_BACKOFF_JITTER", NO_XDS),
+    ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", NO_XDS),
+    ("USE_DOG_STATSD", NO_STATSD),
+    ("USE_DOG_STATSD_MOGRIFIERS", NO_STATSD),
+    ("USE_STATSD", NO_STATSD),
+    ("STATSD_HOST", NO_STATSD),
+    ("STATSD_PORT", NO_STATSD),
+    ("EXTRA_TAGS", NO_STATSD),
+    (
+        "STATS_FLUSH_INTERVAL",
+        "Prometheus reads Tollgate's metrics when it scrapes",
+    ),
+    (
+        "DISABLE_STATS",
+        "Tollgate's metrics cost nothing until they are scraped",
+    ),
+    (
+        "PROMETHEUS_MAPPER_YAML",
+        "Tollgate names its metrics itself (docs/service.md, Metrics)",
+    ),
+    (
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        "Tollgate's latency histograms are in seconds",
+    ),
+    (
+        "RUNTIME_WATCH_ROOT",
+        "Tollgate polls the files' contents, which sees a swap of RUNTIME_ROOT and edits inside it alike",
+    ),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "Tollgate's Redis keys expire when their state is back to full",
+    ),
+    (
+        "NEAR_LIMIT_RATIO",
+        "Tollgate has no near_limit statistic yet",
+    ),
+    (
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "Tollgate never serves without rules: it refuses to start on a config with none, and a reload that would leave none keeps the last good config",
+    ),
+    ("REDIS_POOL_SIZE", REDIS_POOL),
+    ("REDIS_TLS_CLIENT_CERT", NO_REDIS_TLS),
+    ("REDIS_TLS_CLIENT_KEY", NO_REDIS_TLS),
+    ("REDIS_TLS_CACERT", NO_REDIS_TLS),
+    ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", NO_REDIS_TLS),
+    ("REDIS_PIPELINE_WINDOW", REDIS_POOL),
+    ("REDIS_PIPELINE_LIMIT", REDIS_POOL),
+    ("REDIS_CLUSTER_PIPELINE_PARALLELISM", REDIS_POOL),
+    ("REDIS_PERSECOND", PER_SECOND),
+    ("REDIS_PERSECOND_SOCKET_TYPE", PER_SECOND),
+    ("REDIS_PERSECOND_TYPE", PER_SECOND),
+    ("REDIS_PERSECOND_URL", PER_SECOND),
+    ("REDIS_PERSECOND_POOL_SIZE", PER_SECOND),
+    ("REDIS_PERSECOND_AUTH", PER_SECOND),
+    ("REDIS_PERSECOND_TLS", PER_SECOND),
+    ("REDIS_PERSECOND_SENTINEL_AUTH", PER_SECOND),
+    ("REDIS_PERSECOND_PIPELINE_WINDOW", PER_SECOND),
+    ("REDIS_PERSECOND_PIPELINE_LIMIT", PER_SECOND),
+    ("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", PER_SECOND),
+    ("REDIS_PERSECOND_TIMEOUT", PER_SECOND),
+    ("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", PER_SECOND),
+    ("REDIS_SENTINEL_AUTH", NO_SENTINEL),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "Tollgate's health probes always follow whether Redis answers",
+    ),
+    ("REDIS_POOL_ON_EMPTY_BEHAVIOR", REDIS_POOL),
+    (
+        "REDIS_STARTUP_INITIAL_INTERVAL",
+        "Tollgate refuses to start while Redis cannot be reached; the restart policy retries",
+    ),
+    (
+        "REDIS_STARTUP_MAX_INTERVAL",
+        "Tollgate refuses to start while Redis cannot be reached; the restart policy retries",
+    ),
+    (
+        "REDIS_STARTUP_MAX_ELAPSED_TIME",
+        "Tollgate refuses to start while Redis cannot be reached; the restart policy retries",
+    ),
+    ("MEMCACHE_HOST_PORT", NO_MEMCACHE),
+    ("MEMCACHE_MAX_IDLE_CONNS", NO_MEMCACHE),
+    ("MEMCACHE_SRV", NO_MEMCACHE),
+    ("MEMCACHE_SRV_REFRESH", NO_MEMCACHE),
+    ("MEMCACHE_TLS", NO_MEMCACHE),
+    ("MEMCACHE_TLS_CLIENT_CERT", NO_MEMCACHE),
+    ("MEMCACHE_TLS_CLIENT_KEY", NO_MEMCACHE),
+    ("MEMCACHE_TLS_CACERT", NO_MEMCACHE),
+    ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", NO_MEMCACHE),
+    ("TRACING_ENABLED", NO_TRACING),
+    ("TRACING_SERVICE_NAME", NO_TRACING),
+    ("TRACING_SERVICE_NAMESPACE", NO_TRACING),
+    ("TRACING_SERVICE_INSTANCE_ID", NO_TRACING),
+    ("TRACING_EXPORTER_PROTOCOL", NO_TRACING),
+    ("TRACING_SAMPLING_RATE", NO_TRACING),
+];
+
+/// Whether the process was started under the name `ratelimit`
+/// (envoyproxy/ratelimit's `/bin/ratelimit`), busybox-style.
+pub fn invoked_as_ratelimit() -> bool {
+    std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .is_some_and(|argv0| argv0.file_name().is_some_and(|name| name == "ratelimit"))
+}
+
+/// `tollgate serve`'s flags under the name `ratelimit`: what the binary
+/// takes when [`invoked_as_ratelimit`] (no subcommand).
+pub fn ratelimit_command() -> clap::Command {
+    ServeFlags::command().name("ratelimit").about(
+        "Tollgate as envoyproxy/ratelimit's binary: `tollgate serve`, configured by \
+         envoyproxy/ratelimit's environment (docs/envoy.md, Settings)",
+    )
+}
+
+impl Args {
+    /// The options of `matches` (`tollgate serve`'s flags), with
+    /// envoyproxy/ratelimit's environment read into them when `forced` (the
+    /// binary runs as `ratelimit`) or asked for by `--envoy-env`, under the
+    /// precedence of the module's doc.
+    ///
+    /// # Errors
+    ///
+    /// A flag clap refuses, or a variable whose value is bad or that Tollgate
+    /// cannot honour safely: the error names the variable and why.
+    pub fn from_envoy_env(matches: &ArgMatches, forced: bool) -> anyhow::Result<Self> {
+        let mut args = Args::from_arg_matches(matches)?;
+        if forced || args.envoy_env {
+            let env = Env::new(|name| std::env::var_os(name));
+            let envoy = read(&env, &mut args, matches)?;
+            args.envoy = Some(Box::new(envoy));
+        }
+        Ok(args)
+    }
+}
+
+/// What envoyproxy/ratelimit's environment sets beside Tollgate's flags.
+#[derive(Debug, Default)]
+pub(crate) struct Envoy {
+    /// Where `/rlconfig` is served (`DEBUG_HOST`:`DEBUG_PORT`).
+    pub(crate) debug: String,
+    /// `SHADOW_MODE`.
+    pub(crate) shadow_mode: bool,
+    /// The log level when `RUST_LOG` does not say (`LOG_LEVEL`).
+    log_level: &'static str,
+    /// `LOG_FORMAT=json`.
+    log_json: bool,
+    /// What to log once at start-up.
+    notes: Vec<String>,
+}
+
+impl Envoy {
+    fn ignored(&mut self, name: &str, value: &str, reason: &str) {
+        self.notes
+            .push(format!("{name}={value} is ignored: {reason}"));
+    }
+
+    fn not_yet(&mut self, what: String) {
+        self.notes.push(format!("not yet honoured: {what}"));
+    }
+}
+
+/// The process's environment, as envoyproxy/ratelimit's `envconfig` reads
+/// it; remembers which variables were read.
+struct Env<F> {
+    lookup: F,
+    read: RefCell<BTreeSet<&'static str>>,
+}
+
+impl<F: Fn(&str) -> Option<OsString>> Env<F> {
+    fn new(lookup: F) -> Self {
+        Self {
+            lookup,
+            read: RefCell::default(),
+        }
+    }
+
+    /// The variable's value when it is set.
+    fn get(&self, name: &'static str) -> anyhow::Result<Option<String>> {
+        self.read.borrow_mut().insert(name);
+        (self.lookup)(name)
+            .map(|value| {
+                value
+                    .into_string()
+                    .map_err(|_| anyhow::anyhow!("{name} is not valid UTF-8"))
+            })
+            .transpose()
+    }
+
+    fn string(&self, name: &'static str, default: &str) -> anyhow::Result<String> {
+        Ok(self.get(name)?.unwrap_or_else(|| default.to_owned()))
+    }
+
+    /// A boolean as Go's `strconv.ParseBool` reads it.
+    fn bool(&self, name: &'static str, default: bool) -> anyhow::Result<bool> {
+        let Some(value) = self.get(name)? else {
+            return Ok(default);
+        };
+        match value.as_str() {
+            "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+            "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+            _ => bail!("{name}={value:?}: not a boolean (true or false)"),
+        }
+    }
+
+    fn int(&self, name: &'static str, default: i64) -> anyhow::Result<i64> {
+        let Some(value) = self.get(name)? else {
+            return Ok(default);
+        };
+        value
+            .parse()
+            .map_err(|e| anyhow::anyhow!("{name}={value:?}: not an integer: {e}"))
+    }
+
+    fn port(&self, name: &'static str, default: u16) -> anyhow::Result<u16> {
+        let port = self.int(name, default.into())?;
+        u16::try_from(port).map_err(|_| anyhow::anyhow!("{name}={port}: not a port (0 to 65535)"))
+    }
+
+    fn duration(&self, name: &'static str) -> anyhow::Result<Option<Duration>> {
+        self.get(name)?
+            .map(|value| go_duration(&value).map_err(|e| anyhow::anyhow!("{name}={value:?}: {e}")))
+            .transpose()
+    }
+}
+
+/// `host:port` as Go's `net.JoinHostPort` writes it, an empty host being
+/// every IPv4 address (Go's `:port` listens on all of them).
+fn join_host_port(host: &str, port: u16) -> String {
+    match host {
+        "" => format!("0.0.0.0:{port}"),
+        h if h.contains(':') => format!("[{h}]:{port}"),
+        h => format!("{h}:{port}"),
+    }
+}
+
+/// Whether `id`'s value was given as a Tollgate flag or `TOLLGATE_*`
+/// variable, which win over envoyproxy/ratelimit's variables.
+fn explicit(matches: &ArgMatches, id: &str) -> bool {
+    matches!(
+        matches.value_source(id),
+        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+    )
+}
+
+/// Reads envoyproxy/ratelimit's variables from `env` into `args` (where no
+/// flag says otherwise) and into what it returns.
+fn read<F: Fn(&str) -> Option<OsString>>(
+    env: &Env<F>,
+    args: &mut Args,
+    matches: &ArgMatches,
+) -> anyhow::Result<Envoy> {
+    let mut envoy = Envoy::default();
+
+    let http = join_host_port(&env.string("HOST", "0.0.0.0")?, env.port("PORT", 8080)?);
+    let grpc = join_host_port(
+        &env.string("GRPC_HOST", "0.0.0.0")?,
+        env.port("GRPC_PORT", 8081)?,
+    );
+    envoy.debug = join_host_port(
+        &env.string("DEBUG_HOST", "0.0.0.0")?,
+        env.port("DEBUG_PORT", 6070)?,
+    );
+    if !explicit(matches, "http") {
+        args.http = http;
+    }
+    if !explicit(matches, "grpc") {
+        args.grpc = grpc;
+    }
+    if let Some(uds) = env.get("GRPC_UDS")?.filter(|u| !u.is_empty()) {
+        bail!(
+            "GRPC_UDS={uds:?}: Tollgate serves gRPC on TCP only (GRPC_HOST, GRPC_PORT); \
+             unset GRPC_UDS"
+        );
+    }
+    if env.bool("GRPC_SERVER_USE_TLS", false)? {
+        bail!(
+            "GRPC_SERVER_USE_TLS=true: Tollgate's gRPC listener does not speak TLS; \
+             refusing to serve in clear what was asked to be encrypted"
+        );
+    }
+
+    envoy.log_level = log_level(&env.string("LOG_LEVEL", "WARN")?)?;
+    envoy.log_json = env
+        .string("LOG_FORMAT", "text")?
+        .eq_ignore_ascii_case("json");
+
+    let config_type = env.string("CONFIG_TYPE", "FILE")?;
+    match config_type.as_str() {
+        "FILE" => {}
+        "GRPC_XDS_SOTW" => bail!(
+            "CONFIG_TYPE=GRPC_XDS_SOTW: Tollgate does not read its config over xDS yet; \
+             use CONFIG_TYPE=FILE with RUNTIME_ROOT"
+        ),
+        other => bail!("CONFIG_TYPE={other:?}: expected FILE (or GRPC_XDS_SOTW)"),
+    }
+    let mut config = PathBuf::from(env.string("RUNTIME_ROOT", "/srv/runtime_data/current")?);
+    for part in [
+        env.string("RUNTIME_SUBDIRECTORY", "")?,
+        env.string("RUNTIME_APPDIRECTORY", "config")?,
+    ] {
+        // Go's filepath.Join keeps an absolute part under the root.
+        let part = part.trim_start_matches('/');
+        if !part.is_empty() {
+            config.push(part);
+        }
+    }
+    if !explicit(matches, "config") {
+        args.config = Some(config);
+    }
+    args.reload.files =
+        ConfigFiles::default().ignore_dot_files(env.bool("RUNTIME_IGNOREDOTFILES", false)?);
+
+    read_redis(env, args, matches, &mut envoy)?;
+
+    envoy.shadow_mode = env.bool("SHADOW_MODE", false)?;
+    if env.bool("USE_PROMETHEUS", false)? {
+        let addr = env.string("PROMETHEUS_ADDR", ":9090")?;
+        if !explicit(matches, "admin_listen") {
+            args.listen.admin_listen = Some(match addr.strip_prefix(':') {
+                Some(port) => format!("0.0.0.0:{port}"),
+                None => addr,
+            });
+        }
+        let path = env.string("PROMETHEUS_PATH", "/metrics")?;
+        if path != "/metrics" {
+            envoy.not_yet(format!(
+                "PROMETHEUS_PATH={path}: Tollgate's metrics stay at /metrics"
+            ));
+        }
+    } else {
+        env.get("PROMETHEUS_ADDR")?;
+        env.get("PROMETHEUS_PATH")?;
+    }
+
+    if !env.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)? {
+        envoy.not_yet(
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false (the default): Tollgate counts the \
+             descriptors of a request all-or-nothing, as with true; a request denied by one \
+             limit spends nothing from the others"
+                .into(),
+        );
+    }
+    if env.bool("QUOTA_MODE", false)? {
+        envoy.not_yet("QUOTA_MODE=true: quota-mode limits deny as rate limits do".into());
+    }
+    if env.bool("MERGE_DOMAIN_CONFIG", false)? {
+        envoy.not_yet("MERGE_DOMAIN_CONFIG=true: two files with one domain are refused".into());
+    }
+    if env.bool("RESPONSE_DYNAMIC_METADATA", false)? {
+        envoy.not_yet("RESPONSE_DYNAMIC_METADATA=true: answers carry no dynamic metadata".into());
+    }
+    let headers = env.bool("LIMIT_RESPONSE_HEADERS_ENABLED", false)?;
+    let names = [
+        env.string("LIMIT_LIMIT_HEADER", "RateLimit-Limit")?,
+        env.string("LIMIT_REMAINING_HEADER", "RateLimit-Remaining")?,
+        env.string("LIMIT_RESET_HEADER", "RateLimit-Reset")?,
+    ];
+    envoy.not_yet(format!(
+        "LIMIT_RESPONSE_HEADERS_ENABLED={headers} ({}): Tollgate's answers always carry \
+         X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset of the most \
+         restrictive limit",
+        names.join(", ")
+    ));
+
+    for (name, reason) in IGNORED {
+        if let Some(value) = env.get(name)? {
+            envoy.ignored(name, &value, reason);
+        }
+    }
+    Ok(envoy)
+}
+
+/// The Redis settings: envoyproxy/ratelimit always runs on Redis (or
+/// Memcache), so this mode does too.
+fn read_redis<F: Fn(&str) -> Option<OsString>>(
+    env: &Env<F>,
+    args: &mut Args,
+    matches: &ArgMatches,
+    envoy: &mut Envoy,
+) -> anyhow::Result<()> {
+    match env.string("BACKEND_TYPE", "redis")?.as_str() {
+        "redis" | "" => {}
+        "memcache" => bail!(
+            "BACKEND_TYPE=memcache: Tollgate keeps shared limits in Redis only; \
+             use BACKEND_TYPE=redis with REDIS_URL"
+        ),
+        other => bail!("BACKEND_TYPE={other:?}: expected redis"),
+    }
+    if env.bool("REDIS_TLS", false)? {
+        bail!(
+            "REDIS_TLS=true: this build of Tollgate connects to Redis without TLS; \
+             refusing to connect in clear"
+        );
+    }
+    let socket = env.string("REDIS_SOCKET_TYPE", "unix")?;
+    let kind = env.string("REDIS_TYPE", "SINGLE")?.to_ascii_lowercase();
+    let url = env.string("REDIS_URL", "/var/run/nutcracker/ratelimit.sock")?;
+    let auth = env.string("REDIS_AUTH", "")?;
+    let redis = redis_url(&socket, &kind, &url, &auth)?;
+    if !explicit(matches, "redis") {
+        args.redis = Some(RedisUrl(redis));
+    }
+    if let Some(timeout) = env.duration("REDIS_TIMEOUT")?
+        && !explicit(matches, "redis_timeout")
+    {
+        let longest = Duration::from_secs(60);
+        if timeout.is_zero() || timeout > longest {
+            envoy.ignored(
+                "REDIS_TIMEOUT",
+                &format!("{timeout:?}"),
+                "Tollgate waits at most 1m for a Redis round trip, so it waits 1m",
+            );
+        }
+        args.redis_timeout = Some(if timeout.is_zero() {
+            longest
+        } else {
+            timeout.min(longest)
+        });
+    }
+    let local_cache = env.int("LOCAL_CACHE_SIZE_IN_BYTES", 0)?;
+    if !explicit(matches, "deny_cache") {
+        args.store.deny_cache = Some(local_cache > 0);
+    }
+    let prefix = env.string("CACHE_KEY_PREFIX", "")?;
+    if prefix.contains(['{', '}']) {
+        bail!("CACHE_KEY_PREFIX={prefix:?}: Tollgate's Redis keys cannot hold braces");
+    }
+    if !prefix.is_empty() {
+        args.store.key_prefix = Some(prefix);
+    }
+    Ok(())
+}
+
+/// The URL Tollgate's Redis store takes for envoyproxy/ratelimit's
+/// `REDIS_SOCKET_TYPE`, `REDIS_TYPE`, `REDIS_URL` and `REDIS_AUTH`
+/// (`password` or `user:password`).
+fn redis_url(socket: &str, kind: &str, url: &str, auth: &str) -> anyhow::Result<String> {
+    let encode = |s: &str| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string();
+    let (user, password) = match auth.split_once(':') {
+        Some((user, password)) => (encode(user), encode(password)),
+        None => (String::new(), encode(auth)),
+    };
+    let userinfo = if auth.is_empty() {
+        String::new()
+    } else {
+        format!("{user}:{password}@")
+    };
+    if url.starts_with("rediss://") {
+        bail!("REDIS_URL=rediss://...: this build of Tollgate connects to Redis without TLS");
+    }
+    match kind {
+        "single" if url.starts_with("redis://") => Ok(if url.contains('@') {
+            url.to_owned()
+        } else {
+            url.replacen("redis://", &format!("redis://{userinfo}"), 1)
+        }),
+        "single" => match socket {
+            "tcp" | "tcp4" | "tcp6" => Ok(format!("redis://{userinfo}{url}")),
+            "unix" => {
+                let mut query = Vec::new();
+                if !user.is_empty() {
+                    query.push(format!("user={user}"));
+                }
+                if !auth.is_empty() {
+                    query.push(format!("pass={password}"));
+                }
+                let query = if query.is_empty() {
+                    String::new()
+                } else {
+                    format!("?{}", query.join("&"))
+                };
+                Ok(format!("unix://{url}{query}"))
+            }
+            other => bail!("REDIS_SOCKET_TYPE={other:?}: expected tcp or unix"),
+        },
+        "cluster" => Ok(format!("redis+cluster://{userinfo}{url}")),
+        "sentinel" => bail!(
+            "REDIS_TYPE=sentinel: Tollgate does not talk to Redis Sentinel; \
+             use REDIS_TYPE=single (the master's address, or a proxy) or cluster"
+        ),
+        other => bail!("REDIS_TYPE={other:?}: expected single or cluster"),
+    }
+}
+
+/// The `tracing` level for logrus's `LOG_LEVEL` names (any case); `panic`
+/// and `fatal` are `error`, `tracing`'s most severe.
+fn log_level(value: &str) -> anyhow::Result<&'static str> {
+    Ok(match value.to_ascii_lowercase().as_str() {
+        "panic" | "fatal" | "error" => "error",
+        "warn" | "warning" => "warn",
+        "info" => "info",
+        "debug" => "debug",
+        "trace" => "trace",
+        _ => bail!(
+            "LOG_LEVEL={value:?}: not a log level (panic, fatal, error, warn, info, debug, trace)"
+        ),
+    })
+}
+
+/// A duration as Go's `time.ParseDuration` reads it: `0`, or numbers (with
+/// fractions) each with a unit of `ns`, `us`, `µs`, `ms`, `s`, `m` or `h`
+/// (`1h30m`, `1.5s`).
+fn go_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("not a duration (such as 300ms, 10s or 1h30m): {text:?}");
+    let rest = text.strip_prefix('+').unwrap_or(text);
+    if rest == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if rest.is_empty() || rest.starts_with('-') {
+        return Err(bad());
+    }
+    let mut rest = rest;
+    let mut nanos = 0f64;
+    while !rest.is_empty() {
+        let number_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let (number, tail) = rest.split_at(number_end);
+        let unit_end = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_end);
+        let scale = match unit {
+            "ns" => 1.0,
+            "us" | "µs" | "μs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            _ => return Err(bad()),
+        };
+        let number: f64 = number.parse().map_err(|_| bad())?;
+        nanos += number * scale;
+        rest = tail;
+    }
+    if !nanos.is_finite() || nanos > u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(Duration::from_nanos(nanos as u64))
+}
+
+/// Sets up the process's log: `RUST_LOG`, else envoyproxy/ratelimit's
+/// `LOG_LEVEL` (in its mode), else `info`; JSON lines with `LOG_FORMAT=json`.
+/// Then logs, once, what envoyproxy/ratelimit's environment set that
+/// Tollgate ignores or does not honour yet.
+pub(crate) fn init_logging(envoy: Option<&Envoy>) -> anyhow::Result<()> {
+    let level = envoy.map_or("info", |e| e.log_level);
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let log = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let installed = if envoy.is_some_and(|e| e.log_json) {
+        log.json().try_init()
+    } else {
+        log.with_ansi(std::io::stderr().is_terminal()).try_init()
+    };
+    installed.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))?;
+    // At WARN: envoyproxy/ratelimit's default LOG_LEVEL hides anything less.
+    for note in envoy.iter().flat_map(|e| &e.notes) {
+        tracing::warn!("envoyproxy/ratelimit setting {note}");
+    }
+    Ok(())
+}
+
+/// envoyproxy/ratelimit's debug listener: `/rlconfig` dumps the config in
+/// force, `/` lists the endpoints.
+pub(crate) fn debug_router(policy: PolicyHandle) -> Router {
+    Router::new()
+        .route(
+            "/rlconfig",
+            get(move || {
+                let policy = policy.load();
+                async move { dump(&policy) }
+            }),
+        )
+        .route(
+            "/",
+            get(|| async {
+                "/rlconfig: print out the currently loaded configuration for debugging\n"
+            }),
+        )
+}
+
+/// The config in force, one line per rule, in envoyproxy/ratelimit's
+/// `Dump` form (`domain.key_value: unit=MINUTE requests_per_unit=5,
+/// shadow_mode: false`); a native rule shows its algorithm and quota.
+fn dump(policy: &Policy) -> String {
+    let mut text = String::new();
+    for domain in policy.domains() {
+        for rule in policy.rules(domain) {
+            let _ = write!(text, "{domain}.{}: ", rule.id());
+            match (rule.envoy_window(), rule.quota(), rule.algorithm()) {
+                _ if rule.unlimited() => text.push_str("unlimited"),
+                (Some(unit), quota, _) => {
+                    let _ = write!(
+                        text,
+                        "unit={} requests_per_unit={}",
+                        unit.name().to_ascii_uppercase(),
+                        quota.map_or(0, |q| q.limit())
+                    );
+                }
+                (None, Some(quota), Some(algorithm)) => {
+                    let _ = write!(
+                        text,
+                        "algorithm={algorithm} limit={} per={:?} burst={}",
+                        quota.limit(),
+                        quota.period(),
+                        quota.burst()
+                    );
+                }
+                (None, _, _) => text.push_str("blocked"),
+            }
+            let _ = writeln!(text, ", shadow_mode: {}", rule.shadow());
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// `args` read with the environment `vars`, in envoyproxy/ratelimit's mode.
+    fn read_env(vars: &[(&str, &str)], flags: &[&str]) -> anyhow::Result<(Args, Envoy)> {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let env = Env::new(move |name: &str| vars.get(name).map(OsString::from));
+        let matches = ratelimit_command()
+            .try_get_matches_from(std::iter::once("ratelimit").chain(flags.iter().copied()))?;
+        let mut args = Args::from_arg_matches(&matches)?;
+        let envoy = read(&env, &mut args, &matches)?;
+        Ok((args, envoy))
+    }
+
+    fn error(vars: &[(&str, &str)]) -> String {
+        format!("{:#}", read_env(vars, &[]).expect_err("refused"))
+    }
+
+    #[test]
+    fn every_variable_is_read_or_ignored_with_a_reason() {
+        let vars: HashMap<&str, &str> = HashMap::new();
+        let env = Env::new(move |name: &str| vars.get(name).map(OsString::from));
+        let matches = ratelimit_command()
+            .try_get_matches_from(["ratelimit"])
+            .expect("no flags");
+        let mut args = Args::from_arg_matches(&matches).expect("defaults");
+        read(&env, &mut args, &matches).expect("defaults are fine");
+        let read = env.read.into_inner();
+        let known: BTreeSet<&str> = ENVOY_VARIABLES.iter().copied().collect();
+        assert_eq!(
+            read, known,
+            "read (or ignored) and settings.go's list differ"
+        );
+        let ignored: BTreeSet<&str> = IGNORED.iter().map(|(name, _)| *name).collect();
+        assert!(ignored.is_subset(&known));
+    }
+
+    #[test]
+    fn defaults_are_envoyproxy_ratelimits() {
+        let (args, envoy) = read_env(&[], &[]).expect("defaults");
+        assert_eq!(args.http, "0.0.0.0:8080");
+        assert_eq!(args.grpc, "0.0.0.0:8081");
+        assert_eq!(envoy.debug, "0.0.0.0:6070");
+        assert_eq!(
+            args.config.as_deref(),
+            Some(std::path::Path::new("/srv/runtime_data/current/config"))
+        );
+        assert_eq!(
+            args.redis.as_ref().map(|r| r.0.as_str()),
+            Some("unix:///var/run/nutcracker/ratelimit.sock")
+        );
+        assert_eq!(args.store.deny_cache, Some(false));
+        assert_eq!(envoy.log_level, "warn");
+        assert!(!envoy.shadow_mode && !envoy.log_json);
+        assert_eq!(args.listen.admin_listen, None);
+        assert!(!args.reload.files.ignore_dot_files);
+    }
+
+    #[test]
+    fn a_deployment_env_is_read() {
+        let (args, envoy) = read_env(
+            &[
+                ("HOST", "127.0.0.1"),
+                ("PORT", "9080"),
+                ("GRPC_HOST", "::1"),
+                ("GRPC_PORT", "9081"),
+                ("DEBUG_PORT", "0"),
+                ("RUNTIME_ROOT", "/data"),
+                ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+                ("RUNTIME_APPDIRECTORY", "/rules"),
+                ("RUNTIME_IGNOREDOTFILES", "T"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", "redis.default:6379"),
+                ("REDIS_AUTH", "app:p@ss/word"),
+                ("REDIS_TIMEOUT", "1.5s"),
+                ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
+                ("CACHE_KEY_PREFIX", "rl_"),
+                ("SHADOW_MODE", "1"),
+                ("USE_PROMETHEUS", "true"),
+                ("PROMETHEUS_ADDR", ":9102"),
+                ("LOG_LEVEL", "Debug"),
+                ("LOG_FORMAT", "JSON"),
+                ("REDIS_POOL_SIZE", "20"),
+            ],
+            &[],
+        )
+        .expect("a valid env");
+        assert_eq!(args.http, "127.0.0.1:9080");
+        assert_eq!(args.grpc, "[::1]:9081");
+        assert_eq!(envoy.debug, "0.0.0.0:0");
+        assert_eq!(
+            args.config.as_deref(),
+            Some(std::path::Path::new("/data/ratelimit/rules"))
+        );
+        assert!(args.reload.files.ignore_dot_files);
+        assert_eq!(
+            args.redis.as_ref().map(|r| r.0.as_str()),
+            Some("redis://app:p%40ss%2Fword@redis.default:6379")
+        );
+        assert_eq!(args.redis_timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(args.store.deny_cache, Some(true));
+        assert_eq!(args.store.key_prefix.as_deref(), Some("rl_"));
+        assert!(envoy.shadow_mode && envoy.log_json);
+        assert_eq!(envoy.log_level, "debug");
+        assert_eq!(args.listen.admin_listen.as_deref(), Some("0.0.0.0:9102"));
+        let ignored: Vec<&String> = envoy
+            .notes
+            .iter()
+            .filter(|n| n.contains(" is ignored: "))
+            .collect();
+        assert_eq!(ignored.len(), 1, "{ignored:?}");
+        assert!(ignored[0].starts_with("REDIS_POOL_SIZE=20 is ignored: "));
+    }
+
+    #[test]
+    fn flags_and_tollgate_variables_win() {
+        let (args, _) = read_env(
+            &[
+                ("PORT", "9080"),
+                ("REDIS_URL", "h:1"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
+            ],
+            &[
+                "--http",
+                "127.0.0.1:0",
+                "--redis",
+                "redis://other:2",
+                "--deny-cache",
+                "true",
+            ],
+        )
+        .expect("valid");
+        assert_eq!(args.http, "127.0.0.1:0");
+        assert_eq!(args.grpc, "0.0.0.0:8081", "its own default still applies");
+        assert_eq!(
+            args.redis.as_ref().map(|r| r.0.as_str()),
+            Some("redis://other:2")
+        );
+        assert_eq!(args.store.deny_cache, Some(true));
+    }
+
+    #[test]
+    fn redis_urls_follow_type_socket_and_auth() {
+        let url = |socket, kind, url, auth| redis_url(socket, kind, url, auth).expect("valid");
+        assert_eq!(url("tcp", "single", "h:6379", ""), "redis://h:6379");
+        assert_eq!(url("tcp", "single", "h:6379", "pw"), "redis://:pw@h:6379");
+        assert_eq!(
+            url("unix", "single", "/run/r.sock", "u:p+w"),
+            "unix:///run/r.sock?user=u&pass=p%2Bw"
+        );
+        assert_eq!(
+            url("tcp", "cluster", "a:1,b:2", "pw"),
+            "redis+cluster://:pw@a:1,b:2"
+        );
+        assert_eq!(
+            url("tcp", "single", "redis://h:1/2", "pw"),
+            "redis://:pw@h:1/2"
+        );
+        assert!(redis_url("udp", "single", "h:1", "").is_err());
+        assert!(redis_url("tcp", "single", "rediss://h:1", "").is_err());
+    }
+
+    #[test]
+    fn bad_values_are_errors_naming_the_variable() {
+        for (vars, needle) in [
+            (vec![("PORT", "x")], "PORT=\"x\": not an integer"),
+            (vec![("GRPC_PORT", "70000")], "GRPC_PORT=70000: not a port"),
+            (
+                vec![("SHADOW_MODE", "yes")],
+                "SHADOW_MODE=\"yes\": not a boolean",
+            ),
+            (
+                vec![("REDIS_TIMEOUT", "10")],
+                "REDIS_TIMEOUT=\"10\": not a duration",
+            ),
+            (
+                vec![("LOG_LEVEL", "loud")],
+                "LOG_LEVEL=\"loud\": not a log level",
+            ),
+            (vec![("REDIS_TYPE", "sentinel")], "REDIS_TYPE=sentinel: "),
+            (vec![("REDIS_TYPE", "ring")], "REDIS_TYPE=\"ring\""),
+            (vec![("REDIS_TLS", "true")], "REDIS_TLS=true: "),
+            (
+                vec![("GRPC_UDS", "/tmp/rl.sock")],
+                "GRPC_UDS=\"/tmp/rl.sock\"",
+            ),
+            (
+                vec![("GRPC_SERVER_USE_TLS", "true")],
+                "GRPC_SERVER_USE_TLS=true",
+            ),
+            (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
+            (
+                vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")],
+                "CONFIG_TYPE=GRPC_XDS_SOTW",
+            ),
+            (
+                vec![("CACHE_KEY_PREFIX", "{x}")],
+                "CACHE_KEY_PREFIX=\"{x}\"",
+            ),
+        ] {
+            let error = error(&vars);
+            assert!(error.contains(needle), "{vars:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn go_durations() {
+        for (text, nanos) in [
+            ("0", 0),
+            ("10s", 10_000_000_000),
+            ("1h30m", 5_400_000_000_000),
+            ("1.5s", 1_500_000_000),
+            ("250ms", 250_000_000),
+            ("7us", 7_000),
+            ("3µs", 3_000),
+            ("+2ns", 2),
+        ] {
+            assert_eq!(go_duration(text), Ok(Duration::from_nanos(nanos)), "{text}");
+        }
+        for bad in ["", "10", "-1s", "1d", "s", "1.s2"] {
+            assert!(go_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_dump_names_each_rule_with_its_limit() {
+        let policy = Policy::parse(
+            "api.yaml",
+            "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n  - key: free\n    rate_limit: { unlimited: true }\n  - key: dark\n    shadow_mode: true\n    rate_limit: { unit: second, requests_per_unit: 0 }\n",
+        )
+        .expect("valid");
+        assert_eq!(
+            dump(&policy),
+            "api.user: unit=MINUTE requests_per_unit=5, shadow_mode: false\n\
+             api.free: unlimited, shadow_mode: false\n\
+             api.dark: unit=SECOND requests_per_unit=0, shadow_mode: true\n"
+        );
+    }
+}
