@@ -55,6 +55,12 @@ impl Breaker {
         self.state.load(Ordering::Acquire) == CLOSED
     }
 
+    /// Whether the last call answered (no failure since the last success
+    /// or probe).
+    pub(crate) fn answering(&self) -> bool {
+        self.failures.load(Ordering::Acquire) == 0
+    }
+
     pub(crate) fn success(&self) {
         self.failures.store(0, Ordering::Release);
     }

@@ -27,8 +27,8 @@
 //! `share × remaining` (`share` is [`FallbackConfig::local_share`]), and a
 //! key with no report still in force starts at `share × capacity`. So a
 //! timeout on a busy but healthy store (a blip) cannot hand out a fresh full
-//! budget. And what was admitted locally is **paid back**: when the inner
-//! store next answers a check of the key, the wrapper charges it with those
+//! budget. And what was admitted locally is **paid back**: before the inner
+//! store next decides a check of the key, the wrapper charges it with those
 //! units (at most what it says is left), so that it counts every admitted
 //! request and one episode's overshoot does not carry into the next. One
 //! instance stays within the limit, and `n` instances sharing a store
@@ -182,6 +182,10 @@ fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
+/// How many times a payment is cut down to what the inner store says is
+/// left before the rest is forgiven.
+const PAYMENT_TRIES: usize = 3;
+
 /// Keys the wrapper remembers the inner store's last report of.
 const MAX_REPORTS: usize = 65_536;
 
@@ -280,7 +284,7 @@ async fn probe<S: Store>(shared: Arc<Shared<S>>) {
     }
 }
 
-impl<S: Store> Fallback<S> {
+impl<S: Store + 'static> Fallback<S> {
     /// The store underneath.
     pub fn inner(&self) -> &S {
         &self.shared.inner
@@ -327,15 +331,20 @@ impl<S: Store> Fallback<S> {
         if !shared.breaker.admit() {
             return Ok(self.fallback(limits));
         }
+        // Paid only to a store that answered its last call: one that is
+        // failing would be sent twice the calls.
+        if shared.breaker.answering() {
+            let debts = self.debts(limits);
+            if !debts.is_empty() {
+                self.pay(&debts).await;
+            }
+        }
         match tokio::time::timeout(shared.config.timeout, shared.inner.check_stamped(limits)).await
         {
             Ok(Ok(mut stamped)) => {
                 shared.breaker.success();
                 bump(&shared.counters.checks);
-                let payments = self.remember(limits, &stamped.outcome.decisions);
-                if !payments.is_empty() {
-                    self.pay(&payments).await;
-                }
+                self.remember(limits, &stamped.outcome.decisions);
                 let leases = std::mem::take(&mut stamped.outcome.leases);
                 stamped.outcome.leases = tag(leases, INNER);
                 Ok(stamped)
@@ -352,26 +361,16 @@ impl<S: Store> Fallback<S> {
         }
     }
 
-    /// Keeps what the inner store said of each `local` limit's key, and
-    /// says what it is owed: for each key admitted locally since its last
-    /// report, the limit charged with those units (at most what the inner
-    /// store says is left).
-    fn remember<'a>(&self, limits: &[Limit<'a>], decisions: &[Decision]) -> Vec<Limit<'a>> {
+    /// Keeps what the inner store said of each `local` limit's key (and
+    /// what it is still owed).
+    fn remember(&self, limits: &[Limit<'_>], decisions: &[Decision]) {
         let now = self.shared.clock.now();
-        let mut payments = Vec::new();
         let mut reports = self.shared.reports.lock();
         for (limit, decision) in limits.iter().zip(decisions) {
             if limit.failure != FailurePolicy::Local {
                 continue;
             }
             let debt = reports.get(limit.key).map_or(0, |known| known.debt);
-            let paid = debt.min(decision.remaining);
-            if paid > 0 {
-                payments.push(Limit {
-                    cost: paid,
-                    ..*limit
-                });
-            }
             // Permits in flight stay taken up to the period, whatever the
             // decision's reset says.
             let holds = if limit.algorithm == Algorithm::Concurrency {
@@ -380,10 +379,10 @@ impl<S: Store> Fallback<S> {
                 decision.reset_after
             };
             let report = Report {
-                remaining: decision.remaining - paid,
+                remaining: decision.remaining,
                 until: now.saturating_add(nanos(holds)),
                 seeded: false,
-                debt: 0,
+                debt,
             };
             if let Some(known) = reports.get_mut(limit.key) {
                 *known = report;
@@ -399,23 +398,53 @@ impl<S: Store> Fallback<S> {
             }
             reports.insert(limit.key.into(), report);
         }
-        payments
     }
 
-    /// Charges the inner store with what was admitted locally (see
-    /// [`Fallback::remember`]), so that it counts every admitted request and
-    /// the overshoot of an episode does not carry into the next. A
-    /// concurrency charge is a lease that lapses after the period. Best
-    /// effort: what cannot be paid now is owed again.
-    async fn pay(&self, payments: &[Limit<'_>]) {
+    /// Takes what the inner store is owed for `limits`' keys: each limit,
+    /// charged with the units admitted locally since (see [`Fallback::pay`]).
+    fn debts<'a>(&self, limits: &[Limit<'a>]) -> SmallVec<[Limit<'a>; 4]> {
+        let mut reports = self.shared.reports.lock();
+        limits
+            .iter()
+            .filter_map(|limit| {
+                let report = reports.get_mut(limit.key)?;
+                let cost = std::mem::take(&mut report.debt);
+                (cost > 0).then_some(Limit { cost, ..*limit })
+            })
+            .collect()
+    }
+
+    /// Charges the inner store with what was admitted locally, before the
+    /// next check of those keys it decides, so that it counts every admitted
+    /// request and an episode's overshoot does not carry into the next
+    /// (paid after that check, the checks in flight meanwhile would spend
+    /// it again). A concurrency charge is a lease that lapses after the
+    /// period. What a payment that fails or times out owed is owed again (a
+    /// timed-out one may have been made: then it is paid twice, which errs
+    /// on the strict side).
+    async fn pay(&self, debts: &[Limit<'_>]) {
         let shared = &self.shared;
-        let paid = tokio::time::timeout(shared.config.timeout, shared.inner.check(payments)).await;
-        if !matches!(paid, Ok(Ok(_))) {
-            let mut reports = shared.reports.lock();
-            for limit in payments {
-                if let Some(report) = reports.get_mut(limit.key) {
-                    report.debt = report.debt.saturating_add(limit.cost);
+        for debt in debts {
+            let mut limit = *debt;
+            // A charge above what is left is refused whole, and what is left
+            // may be less than owed: each refusal says what is left now,
+            // which is then paid (a few tries); past what is left, nothing
+            // more can be spent anyway.
+            for _ in 0..PAYMENT_TRIES {
+                let paid =
+                    tokio::time::timeout(shared.config.timeout, shared.inner.check(&[limit])).await;
+                let Ok(Ok(outcome)) = paid else {
+                    let mut reports = shared.reports.lock();
+                    if let Some(report) = reports.get_mut(limit.key) {
+                        report.debt = report.debt.saturating_add(limit.cost);
+                    }
+                    break;
+                };
+                let left = outcome.decisions.first().map_or(0, |d| d.remaining);
+                if outcome.allowed() || left == 0 {
+                    break;
                 }
+                limit.cost = limit.cost.min(left);
             }
         }
     }
@@ -529,7 +558,17 @@ impl<S: Store> Fallback<S> {
     /// whose id carries neither tag was not granted here and is left alone.
     pub async fn release_leases(&self, leases: &[Lease]) -> Result<(), StoreError> {
         let shared = &self.shared;
-        shared.local.release_now(&untag(leases, LOCAL));
+        let local = untag(leases, LOCAL);
+        shared.local.release_now(&local);
+        if !local.is_empty() {
+            // A permit given back before it was paid for is owed no more.
+            let mut reports = shared.reports.lock();
+            for lease in &local {
+                if let Some(report) = reports.get_mut(lease.key.as_str()) {
+                    report.debt = report.debt.saturating_sub(lease.cost);
+                }
+            }
+        }
         let inner = untag(leases, INNER);
         if inner.is_empty() || !shared.breaker.admit() {
             return Ok(());
@@ -582,7 +621,7 @@ impl<S: Store> Fallback<S> {
     }
 }
 
-impl<S: Store> Store for Fallback<S> {
+impl<S: Store + 'static> Store for Fallback<S> {
     fn supports(&self, algorithm: Algorithm, quota: &Quota) -> Result<(), StoreError> {
         self.inner().supports(algorithm, quota)
     }
@@ -833,7 +872,7 @@ mod tests {
                 assert!(store.check(&[limit]).await.unwrap().allowed());
             }
             store.inner().set(UP);
-            // The inner store decides this one, then is paid the 2.
+            // The inner store is paid the 2, then decides this one.
             assert!(store.check(&[limit]).await.unwrap().allowed());
             assert_eq!(admitted(&store, limit).await, 3, "{algorithm:?}: 10 in all");
         }
@@ -978,7 +1017,8 @@ mod tests {
         store.inner().set(UP);
         tokio::time::sleep(Duration::from_millis(150)).await;
         assert_eq!(store.stats().breaker, BreakerState::Closed);
-        assert!(store.check(&[slots]).await.unwrap().allowed());
+        // The inner store is paid the local permit still held (the one the
+        // last check took), and so is full.
         assert!(
             !store.check(&[slots]).await.unwrap().allowed(),
             "the inner one is still held"
