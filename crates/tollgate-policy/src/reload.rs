@@ -354,10 +354,12 @@ impl Reloader {
             path: self.path.clone(),
             outcome,
         };
-        self.shared.last.store(Some(Arc::new(reload.clone())));
+        // Observed (logged, counted) before it is published: whoever sees it
+        // through `last` (`/readyz`) then finds it in the log too.
         if let Some(observer) = &self.observer {
             observer(&reload);
         }
+        self.shared.last.store(Some(Arc::new(reload.clone())));
         reload
     }
 
