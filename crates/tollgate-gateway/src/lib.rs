@@ -42,6 +42,10 @@
 //! # }
 //! ```
 //!
+//! [`listen`] is how every listener of the service takes connections (a cap,
+//! idle and header-read timeouts, accept errors counted): the gateway's
+//! workers, and `tollgate serve`'s HTTP API, gRPC and admin listeners.
+//!
 //! See `docs/gateway.md` for the flags, the config file and the actions.
 //!
 //! [`RateLimitLayer`]: tollgate_http::RateLimitLayer
