@@ -341,9 +341,8 @@ impl Backend {
         if let Some(prefix) = &flags.key_prefix {
             config.prefix.insert_str(0, prefix);
         }
-        let store = RedisStore::connect(url, config)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot connect to Redis: {e}"))?;
+        // Its errors say what failed ("cannot connect to Redis: …").
+        let store = RedisStore::connect(url, config).await?;
         let remote = if args.hybrid {
             Remote::Hybrid(Hybrid::new(
                 store,
