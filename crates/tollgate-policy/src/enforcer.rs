@@ -380,6 +380,20 @@ pub struct Decided<'a> {
     pub descriptors: &'a [Descriptor],
     /// What was decided.
     pub verdict: &'a Verdict,
+    /// The request's `hits_addend` (0 for an ad-hoc check); see
+    /// [`Decided::cost`].
+    pub hits_addend: u64,
+}
+
+impl Decided<'_> {
+    /// What the descriptor at `index` cost: its own `hits_addend`, else the
+    /// request's (Envoy reads 0 as 1).
+    pub fn cost(&self, index: usize) -> u64 {
+        self.descriptors
+            .get(index)
+            .and_then(|d| d.hits_addend)
+            .unwrap_or(self.hits_addend.max(1))
+    }
 }
 
 /// Watches every decision the enforcer makes, whatever the door: metrics,
@@ -699,6 +713,7 @@ impl<S: Store> Enforcer<S> {
             domain: Some(domain),
             descriptors: request.descriptors,
             verdict: &verdict,
+            hits_addend: request.hits_addend,
         });
         Ok(verdict)
     }
@@ -732,6 +747,7 @@ impl<S: Store> Enforcer<S> {
             domain: None,
             descriptors: &[],
             verdict: &verdict,
+            hits_addend: 0,
         });
         verdict
     }

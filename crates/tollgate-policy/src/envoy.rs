@@ -536,6 +536,7 @@ fn rule(
         shadow: d.shadow_mode == Some(true),
         detailed_metric: d.detailed_metric == Some(true),
         value_to_metric: level.value_to_metric.clone(),
+        envoy_path: level.path.clone(),
         quota_mode: d.quota_mode == Some(true),
         envoy_window: match action {
             Action::Unlimited => None,

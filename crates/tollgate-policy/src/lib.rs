@@ -36,6 +36,7 @@ mod policy;
 mod policy_handle;
 mod reload;
 mod rule;
+mod stat_key;
 mod store_settings;
 mod tree;
 

@@ -360,6 +360,7 @@ fn rule(
         shadow: r.shadow,
         detailed_metric: false,
         value_to_metric: Vec::new(),
+        envoy_path: Vec::new(),
         quota_mode: false,
         action,
         envoy_window: None,

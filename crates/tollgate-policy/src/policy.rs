@@ -365,6 +365,7 @@ fn override_limit(
             shadow: false,
             detailed_metric: false,
             value_to_metric: Vec::new(),
+            envoy_path: Vec::new(),
             quota_mode: false,
             action,
             envoy_window: Some(o.unit),

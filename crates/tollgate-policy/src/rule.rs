@@ -4,6 +4,7 @@ use std::sync::Arc;
 use tollgate_core::{Algorithm, FailurePolicy, Quota};
 
 use crate::Unit;
+use crate::tree::Pattern;
 
 /// A quota per tier: the value of the descriptor entry `by` picks it.
 #[derive(Debug, Clone)]
@@ -60,6 +61,10 @@ pub struct Rule {
     pub(crate) shadow: bool,
     pub(crate) detailed_metric: bool,
     pub(crate) value_to_metric: Vec<bool>,
+    /// envoyproxy/ratelimit's descriptor path, level by level: what
+    /// [`Rule::envoy_stat_key`] names the stats by. Empty for native rules and
+    /// overrides.
+    pub(crate) envoy_path: Vec<(String, Pattern)>,
     pub(crate) quota_mode: bool,
     pub(crate) action: Action,
     /// See [`Rule::envoy_window`].

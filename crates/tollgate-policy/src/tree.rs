@@ -60,6 +60,11 @@ pub(crate) struct Glob {
 }
 
 impl Glob {
+    /// Whether every matching value spends one budget (`share_threshold`).
+    pub(crate) fn shares(&self) -> bool {
+        self.share
+    }
+
     /// Whether `value` starts with the first part, ends with the last and holds
     /// the middle ones in order, each `*` standing for zero or more characters.
     fn matches(&self, value: &str) -> bool {

@@ -4,7 +4,10 @@
 //! Labels are kept to bounded sets: domains and rules come from the config
 //! (a descriptor that matches no rule is not labelled by its domain, so a
 //! client cannot grow the label set by inventing domains), and limits given in
-//! the request itself are labelled `override`.
+//! the request itself are labelled `override`. envoyproxy/ratelimit's per-rule
+//! series ([`envoy_stats`]) carry request values only where its config asks
+//! for them (`detailed_metric`, `value_to_metric`, overrides), within the
+//! same per-rule bound as `detailed_metric` labels.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -19,6 +22,7 @@ use tollgate_store::{BreakerState, MemoryStats};
 
 use super::backend::StackStats;
 
+mod envoy_stats;
 mod hot;
 
 /// Requests answered, by API (`grpc`, `json`, `v1`, `gateway`) and result
@@ -142,6 +146,9 @@ pub(crate) fn install(
         SHADOW_DENIALS,
         "Shadow-mode limits that would have denied, by domain and rule."
     );
+    for (name, help) in envoy_stats::NAMES.into_iter().zip(envoy_stats::HELP) {
+        describe_counter!(name, help);
+    }
     describe_counter!(STORE_ERRORS, "Store calls that failed.");
     describe_counter!(
         STORE_FALLBACKS,
@@ -245,7 +252,8 @@ impl Observer for Observe {
     /// `detailed_metric: true` is labelled by the request's descriptor, entry
     /// by entry (`key_value.key2_value2`, as that service names its stats), so
     /// each value gets its own series: the rule's author opted into that
-    /// label set.
+    /// label set. Rules of envoyproxy/ratelimit's format are counted in its
+    /// series too ([`envoy_stats`]).
     fn decided(&self, decided: &Decided<'_>) {
         for (index, descriptor) in decided.verdict.descriptors.iter().enumerate() {
             if let State::StoreFailed(failure) = descriptor.state {
@@ -258,7 +266,8 @@ impl Observer for Observe {
                 .detailed_metric()
                 .then(|| decided.descriptors.get(index).map(detailed_label))
                 .flatten()
-                .map(|label| bounded(domain, rule.id(), label));
+                .map(|label| bounded(DECISIONS, domain, rule.id(), label));
+            envoy_stats::record(decided, index, domain, rule);
             let rule = detailed.as_deref().unwrap_or_else(|| rule_label(rule));
             decision(domain, rule, descriptor.result());
             if descriptor.shadow_denied() {
@@ -292,14 +301,15 @@ const DETAILED_VALUES: usize = 1_000;
 const DETAILED_OVERFLOW: &str = "detailed_metric_overflow";
 
 /// `label` if the rule `rule` of `domain` has room for it (or has it
-/// already), else [`DETAILED_OVERFLOW`].
-fn bounded(domain: &str, rule: &str, label: String) -> String {
-    /// Labels seen, by domain and rule.
-    type Seen = BTreeMap<String, BTreeMap<String, HashSet<String>>>;
+/// already) in the metric `family`, else [`DETAILED_OVERFLOW`].
+fn bounded(family: &'static str, domain: &str, rule: &str, label: String) -> String {
+    /// Labels seen, by metric family, domain and rule.
+    type Seen = BTreeMap<&'static str, BTreeMap<String, BTreeMap<String, HashSet<String>>>>;
     static SEEN: Mutex<Seen> = Mutex::new(BTreeMap::new());
-    let mut seen = SEEN
+    let mut guard = SEEN
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let seen = guard.entry(family).or_default();
     // Looked up by `&str` first: the keys are allocated once per rule, not
     // once per decision.
     if !seen.contains_key(domain) {
