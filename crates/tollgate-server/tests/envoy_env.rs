@@ -8,9 +8,9 @@ mod common;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Redis, STARTUP, Server, free_port, ratelimit, rls_request, tollgate, wait_until};
+use common::{Redis, STARTUP, Server, free_port, ratelimit, rls_request, tollgate};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 fn config(requests_per_unit: u32) -> String {
@@ -35,24 +35,25 @@ fn configmap(dir: &Path, stamp: &str, contents: &str) {
 
 /// Runs `command` to its exit (bounded); its status and stderr.
 fn exit_of(mut command: Command) -> (bool, String) {
-    let output = command
+    let child = command
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("the binary starts");
-    let deadline = Instant::now() + STARTUP;
-    let mut child = output;
-    loop {
-        if let Some(status) = child.try_wait().expect("the child can be polled") {
-            let mut stderr = String::new();
-            std::io::Read::read_to_string(&mut child.stderr.take().expect("piped"), &mut stderr)
-                .expect("UTF-8");
-            return (status.success(), stderr);
-        }
-        assert!(Instant::now() < deadline, "{command:?} did not exit");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let id = child.id();
+    let (done, exited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    let Ok(output) = exited.recv_timeout(STARTUP) else {
+        // Killed, so that the waiting thread and the test end.
+        let _ = Command::new("kill").args(["-9", &id.to_string()]).status();
+        panic!("{command:?} did not exit");
+    };
+    let output = output.expect("the child can be waited for");
+    let stderr = String::from_utf8(output.stderr).expect("UTF-8");
+    (output.status.success(), stderr)
 }
 
 #[tokio::test]
@@ -133,10 +134,9 @@ async fn a_deployments_env_and_mounted_config_start_it() {
     );
 
     configmap(&volume, "2026_01_01_v2", &config(7));
-    let reloaded = wait_until(Duration::from_secs(20), || {
-        server.log().contains("config reloaded")
-    })
-    .await;
+    let reloaded = server
+        .wait_for_log(&["config reloaded"], Duration::from_secs(20))
+        .await;
     assert!(reloaded, "the swap was not reloaded\n{}", server.log());
     let dump = reqwest::get(&rlconfig)
         .await

@@ -64,16 +64,19 @@ async fn running_out_of_descriptors_is_warned_counted_and_survived() {
     exhausted.pop();
     exhausted.push(std::net::TcpStream::connect(addr).expect("the freed descriptor"));
 
-    let warned = common::wait_until(Duration::from_secs(10), || {
-        let log = log.lock().unwrap();
-        log.lines().any(|l| {
-            l.contains("WARN")
-                && l.contains("cannot accept a connection")
-                && l.contains("listener=\"http\"")
+    let waiting = Arc::clone(&log);
+    let warned = tokio::task::spawn_blocking(move || {
+        waiting.wait_for(Duration::from_secs(10), |text| {
+            text.lines().any(|l| {
+                l.contains("WARN")
+                    && l.contains("cannot accept a connection")
+                    && l.contains("listener=\"http\"")
+            })
         })
     })
-    .await;
-    assert!(warned, "{}", log.lock().unwrap());
+    .await
+    .unwrap();
+    assert!(warned, "{}", log.text());
 
     drop(exhausted);
     let metrics = reqwest::get(format!("http://{addr}/metrics"))

@@ -74,13 +74,10 @@ fn write(path: &Path, contents: &str) {
 
 /// What the service logged, captured once per test process.
 fn log() -> String {
-    LOG.get_or_init(common::capture_log)
-        .lock()
-        .expect("log lock")
-        .clone()
+    LOG.get_or_init(common::capture_log).text()
 }
 
-static LOG: OnceLock<Arc<Mutex<String>>> = OnceLock::new();
+static LOG: OnceLock<Arc<common::Log>> = OnceLock::new();
 
 // ---- the gateway's shaping ----
 

@@ -174,21 +174,32 @@ async fn health_probes_follow_redis() {
     assert_eq!(probes(&mut grpc).await, healthy);
 
     redis.kill();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut seen = probes(&mut grpc).await;
-    while seen != unhealthy && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        seen = probes(&mut grpc).await;
-    }
-    assert_eq!(seen, unhealthy, "Redis is gone");
+    health_becomes(&mut grpc, ServingStatus::NotServing).await;
+    assert_eq!(probes(&mut grpc).await, unhealthy, "Redis is gone");
 
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while seen != healthy && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        seen = probes(&mut grpc).await;
-    }
-    assert_eq!(seen, healthy, "Redis is back");
+    health_becomes(&mut grpc, ServingStatus::Serving).await;
+    assert_eq!(probes(&mut grpc).await, healthy, "Redis is back");
+}
+
+/// Waits (bounded) for gRPC health's `Watch` to report `status` for the
+/// Rate Limit Service's full name, the last name the service publishes a
+/// change under (after `/healthcheck` and the other names).
+async fn health_becomes(grpc: &mut HealthClient<Channel>, status: ServingStatus) {
+    let request = HealthCheckRequest {
+        service: "envoy.service.ratelimit.v3.RateLimitService".to_owned(),
+    };
+    let mut updates = grpc.watch(request).await.expect("watch").into_inner();
+    let seen = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(update) = updates.message().await.expect("health updates") {
+            if update.status == status as i32 {
+                return;
+            }
+        }
+        panic!("the health stream ended");
+    })
+    .await;
+    assert!(seen.is_ok(), "no {status:?} within 20 s");
 }
 
 /// One GCRA budget of 1,000 per hour (burst 1,000) shared by every instance.

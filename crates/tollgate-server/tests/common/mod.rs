@@ -29,7 +29,7 @@ pub(crate) struct Server {
     pub(crate) http: SocketAddr,
     /// Where the gRPC service listens.
     pub(crate) grpc: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
+    log: Arc<Log>,
     /// The config directory, if the test gave files; removed when dropped.
     pub(crate) config: Option<tempfile::TempDir>,
 }
@@ -126,12 +126,12 @@ impl Server {
             .spawn()
             .expect("the tollgate binary starts");
         let stderr = child.stderr.take().expect("stderr is piped");
-        let log = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::new(Log::default());
         let (lines, received) = mpsc::channel();
         let shared = Arc::clone(&log);
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                shared.lock().expect("log lock").push(line.clone());
+                shared.push(&line);
                 let _ = lines.send(line);
             }
         });
@@ -140,7 +140,7 @@ impl Server {
             Err(why) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                let log = log.lock().expect("log lock").join("\n");
+                let log = log.text();
                 panic!("tollgate serve did not start: {why}\n{log}");
             }
         };
@@ -155,25 +155,21 @@ impl Server {
 
     /// Everything the server logged so far.
     pub(crate) fn log(&self) -> String {
-        self.log.lock().expect("log lock").join("\n")
+        self.log.text()
     }
 
     /// Waits (bounded) until the log has a line containing every `needle`.
     pub(crate) async fn wait_for_log(&self, needles: &[&str], within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            let found = self
-                .log
-                .lock()
-                .expect("log lock")
-                .iter()
-                .any(|line| needles.iter().all(|n| line.contains(n)));
-            if found {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        false
+        let needles: Vec<String> = needles.iter().map(|n| (*n).to_owned()).collect();
+        let log = Arc::clone(&self.log);
+        tokio::task::spawn_blocking(move || {
+            log.wait_for(within, |text| {
+                text.lines()
+                    .any(|line| needles.iter().all(|n| line.contains(n.as_str())))
+            })
+        })
+        .await
+        .expect("the wait does not panic")
     }
 
     /// Where the gateway listens (`--proxy-listen`); it logs this before
@@ -181,9 +177,8 @@ impl Server {
     pub(crate) fn gateway(&self) -> SocketAddr {
         let found = self
             .log
-            .lock()
-            .expect("log lock")
-            .iter()
+            .text()
+            .lines()
             .find_map(|line| address_after(line, "listening for the gateway on "));
         found.unwrap_or_else(|| panic!("no gateway listener in the log\n{}", self.log()))
     }
@@ -193,9 +188,8 @@ impl Server {
     pub(crate) fn admin(&self) -> SocketAddr {
         let found = self
             .log
-            .lock()
-            .expect("log lock")
-            .iter()
+            .text()
+            .lines()
             .find_map(|line| address_after(line, "listening for admin on "));
         found.unwrap_or_else(|| panic!("no admin listener in the log\n{}", self.log()))
     }
@@ -389,10 +383,45 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
-/// Installs a subscriber writing the process's log into the string it
+/// A log as it is written (a process's stderr, or this process's
+/// subscriber), which a test can wait on without polling.
+#[derive(Default)]
+pub(crate) struct Log {
+    text: Mutex<String>,
+    grew: std::sync::Condvar,
+}
+
+impl Log {
+    /// Everything written so far.
+    pub(crate) fn text(&self) -> String {
+        self.text.lock().expect("log lock").clone()
+    }
+
+    /// Appends `line` and wakes the waiters.
+    fn push(&self, line: &str) {
+        let mut text = self.text.lock().expect("log lock");
+        text.push_str(line);
+        text.push('\n');
+        self.grew.notify_all();
+    }
+
+    /// Blocks until `done(text)` holds, woken by each write, for at most
+    /// `within`; whether it held.
+    pub(crate) fn wait_for(&self, within: Duration, mut done: impl FnMut(&str) -> bool) -> bool {
+        let text = self.text.lock().expect("log lock");
+        let (text, waited) = self
+            .grew
+            .wait_timeout_while(text, within, |text| !done(text))
+            .expect("log lock");
+        drop(text);
+        !waited.timed_out()
+    }
+}
+
+/// Installs a subscriber writing this process's log into the [`Log`] it
 /// gives (global: the reload watcher logs from tokio's blocking pool).
-pub(crate) fn capture_log() -> Arc<Mutex<String>> {
-    let captured = Arc::new(Mutex::new(String::new()));
+pub(crate) fn capture_log() -> Arc<Log> {
+    let captured = Arc::new(Log::default());
     let writer = Arc::clone(&captured);
     tracing_subscriber::fmt()
         .with_ansi(false)
@@ -402,32 +431,17 @@ pub(crate) fn capture_log() -> Arc<Mutex<String>> {
     captured
 }
 
-struct LogWriter(Arc<Mutex<String>>);
+struct LogWriter(Arc<Log>);
 
 impl std::io::Write for LogWriter {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .expect("log lock")
-            .push_str(&String::from_utf8_lossy(bytes));
+        let mut text = self.0.text.lock().expect("log lock");
+        text.push_str(&String::from_utf8_lossy(bytes));
+        self.0.grew.notify_all();
         Ok(bytes.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
-}
-
-/// Whether `done` turns true within `within`, looked at every 20 ms: for
-/// waiting on something another thread or process does, never to let time
-/// pass.
-pub(crate) async fn wait_until(within: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while !done() {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    true
 }
