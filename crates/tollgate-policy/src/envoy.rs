@@ -341,6 +341,7 @@ fn compile(file: File<'_>, root: EnvoyFile) -> Result<(String, Domain), ConfigEr
     };
     let mut domain = Domain {
         source: file.path.display().to_string(),
+        envoy: true,
         ..Domain::default()
     };
     let mut path = Vec::new();
@@ -385,6 +386,16 @@ fn load(
         } else {
             format!("{key}_{value}")
         };
+        if level.path.is_empty() {
+            domain.top.push((
+                composite.clone(),
+                file.at(
+                    spanned,
+                    format!("{field}.key"),
+                    format!("duplicate descriptor composite key {composite:?}"),
+                ),
+            ));
+        }
         if !seen.insert(composite.clone()) {
             // Points at the second descriptor's first line.
             return Err(file.at(

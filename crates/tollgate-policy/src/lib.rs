@@ -4,8 +4,8 @@
 //! `(key, value)` entries, exactly as Envoy sends them. A [`Policy`] maps each
 //! descriptor to at most one rule and gives back, per descriptor, what to check:
 //! a [`Applied`] limit (storage key, quota, algorithm, cost, flags), an unlimited
-//! rule, or nothing. Several descriptors make layers; the caller checks them
-//! together, all-or-nothing.
+//! rule, or nothing. Several descriptors make layers, checked together as
+//! the [`Enforcer`]'s [`Counting`] says.
 //!
 //! Policies are read from YAML in two formats, told apart by their top-level
 //! keys: envoyproxy/ratelimit's (`domain` + `descriptors`), read unchanged, and
@@ -43,8 +43,8 @@ mod tree;
 pub use config::parse_yaml;
 pub use descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 pub use enforcer::{
-    AdHoc, Check, Decided, DescriptorVerdict, Enforcer, InvalidToken, NoObserver, Observer, Permit,
-    RequestLimits, State, Verdict,
+    AdHoc, Check, Counting, Decided, DescriptorVerdict, Enforcer, InvalidToken, NoObserver,
+    Observer, Permit, RequestLimits, State, Verdict,
 };
 pub use error::{ConfigError, RequestError, Unsupported};
 pub use kill_switch::KillSwitch;

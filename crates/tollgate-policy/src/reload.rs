@@ -435,7 +435,9 @@ mod tests {
     fn policy(domains: &[&str]) -> Policy {
         let mut policy = Policy::default();
         for d in domains {
-            policy.add_file(Path::new(d), &config(d, 1)).expect("valid");
+            policy
+                .add_file(Path::new(d), &config(d, 1), false)
+                .expect("valid");
         }
         policy
     }

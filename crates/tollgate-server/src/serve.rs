@@ -142,6 +142,20 @@ pub struct Args {
     #[command(flatten, next_help_heading = "Gateway")]
     gateway: tollgate_gateway::Options,
 
+    /// How requests to domains in envoyproxy/ratelimit's format are counted:
+    /// `each-hit`, as envoyproxy/ratelimit does by default (every descriptor
+    /// is charged its hits, admitted or not), or `all-or-nothing`, Tollgate's
+    /// (a request denied by one descriptor spends nothing from the others;
+    /// nearest to its `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`).
+    /// Domains in Tollgate's format are always all-or-nothing.
+    #[arg(
+        long,
+        env = "TOLLGATE_ENVOY_COUNTING",
+        value_name = "COUNTING",
+        default_value = "each-hit"
+    )]
+    envoy_counting: tollgate_policy::Counting,
+
     /// Read envoyproxy/ratelimit's environment (`HOST`, `PORT`,
     /// `RUNTIME_ROOT`, `REDIS_URL`, ...) with its defaults, under this
     /// command's flags and `TOLLGATE_*` variables; what the binary does
@@ -413,6 +427,8 @@ async fn launch(
     let enforcer: Arc<Enforcer<Backend>> = Arc::new(
         Enforcer::new(handle.clone(), store)
             .with_shadow_mode(args.envoy.as_ref().is_some_and(|e| e.shadow_mode))
+            .with_quota_mode(args.envoy.as_ref().is_some_and(|e| e.quota_mode))
+            .with_envoy_counting(args.envoy_counting)
             .with_clock(clock)
             .with_observer(Arc::new(metrics::Observe)),
     );

@@ -36,7 +36,7 @@ use axum::routing::get;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
-use tollgate_policy::{ConfigFiles, Policy, PolicyHandle};
+use tollgate_policy::{ConfigFiles, Counting, Policy, PolicyHandle};
 use tracing_subscriber::EnvFilter;
 
 use super::{Args, RedisUrl, ServeFlags};
@@ -343,6 +343,8 @@ pub(crate) struct Envoy {
     pub(crate) debug: String,
     /// `SHADOW_MODE`.
     pub(crate) shadow_mode: bool,
+    /// `QUOTA_MODE`.
+    pub(crate) quota_mode: bool,
     /// The log level when `RUST_LOG` does not say (`LOG_LEVEL`).
     log_level: &'static str,
     /// `LOG_FORMAT=json`.
@@ -535,19 +537,14 @@ fn read<F: Fn(&str) -> Option<OsString>>(
         env.get("PROMETHEUS_PATH")?;
     }
 
-    if !env.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)? {
-        envoy.not_yet(
-            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false (the default): Tollgate counts the \
-             descriptors of a request all-or-nothing, as with true; a request denied by one \
-             limit spends nothing from the others"
-                .into(),
-        );
+    if env.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)?
+        && !explicit(matches, "envoy_counting")
+    {
+        args.envoy_counting = Counting::AllOrNothing;
     }
-    if env.bool("QUOTA_MODE", false)? {
-        envoy.not_yet("QUOTA_MODE=true: quota-mode limits deny as rate limits do".into());
-    }
-    if env.bool("MERGE_DOMAIN_CONFIG", false)? {
-        envoy.not_yet("MERGE_DOMAIN_CONFIG=true: two files with one domain are refused".into());
+    envoy.quota_mode = env.bool("QUOTA_MODE", false)?;
+    if env.bool("MERGE_DOMAIN_CONFIG", false)? && !explicit(matches, "merge_domains") {
+        args.reload.merge_domains = true;
     }
     if env.bool("RESPONSE_DYNAMIC_METADATA", false)? {
         envoy.not_yet("RESPONSE_DYNAMIC_METADATA=true: answers carry no dynamic metadata".into());

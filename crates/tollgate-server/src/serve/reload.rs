@@ -35,6 +35,13 @@ pub(crate) struct Args {
     #[arg(long, env = "TOLLGATE_ALLOW_DOMAIN_REMOVAL")]
     allow_domain_removal: bool,
 
+    /// Merge config files that define one domain in envoyproxy/ratelimit's
+    /// format (its `MERGE_DOMAIN_CONFIG`): the later file's descriptors join
+    /// the domain, and a top-level descriptor both define is an error.
+    /// Without it, a domain defined twice is refused.
+    #[arg(long, env = "TOLLGATE_MERGE_DOMAINS")]
+    pub(crate) merge_domains: bool,
+
     /// Which files of a config directory are read (envoyproxy/ratelimit's
     /// `RUNTIME_IGNOREDOTFILES`).
     #[arg(skip)]
@@ -47,7 +54,8 @@ pub(crate) fn load(path: &Path, args: &Args) -> anyhow::Result<Reloader> {
     let safeguards = Safeguards::default()
         .allow_empty(args.allow_empty_config)
         .allow_domain_removal(args.allow_domain_removal);
-    let reloader = Reloader::load_files(path, args.files, safeguards).map_err(|e| match e {
+    let files = args.files.merge_domains(args.merge_domains);
+    let reloader = Reloader::load_files(path, files, safeguards).map_err(|e| match e {
         ReloadError::Refused { ref refusal, .. } => {
             anyhow::anyhow!("refusing to start: {e}{}", allowed_by(refusal))
         }
