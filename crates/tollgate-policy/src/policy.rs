@@ -128,6 +128,18 @@ impl Policy {
         Ok(policy)
     }
 
+    /// Reads several config files' texts, each with its name, as the files
+    /// of one directory are read: a domain defined twice is an error.
+    pub fn parse_all<N: AsRef<Path>, T: AsRef<str>>(
+        configs: impl IntoIterator<Item = (N, T)>,
+    ) -> Result<Self, ConfigError> {
+        let mut policy = Policy::default();
+        for (name, text) in configs {
+            policy.add_file(name.as_ref(), text.as_ref())?;
+        }
+        Ok(policy)
+    }
+
     pub(crate) fn add_file(&mut self, path: &Path, text: &str) -> Result<(), ConfigError> {
         let read = crate::config::read_any(path, text)?;
         if let Some(store) = read.store {
