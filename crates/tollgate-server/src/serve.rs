@@ -436,6 +436,12 @@ async fn launch(
     let (stop, stopped) = watch::channel(());
 
     let (health, health_service) = health::Health::start().await;
+    let xds = args.envoy.as_ref().and_then(|e| e.xds.clone());
+    if let Some(xds) = &xds {
+        // Before the listeners serve: a probe never sees a healthy start
+        // that the health rules would not allow.
+        health.config(xds.healthy_at_start()).await;
+    }
     let routes = tonic::service::Routes::new(health_service)
         .add_service(RlsServer::new(RateLimitGrpc::new(
             Arc::clone(&enforcer),
@@ -496,9 +502,10 @@ async fn launch(
     let gateway_addr = gateway.as_ref().map(Gateway::local_addr);
     let gateway_task = gateway.map(|g| g.spawn(&enforcer, stopped.clone(), metrics::gateway));
 
-    match (reloader, args.envoy.and_then(|e| e.xds)) {
+    match (reloader, xds) {
         (Some(reloader), Some(xds)) => {
-            tokio::spawn(xds::follow(xds, reloader, stopped.clone()));
+            let health = Arc::clone(&health);
+            tokio::spawn(xds::follow(xds, reloader, health, stopped.clone()));
         }
         (Some(reloader), None) => {
             tokio::spawn(reloader.watch(reload::POLL, signalled(stopped.clone())));

@@ -278,8 +278,9 @@ fn with_reload() -> Vec<RateLimitConfig> {
     configs
 }
 
-/// `ratelimit` with `CONFIG_TYPE=GRPC_XDS_SOTW` against `xds`, on `redis`.
-fn start(redis: &Redis, xds: SocketAddr, bin: &std::path::Path) -> Server {
+/// `ratelimit` with `CONFIG_TYPE=GRPC_XDS_SOTW` against `xds`, on `redis`,
+/// with the variables `more`.
+fn start(redis: &Redis, xds: SocketAddr, bin: &std::path::Path, more: &[(&str, &str)]) -> Server {
     let (http, grpc) = (free_port(), free_port());
     let redis_url = redis.url();
     let mut command = ratelimit(bin);
@@ -294,6 +295,10 @@ fn start(redis: &Redis, xds: SocketAddr, bin: &std::path::Path) -> Server {
             "REDIS_URL",
             redis_url.strip_prefix("redis://").expect("a redis:// URL"),
         ),
+        // Tollgate's own 10 ms would let a loaded machine's slow answer be
+        // decided locally while Redis still counts it: one request counted
+        // twice, which the exact counts below would see.
+        ("REDIS_TIMEOUT", "10s"),
         ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
         ("CONFIG_GRPC_XDS_NODE_ID", NODE),
         ("CONFIG_GRPC_XDS_NODE_METADATA", "zone=test"),
@@ -302,7 +307,17 @@ fn start(redis: &Redis, xds: SocketAddr, bin: &std::path::Path) -> Server {
         ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "x-team:rl"),
         ("LOG_LEVEL", "info"),
     ]);
+    command.envs(more.iter().copied());
     Server::spawn(command, &[], None)
+}
+
+/// `/healthcheck`'s status.
+async fn healthcheck(server: &Server) -> u16 {
+    reqwest::get(server.url("/healthcheck"))
+        .await
+        .expect("answers")
+        .status()
+        .as_u16()
 }
 
 async fn check(
@@ -382,9 +397,11 @@ async fn config_over_xds_is_followed_acked_and_nacked() {
     let redis = Redis::start();
     let bin = tempfile::tempdir().expect("a temp dir");
     let mut xds = XdsServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), None).await;
-    let server = start(&redis, xds.addr, bin.path());
+    let server = start(&redis, xds.addr, bin.path(), &[]);
 
-    // Before any config: listening, healthy, and nothing is limited.
+    // Before any config: listening and nothing is limited, but unhealthy,
+    // as envoyproxy/ratelimit without FORCE_START_WITHOUT_INITIAL_CONFIG
+    // is not serving.
     let first = xds.next().await;
     assert_eq!(first.stream, 1);
     assert_eq!(first.team.as_deref(), Some("rl"));
@@ -409,10 +426,7 @@ async fn config_over_xds_is_followed_acked_and_nacked() {
             "test".into()
         ))
     );
-    let health = reqwest::get(server.url("/healthcheck"))
-        .await
-        .expect("answers");
-    assert_eq!(health.status(), 200);
+    assert_eq!(healthcheck(&server).await, 500);
     let answer_before = check(&server, "basic", &[&[("key1", "foo")]]).await;
     assert_eq!(answer_before.overall_code(), Code::Ok);
     assert_eq!(status(&answer_before.statuses[0]), NO_LIMIT);
@@ -423,6 +437,7 @@ async fn config_over_xds_is_followed_acked_and_nacked() {
     assert_eq!(ack.request.version_info, "1");
     assert_eq!(ack.request.response_nonce, "n1");
     assert_eq!(ack.request.error_detail, None);
+    assert_eq!(healthcheck(&server).await, 200, "a config is loaded");
 
     let unknown = check(&server, "foo", &[&[("hello", "world")]]).await;
     assert_eq!(unknown.overall_code(), Code::Ok);
@@ -560,7 +575,7 @@ async fn the_client_reconnects_after_the_server_restarts() {
     let bin = tempfile::tempdir().expect("a temp dir");
     let mut xds = XdsServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), None).await;
     xds.set("1", &initial());
-    let server = start(&redis, xds.addr, bin.path());
+    let server = start(&redis, xds.addr, bin.path(), &[]);
     let ack = answer(&mut xds).await;
     assert_eq!((ack.stream, ack.request.version_info.as_str()), (1, "1"));
     let one_per_minute = (1, Unit::Minute);
@@ -603,4 +618,41 @@ async fn the_client_reconnects_after_the_server_restarts() {
         status(&three.statuses[0]),
         (Code::Ok, Some((3, Unit::Minute)), 2)
     );
+}
+
+#[tokio::test]
+async fn health_follows_force_start_and_healthy_with_a_config() {
+    let redis = Redis::start();
+    let bin = tempfile::tempdir().expect("a temp dir");
+    let mut xds = XdsServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), None).await;
+
+    // FORCE_START_WITHOUT_INITIAL_CONFIG: serving, healthy, before a config.
+    let forced = [("FORCE_START_WITHOUT_INITIAL_CONFIG", "true")];
+    let server = start(&redis, xds.addr, bin.path(), &forced);
+    assert_eq!(xds.next().await.request.version_info, "");
+    assert_eq!(healthcheck(&server).await, 200);
+    drop(server);
+
+    // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: healthy while the config in
+    // force has a domain (envoyproxy/ratelimit's `SetConfig`).
+    let with_config = [
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+    ];
+    let server = start(&redis, xds.addr, bin.path(), &with_config);
+    let opened = xds.next().await;
+    assert_eq!(opened.stream, 2);
+    assert_eq!(healthcheck(&server).await, 500, "no config yet");
+    xds.set("1", &initial());
+    let ack = answer(&mut xds).await;
+    assert_eq!((ack.stream, ack.request.version_info.as_str()), (2, "1"));
+    assert_eq!(healthcheck(&server).await, 200);
+    xds.set("2", &[]);
+    let ack = answer(&mut xds).await;
+    assert_eq!(
+        (ack.request.version_info.as_str(), ack.request.error_detail),
+        ("2", None),
+        "an empty snapshot is put in force"
+    );
+    assert_eq!(healthcheck(&server).await, 500, "no domain");
 }

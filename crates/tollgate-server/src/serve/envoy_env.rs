@@ -196,10 +196,6 @@ const IGNORED: &[(&str, &str)] = &[
     ("GRPC_SERVER_TLS_KEY", NO_GRPC_TLS),
     ("GRPC_CLIENT_TLS_CACERT", NO_GRPC_TLS),
     ("GRPC_CLIENT_TLS_SAN", NO_GRPC_TLS),
-    (
-        "FORCE_START_WITHOUT_INITIAL_CONFIG",
-        "Tollgate always starts at once: it reads its config files first, or over xDS answers with no limits until the first config arrives",
-    ),
     ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", NO_XDS_TLS),
     ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", NO_XDS_TLS),
     ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", NO_XDS_TLS),
@@ -241,10 +237,6 @@ const IGNORED: &[(&str, &str)] = &[
     (
         "NEAR_LIMIT_RATIO",
         "Tollgate has no near_limit statistic yet",
-    ),
-    (
-        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-        "Tollgate's health follows its store: from files it never serves without rules (it refuses to start on a config with none); over xDS it is healthy before the first config, as envoyproxy/ratelimit is with FORCE_START_WITHOUT_INITIAL_CONFIG",
     ),
     ("REDIS_POOL_SIZE", REDIS_POOL),
     ("REDIS_TLS_CLIENT_CERT", NO_REDIS_TLS),
@@ -503,6 +495,21 @@ fn read<F: Fn(&str) -> Option<OsString>>(
                     envoy.ignored(name, &value, "used with CONFIG_TYPE=GRPC_XDS_SOTW only");
                 }
             }
+            for (name, reason) in [
+                (
+                    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+                    "Tollgate reads its config files before it starts",
+                ),
+                (
+                    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+                    "from files Tollgate never serves without rules: it refuses to start on a \
+                     config with none, and a reload that would leave none keeps the last good config",
+                ),
+            ] {
+                if let Some(value) = env.get(name)? {
+                    envoy.ignored(name, &value, reason);
+                }
+            }
         }
         "GRPC_XDS_SOTW" => {
             if explicit(matches, "config") {
@@ -634,6 +641,8 @@ fn read_xds<F: Fn(&str) -> Option<OsString>>(env: &Env<F>) -> anyhow::Result<xds
         retry,
         headers: headers(&env.string("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "")?)?,
         max_message,
+        force_start: env.bool("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?,
+        healthy_with_config: env.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)?,
     })
 }
 
@@ -1038,6 +1047,7 @@ mod tests {
         assert!(xds.node_metadata.is_empty() && xds.headers.is_empty());
         assert_eq!(xds.retry, Duration::from_secs(3));
         assert_eq!(xds.max_message, None);
+        assert!(!xds.force_start && !xds.healthy_with_config);
 
         let (_, envoy) = read_env(
             &[
@@ -1052,6 +1062,8 @@ mod tests {
                 ),
                 ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "1048576"),
                 ("XDS_CLIENT_BACKOFF_JITTER", "false"),
+                ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+                ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "1"),
             ],
             &[],
         )
@@ -1069,6 +1081,7 @@ mod tests {
             .collect();
         assert_eq!(headers, [("x-team", "rl"), ("tenant", "a")]);
         assert_eq!(xds.max_message, Some(1 << 20));
+        assert!(xds.force_start && xds.healthy_with_config);
         assert!(
             envoy
                 .notes

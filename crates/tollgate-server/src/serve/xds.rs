@@ -15,6 +15,7 @@
 //! every `CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL`, sending the
 //! version it last ACKed.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -32,6 +33,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tollgate_policy::Reloader;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::Endpoint;
+
+use super::health::Health;
 
 /// How long one connection attempt may take: an address that drops packets
 /// would otherwise hold the client for the system's TCP timeout (minutes)
@@ -54,12 +57,29 @@ pub(crate) struct Settings {
     pub(crate) headers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
     /// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`; gRPC's 4 MiB when unset.
     pub(crate) max_message: Option<usize>,
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: healthy before the first
+    /// config (envoyproxy/ratelimit serves nothing before it otherwise).
+    pub(crate) force_start: bool,
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: unhealthy while the config
+    /// in force has no domain.
+    pub(crate) healthy_with_config: bool,
 }
 
 impl Settings {
     /// How logs and reloads name the config's source.
     pub(crate) fn source(&self) -> String {
         format!("xds:{}", self.server)
+    }
+
+    /// Whether the health's config component is healthy before any config.
+    pub(crate) fn healthy_at_start(&self) -> bool {
+        self.force_start && !self.healthy_with_config
+    }
+
+    /// Whether it is once a config of `domains` domains is in force, as
+    /// envoyproxy/ratelimit's `SetConfig` judges it.
+    fn healthy_with(&self, domains: usize) -> bool {
+        !self.healthy_with_config || domains > 0
     }
 
     fn node(&self) -> Node {
@@ -109,10 +129,12 @@ impl Acked {
 }
 
 /// Follows the management server's config into `reloader` until `stopped`
-/// changes, reconnecting whenever the stream cannot be opened or ends.
+/// changes, reconnecting whenever the stream cannot be opened or ends; each
+/// config put in force sets `health`'s config component.
 pub(crate) async fn follow(
     settings: Settings,
     reloader: Reloader,
+    health: Arc<Health>,
     mut stopped: watch::Receiver<()>,
 ) {
     let node = settings.node();
@@ -124,7 +146,7 @@ pub(crate) async fn follow(
     );
     loop {
         tokio::select! {
-            ended = session(&settings, &node, &reloader, &mut acked) => {
+            ended = session(&settings, &node, &reloader, &health, &mut acked) => {
                 tracing::error!(
                     server = %settings.server,
                     "xDS stream ended, reconnecting in {:?}: {ended}",
@@ -145,6 +167,7 @@ async fn session(
     settings: &Settings,
     node: &Node,
     reloader: &Reloader,
+    health: &Health,
     acked: &mut Acked,
 ) -> String {
     let endpoint = match Endpoint::from_shared(format!("http://{}", settings.server)) {
@@ -185,7 +208,9 @@ async fn session(
             .unwrap_or_else(|e| Err(format!("applying the config panicked: {e}")));
         acked.nonce = nonce;
         let answer = match outcome {
-            Ok(()) => {
+            Ok(domains) => {
+                // Before the ACK: whoever sees the ACK sees the health too.
+                health.config(settings.healthy_with(domains)).await;
                 acked.version.clone_from(&version);
                 tracing::info!(%version, "xDS config ACKed");
                 acked.request(node, None)
@@ -214,10 +239,11 @@ fn chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// Decodes `response`'s resources and pushes them as the whole config; the
-/// error detail for a NACK when it does not decode or is not put in force
-/// (the reloader's observer has logged and counted that).
-fn apply(reloader: &Reloader, response: &DiscoveryResponse) -> Result<(), String> {
+/// Decodes `response`'s resources and pushes them as the whole config: the
+/// number of domains now in force, or the error detail for a NACK when it
+/// does not decode or is not put in force (the reloader's observer has
+/// logged and counted that).
+fn apply(reloader: &Reloader, response: &DiscoveryResponse) -> Result<usize, String> {
     let configs = response
         .resources
         .iter()
@@ -226,7 +252,7 @@ fn apply(reloader: &Reloader, response: &DiscoveryResponse) -> Result<(), String
     reloader
         .push(configs)
         .outcome
-        .map(drop)
+        .map(|domains| domains.len())
         .map_err(|e| e.to_string())
 }
 
@@ -448,7 +474,7 @@ mod tests {
             resources,
             ..DiscoveryResponse::default()
         };
-        assert_eq!(apply(&reloader, &response(vec![any(&shop)])), Ok(()));
+        assert_eq!(apply(&reloader, &response(vec![any(&shop)])), Ok(1));
         let before = reloader.handle().load();
         assert_eq!(before.domains().collect::<Vec<_>>(), ["shop"]);
 
@@ -471,9 +497,9 @@ mod tests {
             value: vec![0xff],
         };
         assert!(apply(&reloader, &response(vec![garbled])).is_err());
-        assert!(std::sync::Arc::ptr_eq(&before, &reloader.handle().load()));
+        assert!(Arc::ptr_eq(&before, &reloader.handle().load()));
 
-        assert_eq!(apply(&reloader, &response(Vec::new())), Ok(()));
+        assert_eq!(apply(&reloader, &response(Vec::new())), Ok(0));
         assert!(
             reloader.handle().load().is_empty(),
             "an empty snapshot is the config"
@@ -493,17 +519,46 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn the_node_carries_id_and_metadata() {
-        let settings = Settings {
+    fn settings() -> Settings {
+        Settings {
             server: "localhost:18000".into(),
             node_id: "ratelimit".into(),
             node_metadata: vec![("zone".into(), "a".into())],
             retry: Duration::from_secs(3),
             headers: Vec::new(),
             max_message: None,
-        };
-        let node = settings.node();
+            force_start: false,
+            healthy_with_config: false,
+        }
+    }
+
+    #[test]
+    fn health_follows_envoyproxy_ratelimits_rules() {
+        // (force_start, healthy_with_config): at start, with an empty
+        // config, with a domain.
+        for (force_start, healthy_with_config, expected) in [
+            (false, false, [false, true, true]),
+            (true, false, [true, true, true]),
+            (false, true, [false, false, true]),
+            (true, true, [false, false, true]),
+        ] {
+            let settings = Settings {
+                force_start,
+                healthy_with_config,
+                ..settings()
+            };
+            let got = [
+                settings.healthy_at_start(),
+                settings.healthy_with(0),
+                settings.healthy_with(1),
+            ];
+            assert_eq!(got, expected, "{force_start} {healthy_with_config}");
+        }
+    }
+
+    #[test]
+    fn the_node_carries_id_and_metadata() {
+        let node = settings().node();
         assert_eq!(node.id, "ratelimit");
         let metadata = node.metadata.as_ref().expect("present");
         assert_eq!(
