@@ -505,6 +505,21 @@ async fn config_over_xds_is_followed_acked_and_nacked() {
         status(&reloaded.statuses[0]),
         (Code::Ok, Some((50, Unit::Second)), 49)
     );
+    let debug = server
+        .log()
+        .lines()
+        .find_map(|line| common::address_after(line, "listening for debug on "))
+        .expect("a debug listener");
+    let dump = reqwest::get(format!("http://127.0.0.1:{}/rlconfig", debug.port()))
+        .await
+        .expect("answers")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        dump.contains("reload.block: unit=SECOND requests_per_unit=0, shadow_mode: false\n"),
+        "/rlconfig shows the config in force: {dump}"
+    );
     let blocked = check(&server, "reload", &[&[("block", "foo")]]).await;
     assert_eq!(blocked.overall_code(), Code::OverLimit);
     assert_eq!(
