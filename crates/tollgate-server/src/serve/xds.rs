@@ -221,7 +221,7 @@ async fn session(
             }
         };
         if requests.send(answer).await.is_err() {
-            return "the stream's sender is gone".into();
+            return "the stream is closed".into();
         }
     }
 }
