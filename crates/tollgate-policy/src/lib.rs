@@ -19,10 +19,10 @@
 //! config is parsed, validated and only then used; every error names the file,
 //! line, field and reason.
 //!
-//! A [`Reloader`] keeps a [`PolicyHandle`] in step with a config path: it
-//! reloads on change, keeps the last good config when the new one is invalid
-//! or would silently turn limits off ([`Safeguards`]), and reports each
-//! attempt to an observer. Its poll loop, `Reloader::watch`, needs the
+//! A [`Reloader`] keeps a [`PolicyHandle`] in step with a config path, or
+//! with the configs a control plane pushes to it: it reloads on change, keeps
+//! the last good config when the new one is invalid or would silently turn
+//! limits off ([`Safeguards`]), and reports each attempt to an observer. Its poll loop, `Reloader::watch`, needs the
 //! `watch` feature (and tokio); everything else works without a runtime.
 
 mod config;

@@ -156,6 +156,18 @@ impl Policy {
         Ok(policy)
     }
 
+    /// Reads several config files' texts, each with its name, as the files
+    /// of one directory are read: a domain defined twice is an error.
+    pub fn parse_all<N: AsRef<Path>, T: AsRef<str>>(
+        configs: impl IntoIterator<Item = (N, T)>,
+    ) -> Result<Self, ConfigError> {
+        let mut policy = Policy::default();
+        for (name, text) in configs {
+            policy.add_file(name.as_ref(), text.as_ref(), false)?;
+        }
+        Ok(policy)
+    }
+
     /// Adds one file's domain; with `merge`, a domain in envoyproxy/ratelimit's
     /// format that an earlier file defined takes this file's descriptors too
     /// (its `MERGE_DOMAIN_CONFIG`).

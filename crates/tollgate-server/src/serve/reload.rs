@@ -67,6 +67,16 @@ pub(crate) fn load(path: &Path, args: &Args) -> anyhow::Result<Reloader> {
     Ok(reloader.with_observer(observe))
 }
 
+/// The reloader of a config pushed from `source` (xDS). A snapshot is the
+/// control plane's whole config, never a deploy caught half-way, so one with
+/// no rules or fewer domains is put in force, as envoyproxy/ratelimit puts it.
+pub(crate) fn pushed(source: String) -> Reloader {
+    let safeguards = Safeguards::default()
+        .allow_empty(true)
+        .allow_domain_removal(true);
+    Reloader::pushed(source, safeguards).with_observer(observe)
+}
+
 /// Logs and counts one reload attempt.
 pub(crate) fn observe(reload: &Reload) {
     match &reload.outcome {
