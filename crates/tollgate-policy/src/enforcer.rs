@@ -745,7 +745,7 @@ impl<S: Store> Enforcer<S> {
             for r in &mut resolved {
                 if let Resolved::Limit(a) = r
                     && a.algorithm == Algorithm::FixedWindow
-                    && a.rule.envoy_window().is_some()
+                    && a.rule.is_envoy()
                 {
                     a.algorithm = Algorithm::HitCounter;
                 }

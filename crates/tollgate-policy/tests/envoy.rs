@@ -896,3 +896,72 @@ fn limit_in(policy: &Policy, domain: &str, entries: &[(&str, &str)]) -> (u64, Un
         other => panic!("{other:?}"),
     }
 }
+
+/// Tollgate's extensions to a `rate_limit` (keys envoyproxy/ratelimit
+/// refuses): another algorithm, and a window of several units.
+#[test]
+fn a_rate_limit_may_name_an_algorithm_and_a_unit_multiplier() {
+    let p = parse(
+        "domain: test-domain
+descriptors:
+  - key: sliding
+    rate_limit: { unit: minute, requests_per_unit: 10, algorithm: sliding-log }
+  - key: half
+    rate_limit: { unit: second, requests_per_unit: 10, unit_multiplier: 30 }
+  - key: plain
+    rate_limit: { unit: minute, requests_per_unit: 10, algorithm: fixed-window }
+",
+    );
+    let applied = |key: &str| match one(&p, &[(key, "x")]) {
+        Resolved::Limit(a) => a,
+        other => panic!("{key}: {other:?}"),
+    };
+    let sliding = applied("sliding");
+    assert_eq!(sliding.algorithm, tollgate_core::Algorithm::SlidingLog);
+    assert_eq!(sliding.envoy_limit, (10, Unit::Minute));
+    assert_eq!(sliding.rule.envoy_window(), None, "its own exact reset");
+    assert!(sliding.rule.is_envoy());
+    let half = applied("half");
+    assert_eq!(half.algorithm, tollgate_core::Algorithm::FixedWindow);
+    assert_eq!(half.quota.period(), std::time::Duration::from_secs(30));
+    assert_eq!(half.quota.limit(), 10);
+    // Envoy's answer names the smallest unit at least as long: 20 a minute.
+    assert_eq!(half.envoy_limit, (20, Unit::Minute));
+    assert_eq!(half.rule.envoy_window(), None);
+    let plain = applied("plain");
+    assert_eq!(plain.rule.envoy_window(), Some(Unit::Minute));
+}
+
+#[test]
+fn extension_keys_are_checked_where_they_are_written() {
+    for (text, line, field, reason) in [
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: concurrency\n",
+            7,
+            "descriptors[0].rate_limit.algorithm",
+            "concurrency is not for envoyproxy/ratelimit's format",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: leaky\n",
+            7,
+            "descriptors[0].rate_limit.algorithm",
+            "unknown algorithm \"leaky\"",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      unit_multiplier: 0\n",
+            7,
+            "descriptors[0].rate_limit.unit_multiplier",
+            "unit_multiplier must be a whole number from 1",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    algorithm: gcra\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
+            4,
+            "descriptors[0].algorithm",
+            "algorithm belongs in rate_limit",
+        ),
+    ] {
+        let e = Policy::parse("inline.yaml", text).expect_err(text);
+        assert_eq!((e.line, e.field.as_str()), (line, field), "{e}");
+        assert!(e.reason.contains(reason), "{e}");
+    }
+}
