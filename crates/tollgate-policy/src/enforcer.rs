@@ -51,7 +51,7 @@ use tollgate_core::{
 
 use crate::{
     Applied, Descriptor, FailurePolicy, KillSwitch, Policy, PolicyHandle, Request, RequestError,
-    Resolved, Rule, Unit, Unsupported,
+    ResetError, Resolved, Rule, Unit, Unsupported,
 };
 
 /// How the limits of a request in envoyproxy/ratelimit's format are charged.
@@ -991,6 +991,41 @@ impl<S: Store> Enforcer<S> {
                 0
             }
         }
+    }
+
+    /// Forgets the state the limits of `request`'s descriptors keep, so each
+    /// starts again with its whole quota (an operator's reset, through the
+    /// admin API). Returns, per descriptor, the rule whose state was reset:
+    /// `None` where no limit keeps state (no rule, an unlimited, blocked or
+    /// replaced one). A fixed window of envoyproxy/ratelimit's is reset
+    /// under either counting.
+    ///
+    /// # Errors
+    ///
+    /// A request the policy cannot take, or a store that did not reset.
+    pub async fn reset(&self, request: &Request<'_>) -> Result<Vec<Option<Arc<Rule>>>, ResetError> {
+        self.limits.check(request)?;
+        let resolved = self.policy.guard().resolve(request)?;
+        let mut limits: Vec<Limit<'_>> = Vec::new();
+        let mut rules = Vec::with_capacity(resolved.len());
+        for r in &resolved {
+            let Resolved::Limit(applied) = r else {
+                rules.push(None);
+                continue;
+            };
+            limits.push(applied.limit());
+            if applied.algorithm == Algorithm::FixedWindow && applied.rule.is_envoy() {
+                limits.push(Limit {
+                    algorithm: Algorithm::HitCounter,
+                    ..applied.limit()
+                });
+            }
+            rules.push(Some(Arc::clone(&applied.rule)));
+        }
+        if !limits.is_empty() {
+            self.store.reset(&limits).await?;
+        }
+        Ok(rules)
     }
 
     /// Reads the state of the store key `key` under `quota` and `algorithm`
