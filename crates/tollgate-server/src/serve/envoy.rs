@@ -89,7 +89,9 @@ fn status(d: &DescriptorVerdict, started_at: Nanos) -> Status<'_> {
         (_, None) => 0,
     };
     Status {
-        ok: d.allowed(),
+        // Global shadow mode keeps the descriptor's own code; only the
+        // request is let through (`shouldRateLimitWorker`).
+        ok: d.allowed() && !(d.global_shadow && d.shadow_denied()),
         current_limit,
         limit_remaining,
         duration_until_reset,
