@@ -654,7 +654,8 @@ fn rule(
         shadow: d.shadow_mode == Some(true),
         detailed_metric: d.detailed_metric == Some(true),
         value_to_metric: level.value_to_metric.clone(),
-        envoy_path: level.path.clone(),
+        path: level.path.clone(),
+        envoy_format: true,
         quota_mode: d.quota_mode == Some(true),
         // Only envoyproxy/ratelimit's own windows report its whole seconds
         // to the unit's end; an extension reports its algorithm's exact time.
