@@ -362,6 +362,7 @@ fn rule(
         value_to_metric: Vec::new(),
         envoy_path: Vec::new(),
         quota_mode: false,
+        metadata: None,
         action,
         envoy_window: None,
         source: file.source(spanned.referenced),

@@ -75,6 +75,8 @@ pub(crate) struct Domain {
     pub(crate) rules: Vec<Arc<Rule>>,
     /// The file that defined the domain, to report a duplicate.
     pub(crate) source: String,
+    /// Whether the file is in envoyproxy/ratelimit's format.
+    pub(crate) envoy: bool,
 }
 
 /// The policy `tollgate serve` runs without `--config`: the service's domain
@@ -180,6 +182,13 @@ impl Policy {
     /// The domains, in name order.
     pub fn domains(&self) -> impl Iterator<Item = &str> {
         self.domains.keys().map(String::as_str)
+    }
+
+    /// Whether `domain` is defined in envoyproxy/ratelimit's format (its
+    /// answers then default to that service's, e.g. no rate limit headers);
+    /// `false` for a domain in Tollgate's format or none.
+    pub fn envoy_format(&self, domain: &str) -> bool {
+        self.domains.get(domain).is_some_and(|d| d.envoy)
     }
 
     /// The rules of `domain`, in the order they were defined.
@@ -367,6 +376,7 @@ fn override_limit(
             value_to_metric: Vec::new(),
             envoy_path: Vec::new(),
             quota_mode: false,
+            metadata: None,
             action,
             envoy_window: Some(o.unit),
             source: "request".into(),
