@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
 use tollgate_core::{Nanos, Store};
-use tollgate_http::headers::{LimitReport, draft_every_limit, envoy_headers, reports};
+use tollgate_http::headers::{draft_every_limit, envoy_headers, reports};
 use tollgate_policy::{
     Descriptor, DescriptorVerdict, Enforcer, Entry, LimitOverride, Metadata, MetadataValue,
     Request, RequestError, Rule, State, Unit, Verdict,
@@ -170,35 +170,27 @@ pub(crate) fn answer<'a>(
         .map(|d| status(d, verdict.started_at))
         .collect();
     let mut headers = Vec::new();
-    // itoa rather than `to_string`: this runs on every Envoy check.
-    let mut add = |pairs: [(&'a str, u64); 3]| {
-        for (name, value) in pairs {
-            headers.push((name, itoa::Buffer::new().format(value).to_owned()));
-        }
-    };
     if families.ratelimit
         && let Some(values) = chosen(verdict, &statuses).and_then(|i| header_values(&statuses[i]))
     {
         let [limit, remaining, reset] = &reply.names;
         let [l, r, t] = values;
-        add([(limit, l), (remaining, r), (reset, t)]);
+        add_numbers(&mut headers, [(limit, l), (remaining, r), (reset, t)]);
     }
-    let limits: Vec<LimitReport<'a>> = if families.x_ratelimit || families.draft {
-        reports(verdict).into_vec()
-    } else {
-        Vec::new()
-    };
-    if families.x_ratelimit
-        && let Some(pairs) = envoy_headers(&limits)
-    {
-        add(pairs);
-    }
-    if families.draft
-        && let Some(fields) = draft_every_limit(&limits)
-    {
-        for (name, value) in fields {
-            // Printable ASCII, as the draft's serializer writes it.
-            headers.push((name, value.to_str().unwrap_or_default().to_owned()));
+    if families.x_ratelimit || families.draft {
+        let limits = reports(verdict);
+        if families.x_ratelimit
+            && let Some(pairs) = envoy_headers(&limits)
+        {
+            add_numbers(&mut headers, pairs);
+        }
+        if families.draft
+            && let Some(fields) = draft_every_limit(&limits)
+        {
+            for (name, value) in fields {
+                // Printable ASCII, as the draft's serializer writes it.
+                headers.push((name, value.to_str().unwrap_or_default().to_owned()));
+            }
         }
     }
     let dynamic_metadata = reply
@@ -209,6 +201,16 @@ pub(crate) fn answer<'a>(
         statuses,
         headers,
         dynamic_metadata,
+    }
+}
+
+/// Adds headers whose values are numbers: the `ratelimit` and
+/// `x-ratelimit` families, which differ in names and in the limit they
+/// describe, not in how they are written.
+fn add_numbers<'a>(headers: &mut Vec<(&'a str, String)>, pairs: [(&'a str, u64); 3]) {
+    for (name, value) in pairs {
+        // itoa rather than `to_string`: this runs on every Envoy check.
+        headers.push((name, itoa::Buffer::new().format(value).to_owned()));
     }
 }
 
