@@ -512,6 +512,28 @@ impl RequestDescriptor {
 mod tests {
     use super::*;
 
+    #[test]
+    fn auto_and_none_stand_alone() {
+        let names = || DEFAULT_NAMES.map(String::from);
+        let reply = |families: &[HeaderFamily]| Reply::new(families, names(), false);
+        use HeaderFamily::{Auto, Draft, None, Ratelimit, XRatelimit};
+        assert_eq!(reply(&[Auto]).expect("valid").families, Option::None);
+        assert_eq!(
+            reply(&[None]).expect("valid").families,
+            Some(Families::default())
+        );
+        assert_eq!(
+            reply(&[XRatelimit, Draft]).expect("valid").families,
+            Some(Families {
+                ratelimit: false,
+                x_ratelimit: true,
+                draft: true
+            })
+        );
+        assert!(reply(&[Auto, Ratelimit]).is_err());
+        assert!(reply(&[Draft, None]).is_err());
+    }
+
     /// `utils.CalculateReset` as envoyproxy/ratelimit's
     /// `test/service/ratelimit_test.go` runs it (its clock at 2222 s: a
     /// minute's reset header says 58), and at window edges.
