@@ -205,6 +205,40 @@ async fn an_over_limit_descriptor_takes_the_headers_unless_in_quota_mode() {
     );
 }
 
+/// `QUOTA_MODE=true` puts every descriptor in quota mode
+/// (`isQuotaMode := globalQuotaMode || ...`): an over-limit one no longer
+/// overrides, so the first with the fewest remaining is reported.
+#[tokio::test]
+async fn global_quota_mode_keeps_over_limit_descriptors_from_the_headers() {
+    let redis = Redis::start();
+    let server = envoy_server(
+        &redis,
+        &[
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("QUOTA_MODE", "true"),
+        ],
+        &[],
+    );
+    ask(&server, rls_request("shop", &[&[("dark", "d")]])).await;
+    for _ in 0..3 {
+        ask(&server, rls_request("shop", &[&[("plan", "p")]])).await;
+    }
+    let answer = ask(
+        &server,
+        rls_request("shop", &[&[("dark", "d")], &[("plan", "p")]]),
+    )
+    .await;
+    assert_eq!(answer.statuses[1].code, Code::OverLimit as i32);
+    assert_eq!(
+        headers(&answer),
+        [
+            ("RateLimit-Limit", "1"),
+            ("RateLimit-Remaining", "0"),
+            ("RateLimit-Reset", reset(&answer, 0).as_str()),
+        ]
+    );
+}
+
 /// envoyproxy/ratelimit's default (`LIMIT_RESPONSE_HEADERS_ENABLED=false`):
 /// no headers, at either door, in any domain; `--envoy-headers` still
 /// chooses.

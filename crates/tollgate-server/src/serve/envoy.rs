@@ -152,7 +152,7 @@ impl Reply {
     /// The families for an answer in `domain`.
     pub(crate) fn families<S: Store>(&self, enforcer: &Enforcer<S>, domain: &str) -> Families {
         self.families
-            .unwrap_or_else(|| Families::auto(enforcer.policy().envoy_format(domain)))
+            .unwrap_or_else(|| Families::auto(enforcer.policy().is_envoy(domain)))
     }
 }
 
@@ -237,8 +237,8 @@ fn chosen(verdict: &Verdict, statuses: &[Status<'_>]) -> Option<usize> {
             chosen = Some(i);
             least = status.limit_remaining;
         }
-        let quota_mode = d.rule.as_deref().is_some_and(Rule::quota_mode);
-        if d.state != State::Unlimited && over_limit(d, status) && !quota_mode {
+        // `quota`: the rule's `quota_mode` or the global `QUOTA_MODE`.
+        if d.state != State::Unlimited && over_limit(d, status) && !d.quota {
             chosen = Some(i);
             least = 0;
         }
@@ -361,6 +361,9 @@ fn status(d: &DescriptorVerdict, started_at: Nanos) -> Status<'_> {
     });
     let limit_remaining = match (d.state, d.decision) {
         (State::Unlimited, _) => u32::MAX,
+        // Over the limit, nothing is left for this request, whatever smaller
+        // one might fit (`GetResponseDescriptorStatus`).
+        (_, Some(decision)) if !decision.allowed => 0,
         (_, Some(decision)) => saturate(decision.remaining),
         (_, None) => 0,
     };
