@@ -11,7 +11,8 @@
 //! `descriptorToStruct`, `mergeMetadata`), its tests
 //! (`test/service/ratelimit_test.go`, `src/service/ratelimit_test.go`), and
 //! `src/limiter/base_limiter.go` for the near-limit count. Windows are days,
-//! so no test depends on where a window boundary falls.
+//! so no test depends on where a window boundary falls; each test counts
+//! its own descriptor values.
 
 mod common;
 
@@ -118,7 +119,7 @@ async fn enabled_headers_describe_the_descriptor_with_the_fewest_remaining() {
         &server,
         rls_request(
             "shop",
-            &[&[("user", "ann")], &[("plan", "p1")], &[("free", "x")]],
+            &[&[("user", "enabled")], &[("plan", "e1")], &[("free", "x")]],
         ),
     )
     .await;
@@ -136,7 +137,7 @@ async fn enabled_headers_describe_the_descriptor_with_the_fewest_remaining() {
     // Ties keep the first: only a smaller remaining takes the place.
     let tie = ask(
         &server,
-        rls_request("shop", &[&[("plan", "p2")], &[("plan", "p3")]]),
+        rls_request("shop", &[&[("plan", "e2")], &[("plan", "e3")]]),
     )
     .await;
     assert_eq!(headers(&tie)[0], ("A-Ratelimit-Limit", "3"));
@@ -161,17 +162,17 @@ async fn an_over_limit_descriptor_takes_the_headers_unless_in_quota_mode() {
     let redis = Redis::start();
     let server = envoy_server(&redis, &[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")], &[]);
     // Spend the shadow rule's 1, the plan's 3 and the quota rule's 2.
-    ask(&server, rls_request("shop", &[&[("dark", "d")]])).await;
+    ask(&server, rls_request("shop", &[&[("dark", "over")]])).await;
     for _ in 0..3 {
-        ask(&server, rls_request("shop", &[&[("plan", "p")]])).await;
+        ask(&server, rls_request("shop", &[&[("plan", "over")]])).await;
     }
     for _ in 0..2 {
-        ask(&server, rls_request("shop", &[&[("quota", "q")]])).await;
+        ask(&server, rls_request("shop", &[&[("quota", "over")]])).await;
     }
 
     let shadow_first = ask(
         &server,
-        rls_request("shop", &[&[("dark", "d")], &[("plan", "p")]]),
+        rls_request("shop", &[&[("dark", "over")], &[("plan", "over")]]),
     )
     .await;
     assert_eq!(shadow_first.statuses[0].code, Code::Ok as i32);
@@ -187,14 +188,14 @@ async fn an_over_limit_descriptor_takes_the_headers_unless_in_quota_mode() {
     );
     let over_first = ask(
         &server,
-        rls_request("shop", &[&[("plan", "p")], &[("dark", "d")]]),
+        rls_request("shop", &[&[("plan", "over")], &[("dark", "over")]]),
     )
     .await;
     assert_eq!(headers(&over_first)[0], ("RateLimit-Limit", "3"));
 
     let quota = ask(
         &server,
-        rls_request("shop", &[&[("dark", "d")], &[("quota", "q")]]),
+        rls_request("shop", &[&[("dark", "over")], &[("quota", "over")]]),
     )
     .await;
     assert_eq!(quota.statuses[1].code, Code::OverLimit as i32);
@@ -219,13 +220,13 @@ async fn global_quota_mode_keeps_over_limit_descriptors_from_the_headers() {
         ],
         &[],
     );
-    ask(&server, rls_request("shop", &[&[("dark", "d")]])).await;
+    ask(&server, rls_request("shop", &[&[("dark", "global")]])).await;
     for _ in 0..3 {
-        ask(&server, rls_request("shop", &[&[("plan", "p")]])).await;
+        ask(&server, rls_request("shop", &[&[("plan", "global")]])).await;
     }
     let answer = ask(
         &server,
-        rls_request("shop", &[&[("dark", "d")], &[("plan", "p")]]),
+        rls_request("shop", &[&[("dark", "global")], &[("plan", "global")]]),
     )
     .await;
     assert_eq!(answer.statuses[1].code, Code::OverLimit as i32);
@@ -246,12 +247,12 @@ async fn global_quota_mode_keeps_over_limit_descriptors_from_the_headers() {
 async fn envoy_mode_adds_no_headers_unless_enabled() {
     let redis = Redis::start();
     let server = envoy_server(&redis, &[], &[]);
-    let answer = ask(&server, rls_request("shop", &[&[("user", "ann")]])).await;
+    let answer = ask(&server, rls_request("shop", &[&[("user", "default")]])).await;
     assert_eq!(answer.statuses[0].limit_remaining, 9);
     assert!(answer.response_headers_to_add.is_empty());
     let json = post_json(
         &server,
-        r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"ann"}]}]}"#,
+        r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"default"}]}]}"#,
     )
     .await;
     assert_eq!(json["statuses"][0]["limitRemaining"], 8);
@@ -261,7 +262,7 @@ async fn envoy_mode_adds_no_headers_unless_enabled() {
     drop(server);
 
     let flagged = envoy_server(&redis, &[], &["--envoy-headers", "x-ratelimit"]);
-    let answer = ask(&flagged, rls_request("shop", &[&[("user", "bo")]])).await;
+    let answer = ask(&flagged, rls_request("shop", &[&[("user", "flagged")]])).await;
     let names: Vec<&str> = headers(&answer).iter().map(|(k, _)| *k).collect();
     assert_eq!(
         names,
@@ -300,7 +301,7 @@ async fn json_answers_carry_the_same_headers_and_metadata() {
     );
     let json = post_json(
         &server,
-        r#"{"domain":"shop","hitsAddend":2,"descriptors":[{"entries":[{"key":"tag","value":"t"}]}]}"#,
+        r#"{"domain":"shop","hitsAddend":2,"descriptors":[{"entries":[{"key":"tag","value":"json"}]}]}"#,
     )
     .await;
     let reset = json["statuses"][0]["durationUntilReset"]
@@ -320,7 +321,7 @@ async fn json_answers_carry_the_same_headers_and_metadata() {
         json["dynamicMetadata"],
         json!({
             "domain": "shop",
-            "descriptors": [{"entries": ["tag=t"]}],
+            "descriptors": [{"entries": ["tag=json"]}],
             "hitsAddend": 2,
             "metadata": {"name": "service_1", "team": {"a": 1}},
         })
@@ -371,11 +372,11 @@ fn structure(fields: &[(&str, Value)]) -> Value {
 async fn dynamic_metadata_is_ratelimit_to_metadata() {
     let redis = Redis::start();
     let server = envoy_server(&redis, &[("RESPONSE_DYNAMIC_METADATA", "true")], &[]);
-    let request = || rls_request("shop", &[&[("tag", "t")], &[("svc", "s")]]);
+    let request = || rls_request("shop", &[&[("tag", "meta")], &[("svc", "meta")]]);
     let first = ask(&server, request()).await;
     let descriptors = list(vec![
-        structure(&[("entries", list(vec![string("tag=t")]))]),
-        structure(&[("entries", list(vec![string("svc=s")]))]),
+        structure(&[("entries", list(vec![string("tag=meta")]))]),
+        structure(&[("entries", list(vec![string("svc=meta")]))]),
     ]);
     assert_eq!(
         first.dynamic_metadata,
@@ -501,7 +502,7 @@ async fn near_limit_ratio_moves_the_near_limit_count() {
     let redis = Redis::start();
     let server = envoy_server(&redis, &[("NEAR_LIMIT_RATIO", "0.5")], &[]);
     for _ in 0..7 {
-        ask(&server, rls_request("shop", &[&[("user", "ann")]])).await;
+        ask(&server, rls_request("shop", &[&[("user", "near")]])).await;
     }
     let text = reqwest::get(server.url("/metrics"))
         .await
@@ -542,7 +543,7 @@ async fn prometheus_path_moves_the_metrics() {
         ],
         &[],
     );
-    ask(&server, rls_request("shop", &[&[("user", "ann")]])).await;
+    ask(&server, rls_request("shop", &[&[("user", "prom")]])).await;
     let admin = server.admin();
     let at = |path: &str| reqwest::get(format!("http://{admin}{path}"));
     let metrics = at("/stats/prometheus").await.expect("answers");
