@@ -378,6 +378,16 @@ pub trait Store: Send + Sync {
         }
     }
 
+    /// Forgets the state of each limit's key under its algorithm, so the key
+    /// starts afresh with its whole quota (an operator's reset). Concurrency
+    /// leases held on it are forgotten too: releasing them later gives
+    /// nothing back. The default cannot, and says so with
+    /// [`StoreError::Unsupported`].
+    fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = limits;
+        std::future::ready(Err(StoreError::Unsupported("reset")))
+    }
+
     /// Gives `limit.cost` units back to `limit`'s state, as taken by a check
     /// the backend decided at `taken_at` (µs, from [`Stamped::decided_at`]):
     /// exact for the buckets and GCRA, and for a fixed window only within the

@@ -51,7 +51,7 @@ use tollgate_core::{
 
 use crate::{
     Applied, Descriptor, FailurePolicy, KillSwitch, Policy, PolicyHandle, Request, RequestError,
-    Resolved, Rule, Unit, Unsupported,
+    ResetError, Resolved, Rule, Unit, Unsupported,
 };
 
 /// How the limits of a request in envoyproxy/ratelimit's format are charged.
@@ -221,6 +221,10 @@ pub struct DescriptorVerdict {
     /// A quota-mode limit: its deny denies the request only when every
     /// quota-mode limit of the request denies (see [`Verdict::allowed`]).
     pub quota: bool,
+    /// A shadow limit only because the enforcer is in global shadow mode
+    /// ([`Enforcer::with_shadow_mode`]): envoyproxy/ratelimit then keeps the
+    /// descriptor's own over-limit code and lets only the request through.
+    pub global_shadow: bool,
 }
 
 impl DescriptorVerdict {
@@ -233,6 +237,7 @@ impl DescriptorVerdict {
             decision: None,
             peeked: false,
             quota: false,
+            global_shadow: false,
         }
     }
 
@@ -776,6 +781,7 @@ impl<S: Store> Enforcer<S> {
                         envoy_limit: Some((0, *unit)),
                         decision: Some(blocked(*unit, started_at)),
                         quota: quota_mode(rule),
+                        global_shadow: self.shadow_mode && !rule.shadow(),
                         ..DescriptorVerdict::new(state, Some(rule))
                     }
                 }
@@ -796,6 +802,7 @@ impl<S: Store> Enforcer<S> {
                         envoy_limit: Some(applied.envoy_limit),
                         applied: Some((applied.quota, applied.algorithm)),
                         quota,
+                        global_shadow: self.shadow_mode && !applied.shadow,
                         ..DescriptorVerdict::new(state, Some(&applied.rule))
                     }
                 }
@@ -940,7 +947,18 @@ impl<S: Store> Enforcer<S> {
     ) -> Permit {
         match result {
             Ok(outcome) => {
-                for ((index, _), decision) in batch.iter().zip(outcome.decisions) {
+                let denied = !outcome.allowed();
+                for ((index, applied), mut decision) in batch.iter().zip(outcome.decisions) {
+                    // All-or-nothing: a limit that would have admitted a
+                    // denied request was not charged, so what it has left is
+                    // what it had (as envoyproxy/ratelimit reports a count it
+                    // did not increment).
+                    if denied && decision.allowed {
+                        decision.remaining = decision
+                            .remaining
+                            .saturating_add(applied.cost)
+                            .min(decision.limit);
+                    }
                     descriptors[*index].decision = Some(decision);
                 }
                 Permit::from(outcome.leases)
@@ -991,6 +1009,41 @@ impl<S: Store> Enforcer<S> {
                 0
             }
         }
+    }
+
+    /// Forgets the state the limits of `request`'s descriptors keep, so each
+    /// starts again with its whole quota (an operator's reset, through the
+    /// admin API). Returns, per descriptor, the rule whose state was reset:
+    /// `None` where no limit keeps state (no rule, an unlimited, blocked or
+    /// replaced one). A fixed window of envoyproxy/ratelimit's is reset
+    /// under either counting.
+    ///
+    /// # Errors
+    ///
+    /// A request the policy cannot take, or a store that did not reset.
+    pub async fn reset(&self, request: &Request<'_>) -> Result<Vec<Option<Arc<Rule>>>, ResetError> {
+        self.limits.check(request)?;
+        let resolved = self.policy.guard().resolve(request)?;
+        let mut limits: Vec<Limit<'_>> = Vec::new();
+        let mut rules = Vec::with_capacity(resolved.len());
+        for r in &resolved {
+            let Resolved::Limit(applied) = r else {
+                rules.push(None);
+                continue;
+            };
+            limits.push(applied.limit());
+            if applied.algorithm == Algorithm::FixedWindow && applied.rule.is_envoy() {
+                limits.push(Limit {
+                    algorithm: Algorithm::HitCounter,
+                    ..applied.limit()
+                });
+            }
+            rules.push(Some(Arc::clone(&applied.rule)));
+        }
+        if !limits.is_empty() {
+            self.store.reset(&limits).await?;
+        }
+        Ok(rules)
     }
 
     /// Reads the state of the store key `key` under `quota` and `algorithm`

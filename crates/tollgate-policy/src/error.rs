@@ -31,6 +31,18 @@ pub struct Unsupported {
     pub reason: String,
 }
 
+/// Why [`Enforcer::reset`](crate::Enforcer::reset) reset nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResetError {
+    /// The request cannot be resolved as it stands.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The store could not forget the state.
+    #[error("the store did not reset: {0}")]
+    Store(#[from] tollgate_core::StoreError),
+}
+
 /// A request that cannot be checked as it stands.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

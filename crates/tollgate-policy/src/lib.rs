@@ -47,7 +47,7 @@ pub use enforcer::{
     AdHoc, Check, Counting, Decided, DescriptorVerdict, Enforcer, InvalidToken, NoObserver,
     Observer, Permit, RequestLimits, State, Verdict,
 };
-pub use error::{ConfigError, RequestError, Unsupported};
+pub use error::{ConfigError, RequestError, ResetError, Unsupported};
 pub use kill_switch::KillSwitch;
 pub use metadata::{Metadata, MetadataValue};
 pub use policy::{Applied, ConfigFiles, Policy, Resolved};

@@ -209,6 +209,8 @@ async fn global_shadow_mode_counts_everything_and_denies_nothing() {
     let user = run(&enforcer, "api", &[descriptor("user", "erin")]).await;
     assert!(user.allowed());
     assert!(user.descriptors[0].shadow_denied(), "counted: 2 of 2 spent");
+    // The rule is no shadow rule itself: Envoy's answer keeps its code.
+    assert!(user.descriptors[0].global_shadow);
     let global = run(&enforcer, "api", &[descriptor("global", "all")]).await;
     // Counted as enforcement would count: the third request, a would-be
     // denial by `user`, charged nothing beside it (all-or-nothing).
@@ -221,6 +223,8 @@ async fn global_shadow_mode_counts_everything_and_denies_nothing() {
     let banned = run(&blocked, "blocked", &[descriptor("banned", "x")]).await;
     assert!(banned.allowed());
     assert!(banned.descriptors[0].shadow_denied());
+    let dark = run(&blocked, "blocked", &[descriptor("dark_banned", "x")]).await;
+    assert!(!dark.descriptors[0].global_shadow, "a shadow_mode rule");
 
     let overridden = Descriptor {
         limit: Some(LimitOverride {

@@ -59,10 +59,14 @@ impl Conn {
     /// `PING`: whether the server (or, for a cluster, the node the client
     /// routes it to) answers.
     pub(crate) async fn ping(&self) -> RedisResult<()> {
-        let ping = redis::cmd("PING");
+        self.query(&redis::cmd("PING")).await
+    }
+
+    /// Runs one command (routed by its first key on a cluster).
+    pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> RedisResult<T> {
         match self {
-            Conn::Single(c) => ping.query_async(&mut c.clone()).await,
-            Conn::Cluster(c) => ping.query_async(&mut c.clone()).await,
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
         }
     }
 }

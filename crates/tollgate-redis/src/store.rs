@@ -189,7 +189,15 @@ impl RedisStore {
         &self,
         invocation: &redis::ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.config.timeout, self.conn.invoke(invocation)).await {
+        self.timed(self.conn.invoke(invocation)).await
+    }
+
+    /// Waits for `call` at most the timeout, counting what goes wrong.
+    async fn timed<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.config.timeout, call).await {
             Err(_) => {
                 bump(&self.counters.timeouts);
                 Err(StoreError::Timeout(self.config.timeout))
@@ -433,6 +441,18 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Deletes the state of each limit's key (and its auxiliary key); see
+    /// [`Store::reset`]. One `DEL` per limit: its two keys share a slot.
+    pub async fn reset_keys(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+        for limit in limits {
+            let (key, aux) = redis_keys(&self.config.prefix, limit.algorithm, limit.key);
+            let mut del = redis::cmd("DEL");
+            del.arg(&key).arg(&aux);
+            self.timed(self.conn.query::<i64>(&del)).await?;
+        }
+        Ok(())
+    }
+
     /// Gives back exactly these leases, whichever store of the service took
     /// them: each is the member `<cost>|<id>` of its key's sorted set; see
     /// [`Store::release`]. A lease that cannot be released (Redis down: the
@@ -486,6 +506,10 @@ impl Store for RedisStore {
 
     fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.release_leases(leases)
+    }
+
+    fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.reset_keys(limits)
     }
 
     fn ready(&self) -> impl Future<Output = bool> + Send {

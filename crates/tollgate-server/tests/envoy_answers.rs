@@ -240,6 +240,36 @@ async fn global_quota_mode_keeps_over_limit_descriptors_from_the_headers() {
     );
 }
 
+/// `SHADOW_MODE=true` keeps each status's `OVER_LIMIT` and turns only
+/// `overall_code` to `OK` (`TestServiceGlobalShadowMode`), so an over-limit
+/// descriptor still takes the headers, after a `shadow_mode` rule's (whose
+/// status is `OK`).
+#[tokio::test]
+async fn global_shadow_mode_still_reports_the_over_limit_descriptor() {
+    let redis = Redis::start();
+    let server = envoy_server(
+        &redis,
+        &[
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("SHADOW_MODE", "true"),
+        ],
+        &[],
+    );
+    ask(&server, rls_request("shop", &[&[("dark", "shadow")]])).await;
+    for _ in 0..3 {
+        ask(&server, rls_request("shop", &[&[("plan", "shadow")]])).await;
+    }
+    let answer = ask(
+        &server,
+        rls_request("shop", &[&[("dark", "shadow")], &[("plan", "shadow")]]),
+    )
+    .await;
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+    assert_eq!(answer.statuses[0].code, Code::Ok as i32);
+    assert_eq!(answer.statuses[1].code, Code::OverLimit as i32);
+    assert_eq!(headers(&answer)[0], ("RateLimit-Limit", "3"));
+}
+
 /// envoyproxy/ratelimit's default (`LIMIT_RESPONSE_HEADERS_ENABLED=false`):
 /// no headers, at either door, in any domain; `--envoy-headers` still
 /// chooses.

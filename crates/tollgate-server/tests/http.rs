@@ -683,3 +683,50 @@ descriptors:
         "{metrics}"
     );
 }
+
+/// `POST /admin/reset` forgets a descriptor's state: its limit is whole
+/// again, the descriptors beside it keep theirs, and the answer names the
+/// rule reset per descriptor.
+#[tokio::test]
+async fn the_admin_api_resets_a_descriptors_state() {
+    let server = daily_server();
+    let check = |tenant: &str| {
+        json!({
+            "domain": "daily",
+            "descriptors": [{"entries": [{"key": "tenant", "value": tenant}]}]
+        })
+    };
+    for tenant in ["acme", "initech"] {
+        let (status, first, _) = post_json(&server, "/v1/check", check(tenant)).await;
+        assert_eq!(
+            (status, first["allowed"].as_bool()),
+            (StatusCode::OK, Some(true))
+        );
+        let (_, second, _) = post_json(&server, "/v1/check", check(tenant)).await;
+        assert_eq!(second["allowed"], false, "{tenant} is spent");
+    }
+
+    let reset = json!({
+        "domain": "daily",
+        "descriptors": [
+            {"entries": [{"key": "tenant", "value": "acme"}]},
+            {"entries": [{"key": "nobody", "value": "x"}]}
+        ]
+    });
+    let (status, body) = admin(&server, reqwest::Method::POST, "/admin/reset", Some(reset)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, json!({"reset": ["tenant", null]}));
+
+    let (_, again, _) = post_json(&server, "/v1/check", check("acme")).await;
+    assert_eq!(again["allowed"], true, "{again}");
+    let (_, other, _) = post_json(&server, "/v1/check", check("initech")).await;
+    assert_eq!(other["allowed"], false, "{other}");
+
+    let bad = json!({"domain": "daily", "descriptors": [{"entries": []}]});
+    let (status, body) = admin(&server, reqwest::Method::POST, "/admin/reset", Some(bad)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _) = admin(&server, reqwest::Method::POST, "/admin/reset", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let unauthorized = post(&server, "/admin/reset", &check("acme").to_string()).await;
+    assert_eq!(unauthorized.status(), StatusCode::UNAUTHORIZED);
+}

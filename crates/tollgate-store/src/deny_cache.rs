@@ -313,6 +313,15 @@ impl<S: Store> Store for DenyCache<S> {
         }
         self.inner.give_back(limit, taken_at)
     }
+
+    fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        if self.denials.enabled() {
+            for limit in limits {
+                self.denials.forget(limit);
+            }
+        }
+        self.inner.reset(limits)
+    }
 }
 
 #[cfg(test)]

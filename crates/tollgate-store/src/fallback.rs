@@ -652,6 +652,23 @@ impl<S: Store + 'static> Store for Fallback<S> {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.give_back_units(limit, taken_at)
     }
+
+    /// Resets the local state and what is known and owed of these keys at
+    /// once, and the inner store within the timeout.
+    async fn reset(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+        let shared = &self.shared;
+        shared.local.reset_now(limits);
+        {
+            let mut reports = shared.reports.lock();
+            for limit in limits {
+                reports.remove(limit.key);
+            }
+        }
+        match tokio::time::timeout(shared.config.timeout, shared.inner.reset(limits)).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout(shared.config.timeout)),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -493,4 +493,16 @@ impl<S: Store> Store for Hybrid<S> {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.shared.inner.give_back(limit, taken_at)
     }
+
+    /// Drops the leases of these limits unspent (they were taken from the
+    /// state being forgotten) and resets the inner store.
+    fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        {
+            let mut leases = self.shared.leases.lock();
+            for limit in limits {
+                leases.remove(&budget(limit));
+            }
+        }
+        self.shared.inner.reset(limits)
+    }
 }

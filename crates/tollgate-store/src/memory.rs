@@ -7,8 +7,9 @@ use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 use tollgate_core::{
     Algorithm, Clock, Concurrency, Decision, FixedWindow, Gcra, HitCounter, LeakyBucket,
-    LeakyBucketShaping, Lease, LeaseId, Leases, Limit, Nanos, Outcome, SlidingCounter, SlidingLog,
-    Stamped, StateMachine, Store, StoreError, TokenBucket,
+    LeakyBucketShaping, Lease, LeaseId, Leases, Level, Limit, Log, Nanos, Outcome, SlidingCounter,
+    SlidingLog, Stamped, StateMachine, Store, StoreError, Tat, TokenBucket, Tokens, WindowCount,
+    WindowPair,
 };
 
 use crate::FastClock;
@@ -245,6 +246,27 @@ impl<C: Clock> MemoryStore<C> {
         Outcome { decisions, leases }
     }
 
+    /// Forgets the state of each limit's key; see [`Store::reset`].
+    pub fn reset_now(&self, limits: &[Limit<'_>]) {
+        let now = self.clock.now();
+        for limit in limits {
+            let (key, shard) = self.locate(limit.algorithm, limit.key);
+            let mut guard = self.lock(shard, now);
+            let shard = &mut *guard;
+            match limit.algorithm {
+                Algorithm::TokenBucket => forget::<Tokens>(shard, key),
+                Algorithm::Gcra | Algorithm::LeakyBucketShaping { .. } => forget::<Tat>(shard, key),
+                Algorithm::LeakyBucket => forget::<Level>(shard, key),
+                Algorithm::FixedWindow | Algorithm::HitCounter => {
+                    forget::<WindowCount>(shard, key);
+                }
+                Algorithm::SlidingLog => forget::<Log>(shard, key),
+                Algorithm::SlidingCounter => forget::<WindowPair>(shard, key),
+                Algorithm::Concurrency => forget::<Leases>(shard, key),
+            }
+        }
+    }
+
     /// Gives back exactly these leases; see [`Store::release`].
     pub fn release_now(&self, leases: &[Lease]) {
         let now = self.clock.now();
@@ -430,6 +452,10 @@ where
     decision
 }
 
+fn forget<S: Slot>(shard: &mut Shard, key: u128) {
+    S::table(shard).remove(key);
+}
+
 /// Whether a step of `limit` checked alone that decided `decision` wrote its
 /// state.
 #[inline(always)]
@@ -522,6 +548,11 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.release_now(leases);
+        ready(Ok(()))
+    }
+
+    fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.reset_now(limits);
         ready(Ok(()))
     }
 

@@ -167,10 +167,13 @@ macro_rules! tables {
                 &mut shard.tables.$field
             }
 
-            // Once back to full, the state is the same as a new one.
+            // Once back to full, the state is the same as a new one. The
+            // reset counts from the latest time the state has seen, which is
+            // later than `now` when the clock went back: counted from `now`,
+            // the entry was swept while still spent.
             fn expires_at(&self, decision: &Decision, now: Nanos) -> Nanos {
                 let reset = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
-                now.saturating_add(reset)
+                now.max(latest(self)).saturating_add(reset)
             }
         })*
         $(impl Slot for $lease_state {
@@ -195,6 +198,52 @@ macro_rules! tables {
             }
         }
     };
+}
+
+/// The latest time a state has seen, which its algorithm reads a clock that
+/// went back as (0 for GCRA, whose reset counts from its TAT, not from now).
+trait Latest {
+    fn latest(&self) -> Nanos;
+}
+
+fn latest<S: Latest>(state: &S) -> Nanos {
+    state.latest()
+}
+
+impl Latest for Tat {
+    fn latest(&self) -> Nanos {
+        0
+    }
+}
+
+impl Latest for Tokens {
+    fn latest(&self) -> Nanos {
+        self.last
+    }
+}
+
+impl Latest for Level {
+    fn latest(&self) -> Nanos {
+        self.last
+    }
+}
+
+impl Latest for WindowCount {
+    fn latest(&self) -> Nanos {
+        self.last
+    }
+}
+
+impl Latest for WindowPair {
+    fn latest(&self) -> Nanos {
+        self.last
+    }
+}
+
+impl Latest for Log {
+    fn latest(&self) -> Nanos {
+        self.entries.back().map_or(0, |&(t, _)| t)
+    }
 }
 
 // Every table counts against the cap and gives up only entries at rest: a

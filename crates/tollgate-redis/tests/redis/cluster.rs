@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota};
+use tollgate_store::MemoryStore;
 use tollgate_store::conformance::{self, assert_same, reference, run, scenarios};
-use tollgate_store::{MemoryConfig, MemoryStore};
 
 use crate::support::{RedisCluster, cli, manual_store};
 
@@ -25,6 +25,8 @@ async fn cluster_conformance_tags_cross_slot_refunds_and_script_reloads() {
         let stats = redis.stats();
         assert_eq!((stats.timeouts, stats.errors, stats.refunds), (0, 0, 0));
     }
+    let clock = conformance::clock();
+    conformance::assert_reset_forgets(&manual_store(&url, &clock).await, "cluster").await;
 
     // 2. Keys land where the cluster says their tag hashes.
     let port = cluster.nodes[0].port;
@@ -112,7 +114,7 @@ async fn cross_slot(url: &str, algorithm: Algorithm, slot: &impl Fn(&str) -> Str
         failure: FailurePolicy::Local,
     };
     let clock = conformance::clock();
-    let memory = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
+    let memory = MemoryStore::with_clock(conformance::memory_config(), Arc::clone(&clock));
     let store = manual_store(url, &clock).await;
     // Five users spend the global budget.
     for u in &user_keys[..5] {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tollgate_core::{Algorithm, FailurePolicy, Lease, Limit, Quota, Store, StoreError};
 use tollgate_redis::{ConnectError, RedisConfig, RedisStore};
 use tollgate_store::conformance::{self, assert_same, reference, run, scenarios};
-use tollgate_store::{DenyCache, MemoryConfig, MemoryStore};
+use tollgate_store::{DenyCache, MemoryStore};
 
 use crate::support::{RedisServer, manual_store};
 
@@ -33,6 +33,9 @@ async fn conformance_single_redis_decides_like_the_memory_store() {
         let stats = redis.stats();
         assert_eq!((stats.errors, stats.timeouts), (0, 0));
     }
+    let clock = conformance::clock();
+    let redis = manual_store(&server.url(), &clock).await;
+    conformance::assert_reset_forgets(&redis, "single").await;
 }
 
 #[tokio::test]
@@ -253,7 +256,7 @@ async fn quotas_beyond_exact_doubles_are_invalid_input_not_backend_errors() {
     assert!(!err.is_retryable());
     // A large but exact sliding counter is fine: a million a day, whose
     // weighting multiplies counts by microseconds beyond 2^53.
-    let memory = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
+    let memory = MemoryStore::with_clock(conformance::memory_config(), Arc::clone(&clock));
     let daily = Quota::new(1_000_000, Duration::from_secs(86_400)).unwrap();
     let big = limit("daily", daily, Algorithm::SlidingCounter, 999_999);
     assert!(store.check_limits(&[big]).await.unwrap().allowed());

@@ -34,6 +34,19 @@ fn patient() -> FallbackConfig {
 /// memory store; a deny cache, alone or atop the whole stack, admits and denies
 /// the same requests.
 async fn wrappers_conform(url: &str, name: &str) {
+    // A reset goes through every wrapper to Redis.
+    let clock = conformance::clock();
+    let stack = DenyCache::with_clock(
+        Fallback::with_clock(
+            fresh(url, &clock, "reset").await,
+            patient(),
+            Arc::clone(&clock) as _,
+        ),
+        1024,
+        Arc::clone(&clock) as _,
+    );
+    conformance::assert_reset_forgets(&stack, "stack").await;
+
     for (n, scenario) in scenarios().iter().enumerate() {
         let expected = reference(scenario).await;
         let clock = conformance::clock();

@@ -6,6 +6,7 @@
 //! | `GET /admin/kill-switch` | `{"disabled": [{"domain": "api", "rule": "per-ip" or null}]}` |
 //! | `POST /admin/kill-switch` | `{"domain": "api", "rule": "per-ip" (optional), "enforce": false}` turns enforcement of a rule or a whole domain off (or back on); answers the listing; 404 when disabling a domain or rule the current policy does not have |
 //! | `GET /admin/keys/{key}?limit=10&period=1s[&burst=20][&algorithm=gcra]` | the state of store key `key` under that limit, read at cost 0 (nothing consumed) |
+//! | `POST /admin/reset` | `{"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "42"}]}]}` (`/v1/check`'s policy shape) forgets the state of each descriptor's limit, on every instance that shares the store: each starts again with its whole quota. Answers `{"reset": ["<rule id>" or null, ...]}`, per descriptor the rule reset (null where no limit keeps state); 400 for a bad request, 503 when the store did not reset |
 //!
 //! Without a token the request is 401 (with `WWW-Authenticate: Bearer`); when
 //! the service was started without `--admin-token` the admin API is off and
@@ -23,7 +24,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tollgate_core::Store;
-use tollgate_policy::{Refusal, ReloadError};
+use tollgate_policy::{Refusal, ReloadError, ResetError};
 
 use super::auth;
 use super::http::{ApiError, AppState};
@@ -38,6 +39,7 @@ pub(crate) fn routes<S: Store + 'static>(state: Arc<AppState<S>>) -> Router<Arc<
             get(list_kill_switch::<S>).post(set_kill_switch::<S>),
         )
         .route("/admin/keys/{*key}", get(read_key::<S>))
+        .route("/admin/reset", post(reset::<S>))
         .route_layer(middleware::from_fn_with_state(state, authorize::<S>))
 }
 
@@ -241,6 +243,25 @@ struct KeyState {
     limit: u64,
     remaining: u64,
     reset_after_ms: u64,
+}
+
+async fn reset<S: Store + 'static>(
+    State(state): State<Arc<AppState<S>>>,
+    body: Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let policy = super::native::policy_request(&body)?;
+    let rules = state
+        .enforcer
+        .reset(&policy.request())
+        .await
+        .map_err(|e| match e {
+            ResetError::Store(e) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}"))
+            }
+            other => ApiError::bad_request(other.to_string()),
+        })?;
+    let reset: Vec<Option<&str>> = rules.iter().map(|r| r.as_deref().map(|r| r.id())).collect();
+    Ok(Json(serde_json::json!({ "reset": reset })))
 }
 
 async fn read_key<S: Store + 'static>(

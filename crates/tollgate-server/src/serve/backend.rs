@@ -288,6 +288,13 @@ impl Store for Remote {
     async fn give_back(&self, limit: &Limit<'_>, taken_at: u64) -> Result<(), StoreError> {
         self.redis().give_back(limit, taken_at).await
     }
+
+    async fn reset(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+        match self {
+            Remote::Direct(r) => r.reset(limits).await,
+            Remote::Hybrid(h) => h.reset(limits).await,
+        }
+    }
 }
 
 /// The Redis stack `serve --redis` runs.
@@ -450,6 +457,13 @@ impl Store for Backend {
         match self {
             Backend::Memory(_) => true,
             Backend::Redis(r) => Box::pin(r.ready()).await,
+        }
+    }
+
+    async fn reset(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+        match self {
+            Backend::Memory(m) => m.reset(limits).await,
+            Backend::Redis(r) => Box::pin(r.reset(limits)).await,
         }
     }
 }

@@ -214,15 +214,6 @@ fn add_numbers<'a>(headers: &mut Vec<(&'a str, String)>, pairs: [(&'a str, u64);
     }
 }
 
-/// Whether envoyproxy/ratelimit would report descriptor `d` (answered
-/// `status`) as over its limit: its status says so, or, under the global
-/// `SHADOW_MODE`, it would have (there the status keeps `OVER_LIMIT` and only
-/// `overall_code` turns `OK`; Tollgate reports the status `OK`). A
-/// `shadow_mode` rule's status is `OK` there too.
-fn over_limit(d: &DescriptorVerdict, status: &Status<'_>) -> bool {
-    !status.ok || (d.shadow_denied() && !d.rule.as_deref().is_some_and(Rule::shadow))
-}
-
 /// The descriptor whose status envoyproxy/ratelimit's headers describe, as
 /// `shouldRateLimitWorker` picks it: in request order, a status with a
 /// `current_limit` and fewer `limit_remaining` than any before it; but an
@@ -238,7 +229,7 @@ fn chosen(verdict: &Verdict, statuses: &[Status<'_>]) -> Option<usize> {
             least = status.limit_remaining;
         }
         // `quota`: the rule's `quota_mode` or the global `QUOTA_MODE`.
-        if d.state != State::Unlimited && over_limit(d, status) && !d.quota {
+        if d.state != State::Unlimited && !status.ok && !d.quota {
             chosen = Some(i);
             least = 0;
         }
@@ -283,7 +274,7 @@ fn dynamic_metadata(request: &Request<'_>, verdict: &Verdict, statuses: &[Status
     }
     let mut passed = Metadata::new();
     for (d, status) in verdict.descriptors.iter().zip(statuses) {
-        if d.state == State::Unlimited || d.state == State::Replaced || over_limit(d, status) {
+        if d.state == State::Unlimited || d.state == State::Replaced || !status.ok {
             continue;
         }
         if let Some(metadata) = d.rule.as_deref().and_then(Rule::metadata) {
@@ -368,7 +359,9 @@ fn status(d: &DescriptorVerdict, started_at: Nanos) -> Status<'_> {
         (_, None) => 0,
     };
     Status {
-        ok: d.allowed(),
+        // Global shadow mode keeps the descriptor's own code; only the
+        // request is let through (`shouldRateLimitWorker`).
+        ok: d.allowed() && !(d.global_shadow && d.shadow_denied()),
         current_limit,
         limit_remaining,
         duration_until_reset,

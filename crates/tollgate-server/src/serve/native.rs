@@ -357,14 +357,14 @@ enum Checked {
 }
 
 /// A policy check's request, owning what [`Request`] borrows.
-struct PolicyRequest {
+pub(crate) struct PolicyRequest {
     domain: String,
     descriptors: Vec<Descriptor>,
     hits_addend: u64,
 }
 
 impl PolicyRequest {
-    fn request(&self) -> Request<'_> {
+    pub(crate) fn request(&self) -> Request<'_> {
         Request {
             domain: &self.domain,
             descriptors: &self.descriptors,
@@ -433,18 +433,35 @@ async fn answer<S: Store>(enforcer: &Enforcer<S>, body: &[u8]) -> Result<Verdict
 
 impl PolicyCheck {
     fn validate(self) -> Result<Checked, ApiError> {
+        self.into_request().map(Checked::Policy)
+    }
+
+    fn into_request(self) -> Result<PolicyRequest, ApiError> {
         let descriptors = self
             .descriptors
             .into_iter()
             .enumerate()
             .map(|(index, d)| d.into_descriptor(index))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Checked::Policy(PolicyRequest {
+        Ok(PolicyRequest {
             domain: self.domain,
             descriptors,
             hits_addend: self.hits_addend,
-        }))
+        })
     }
+}
+
+/// A well-formed request in `/v1/check`'s policy shape (`domain` and
+/// `descriptors`), as the admin API's reset takes it.
+pub(crate) fn policy_request(body: &[u8]) -> Result<PolicyRequest, ApiError> {
+    let Json(check) =
+        Json::<PolicyCheck>::from_bytes(body).map_err(|r| ApiError::bad_request(r.body_text()))?;
+    let policy = check.into_request()?;
+    policy
+        .request()
+        .well_formed()
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(policy)
 }
 
 /// The body of `POST /v1/release`.
