@@ -731,9 +731,13 @@ fn read_redis<F: Fn(&str) -> Option<OsString>>(
     if !explicit(matches, "redis") {
         args.redis = Some(RedisUrl(redis));
     }
-    if let Some(timeout) = env.duration("REDIS_TIMEOUT")?
-        && !explicit(matches, "redis_timeout")
-    {
+    // Unset, envoyproxy/ratelimit's default: its decisions wait on Redis,
+    // and so do a swapped binary's (Tollgate's own 10 ms default would
+    // decide by failure policy on a slow answer that Redis may still apply).
+    let timeout = env
+        .duration("REDIS_TIMEOUT")?
+        .unwrap_or(Duration::from_secs(10));
+    if !explicit(matches, "redis_timeout") {
         let longest = Duration::from_secs(60);
         if timeout.is_zero() || timeout > longest {
             envoy.ignored(
@@ -1005,8 +1009,11 @@ mod tests {
             Some("unix:///var/run/nutcracker/ratelimit.sock")
         );
         assert_eq!(args.store.deny_cache, Some(false));
+        assert_eq!(args.redis_timeout, Some(Duration::from_secs(10)));
+        assert_eq!(args.envoy_counting, Counting::EachHit);
+        assert!(!args.reload.merge_domains);
         assert_eq!(envoy.log_level, "warn");
-        assert!(!envoy.shadow_mode && !envoy.log_json);
+        assert!(!envoy.shadow_mode && !envoy.quota_mode && !envoy.log_json);
         assert_eq!(args.listen.admin_listen, None);
         assert!(!args.reload.files.ignore_dot_files);
         assert_eq!(args.envoy_headers, [HeaderFamily::None]);
@@ -1050,6 +1057,29 @@ mod tests {
             [HeaderFamily::XRatelimit, HeaderFamily::Draft],
             "the flag wins"
         );
+    }
+
+    #[test]
+    fn counting_quota_and_merging_are_read() {
+        let (args, envoy) = read_env(
+            &[
+                ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+                ("QUOTA_MODE", "true"),
+                ("MERGE_DOMAIN_CONFIG", "true"),
+            ],
+            &[],
+        )
+        .expect("valid");
+        assert_eq!(args.envoy_counting, Counting::AllOrNothing);
+        assert!(envoy.quota_mode);
+        assert!(args.reload.merge_domains);
+        let (flagged, _) = read_env(
+            &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")],
+            &["--envoy-counting", "each-hit", "--redis-timeout", "20ms"],
+        )
+        .expect("valid");
+        assert_eq!(flagged.envoy_counting, Counting::EachHit, "the flag wins");
+        assert_eq!(flagged.redis_timeout, Some(Duration::from_millis(20)));
     }
 
     #[test]
