@@ -18,7 +18,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{Redis, Server, descriptor, free_port, rls_request, tollgate};
+use common::{Redis, Server, descriptor, rls_request, tollgate};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -75,7 +75,7 @@ async fn ask(server: &Server, request: RateLimitRequest) -> RateLimitResponse {
         .await
         .should_rate_limit(request)
         .await
-        .unwrap_or_else(|status| panic!("ShouldRateLimit failed: {status:?}"))
+        .unwrap_or_else(|status| panic!("ShouldRateLimit failed: {status:?}\n{}", server.log()))
         .into_inner()
 }
 
@@ -563,12 +563,12 @@ async fn near_limit_ratio_moves_the_near_limit_count() {
 #[tokio::test]
 async fn prometheus_path_moves_the_metrics() {
     let redis = Redis::start();
-    let addr = format!("127.0.0.1:{}", free_port());
     let server = envoy_server(
         &redis,
         &[
             ("USE_PROMETHEUS", "true"),
-            ("PROMETHEUS_ADDR", &addr),
+            // Port 0: the log says which, with no race for a free one.
+            ("PROMETHEUS_ADDR", "127.0.0.1:0"),
             ("PROMETHEUS_PATH", "/stats/prometheus"),
         ],
         &[],
