@@ -9,7 +9,7 @@
 //! | `reset_after` | `X-RateLimit-Reset-After` | seconds until it is full again, with three decimals (Discord) |
 //! | `bucket` | `X-RateLimit-Bucket` | the shared bucket that limit spends, when it has one (Discord) |
 //! | `ietf` | `RateLimit-Policy`, `RateLimit` | [`DRAFT`]'s structured fields: every limit's policy, and the most restrictive one's service limit |
-//! | `envoy` | `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` | envoyproxy/ratelimit's: the most restrictive limit's quota, what it has left, and the seconds until it is full again (a delta, not an epoch); what Envoy's Rate Limit Service answers put in `response_headers_to_add` |
+//! | `envoy` | `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` | envoyproxy/ratelimit's: the most restrictive limit's quota, what it has left, and the seconds until it is full again (a delta, not an epoch); what `tollgate serve`'s Envoy answers put in `response_headers_to_add` as its `x-ratelimit` family |
 //! | `retry_after` | `Retry-After` | on a deny: delta-seconds, rounded up, at least 1 |
 //!
 //! **The reset is stable.** `X-RateLimit-Reset` is
@@ -196,7 +196,9 @@ impl HeaderStyle {
             if let Some(policy) = policy_field(limits, &mut values) {
                 headers.insert(RATELIMIT_POLICY, policy);
             }
-            headers.insert(RATELIMIT, service_limit_field(reported, &mut values));
+            if let Some(limit) = service_limit_field([reported], &mut values) {
+                headers.insert(RATELIMIT, limit);
+            }
         }
         if self.envoy {
             for (name, value) in [X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET]
@@ -462,26 +464,43 @@ fn policy_field(limits: &[LimitReport<'_>], values: &mut Values) -> Option<Heade
     list.finish()
 }
 
-/// `RateLimit`: the reported limit's remaining units and, as `t`, seconds
+/// `RateLimit`: each of `reported`'s remaining units and, as `t`, seconds
 /// until it is full again (on an allow) or the `Retry-After` value (on a deny,
 /// so that `Retry-After` is never earlier than `t`, as the draft asks). A
-/// concurrency limit has no `t` on an allow: time does not refill it.
-fn service_limit_field(reported: &LimitReport<'_>, values: &mut Values) -> HeaderValue {
-    let d = &reported.decision;
+/// concurrency limit has no `t` on an allow: time does not refill it. `None`
+/// when `reported` is empty.
+fn service_limit_field<'r, 'a: 'r>(
+    reported: impl IntoIterator<Item = &'r LimitReport<'a>>,
+    values: &mut Values,
+) -> Option<HeaderValue> {
     let mut list = List::new(values);
-    let item = list.member(reported.name).integer("r", d.remaining);
-    let t = if !d.allowed {
-        Some(retry_after_secs(d))
-    } else if reported.concurrency {
-        None
-    } else {
-        Some(ceil_secs(d.reset_after))
-    };
-    if let Some(t) = t {
-        item.integer("t", t);
+    for reported in reported {
+        let d = &reported.decision;
+        let item = list.member(reported.name).integer("r", d.remaining);
+        let t = if !d.allowed {
+            Some(retry_after_secs(d))
+        } else if reported.concurrency {
+            None
+        } else {
+            Some(ceil_secs(d.reset_after))
+        };
+        if let Some(t) = t {
+            item.integer("t", t);
+        }
     }
     list.finish()
-        .expect("a serialized structured field is a valid header value")
+}
+
+/// [`DRAFT`]'s `RateLimit-Policy` and `RateLimit` as name/value pairs, with
+/// `RateLimit` listing every limit of `limits`, in order, rather than the
+/// most restrictive alone: for services that answer in pairs (Envoy's Rate
+/// Limit Service), whose clients may want every descriptor's state. `None`
+/// when no limit applied.
+pub fn draft_every_limit(limits: &[LimitReport<'_>]) -> Option<[(&'static str, HeaderValue); 2]> {
+    let mut values = Values(BytesMut::with_capacity(VALUES_CAPACITY));
+    let policy = policy_field(limits, &mut values)?;
+    let limit = service_limit_field(limits, &mut values)?;
+    Some([("RateLimit-Policy", policy), ("RateLimit", limit)])
 }
 
 #[cfg(test)]
@@ -585,6 +604,44 @@ mod tests {
             headers.get(X_RATELIMIT_BUCKET).is_none(),
             "no bucket applied"
         );
+    }
+
+    #[test]
+    fn the_draft_pairs_list_every_limit() {
+        let per_ip = Quota::per_minute(60).unwrap();
+        let global = Quota::per_second(1000).unwrap();
+        let ip = Decision {
+            allowed: false,
+            limit: 60,
+            remaining: 0,
+            reset_after: Duration::from_millis(57_000),
+            retry_after: Some(Duration::from_millis(1_500)),
+            delay: Duration::ZERO,
+        };
+        let all = Decision {
+            allowed: true,
+            remaining: 990,
+            limit: 1000,
+            reset_after: Duration::from_millis(10),
+            retry_after: None,
+            ..ip
+        };
+        let limits = [
+            LimitReport::new("global", &global, Algorithm::SlidingCounter, all),
+            LimitReport::new("per-ip", &per_ip, Algorithm::Gcra, ip),
+        ];
+        let [(policy, policy_value), (limit, limit_value)] =
+            draft_every_limit(&limits).expect("two limits");
+        assert_eq!(policy, "RateLimit-Policy");
+        assert_eq!(policy_value, r#""global";q=1000;w=1, "per-ip";q=60;w=60"#);
+        assert_eq!(limit, "RateLimit");
+        // Each limit's own state, the denying one's `t` its Retry-After.
+        assert_eq!(limit_value, r#""global";r=990;t=1, "per-ip";r=0;t=2"#);
+        let parsed: sfv::List = sfv::Parser::new(limit_value.to_str().unwrap())
+            .parse()
+            .unwrap();
+        assert_eq!(parsed.len(), 2);
+        assert!(draft_every_limit(&[]).is_none());
     }
 
     #[test]

@@ -16,6 +16,7 @@ use serde_saphyr::{Location, Spanned};
 use tollgate_core::{Algorithm, Quota, QuotaError};
 
 use crate::config::File;
+use crate::metadata::MetadataField;
 use crate::policy::Domain;
 use crate::rule::{Action, Limited, envoy_limit};
 use crate::tree::Pattern;
@@ -80,11 +81,11 @@ struct EnvoyDescriptor {
     value_to_metric: Option<bool>,
     #[serde(default)]
     share_threshold: Option<Spanned<Option<bool>>>,
-    /// Returned by envoyproxy/ratelimit in the response's dynamic metadata;
-    /// Tollgate has no such response field, so it is read only to refuse what
-    /// that loader refuses (anything but a mapping).
-    #[serde(default, rename = "metadata")]
-    _metadata: Option<Mapping>,
+    /// Returned in the response's dynamic metadata (with
+    /// `RESPONSE_DYNAMIC_METADATA`); anything but a mapping is refused, as
+    /// that loader refuses it.
+    #[serde(default)]
+    metadata: Option<MetadataField>,
     /// An extension key out of its place, read only to refuse it.
     #[serde(default)]
     algorithm: Option<Spanned<IgnoredAny>>,
@@ -144,29 +145,6 @@ impl<T> Default for List<T> {
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for List<T> {
     fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Option::<Vec<T>>::deserialize(d).map(|v| List(v.unwrap_or_default()))
-    }
-}
-
-/// `metadata`: any mapping, or null.
-struct Mapping;
-
-impl<'de> Deserialize<'de> for Mapping {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Mapping;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a mapping")
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Mapping, E> {
-                Ok(Mapping)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Mapping, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Mapping)
-            }
-        }
-        d.deserialize_map(V)
     }
 }
 
@@ -657,6 +635,7 @@ fn rule(
         path: level.path.clone(),
         envoy_format: true,
         quota_mode: d.quota_mode == Some(true),
+        metadata: d.metadata.as_ref().and_then(|m| m.0.clone()).map(Arc::new),
         // Only envoyproxy/ratelimit's own windows report its whole seconds
         // to the unit's end; an extension reports its algorithm's exact time.
         envoy_window: match action {

@@ -31,6 +31,7 @@ mod enforcer;
 mod envoy;
 mod error;
 mod kill_switch;
+mod metadata;
 mod native;
 mod policy;
 mod policy_handle;
@@ -48,6 +49,7 @@ pub use enforcer::{
 };
 pub use error::{ConfigError, RequestError, ResetError, Unsupported};
 pub use kill_switch::KillSwitch;
+pub use metadata::{Metadata, MetadataValue};
 pub use policy::{Applied, ConfigFiles, Policy, Resolved};
 pub use policy_handle::PolicyHandle;
 pub use reload::{Fingerprint, Refusal, Reload, ReloadError, Reloader, Safeguards, Trigger};

@@ -362,6 +362,7 @@ fn rule(
             .collect(),
         envoy_format: false,
         quota_mode: false,
+        metadata: None,
         action,
         envoy_window: None,
         source: file.source(spanned.referenced),

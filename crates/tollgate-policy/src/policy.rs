@@ -504,6 +504,7 @@ fn override_limit(
             path: Vec::new(),
             envoy_format: false,
             quota_mode: false,
+            metadata: None,
             action,
             envoy_window: Some(o.unit),
             source: "request".into(),

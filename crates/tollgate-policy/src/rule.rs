@@ -4,6 +4,7 @@ use std::sync::Arc;
 use tollgate_core::{Algorithm, FailurePolicy, Quota};
 
 use crate::Unit;
+use crate::metadata::Metadata;
 use crate::tree::Pattern;
 
 /// A quota per tier: the value of the descriptor entry `by` picks it.
@@ -68,6 +69,8 @@ pub struct Rule {
     /// Written in envoyproxy/ratelimit's format.
     pub(crate) envoy_format: bool,
     pub(crate) quota_mode: bool,
+    /// envoyproxy/ratelimit's descriptor `metadata`, when not empty.
+    pub(crate) metadata: Option<Arc<Metadata>>,
     pub(crate) action: Action,
     /// See [`Rule::envoy_window`].
     pub(crate) envoy_window: Option<Unit>,
@@ -149,6 +152,12 @@ impl Rule {
     /// limits as an ordinary one.
     pub fn quota_mode(&self) -> bool {
         self.quota_mode
+    }
+
+    /// envoyproxy/ratelimit's descriptor `metadata`, when the rule has a
+    /// non-empty one: what its answers return in their dynamic metadata.
+    pub fn metadata(&self) -> Option<&Metadata> {
+        self.metadata.as_deref()
     }
 
     /// Where the rule was defined, as `file:line`.

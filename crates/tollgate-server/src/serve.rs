@@ -143,6 +143,24 @@ pub struct Args {
     #[command(flatten, next_help_heading = "Gateway")]
     gateway: tollgate_gateway::Options,
 
+    /// Which rate limit headers the Envoy doors (gRPC `ShouldRateLimit`,
+    /// `/json`) add to their answers, comma-separated: `ratelimit`
+    /// (envoyproxy/ratelimit's `RateLimit-Limit`, `-Remaining`, `-Reset` of
+    /// the descriptor it picks), `x-ratelimit` (Tollgate's `X-RateLimit-*` of
+    /// the most restrictive limit), `draft` (`RateLimit-Policy` and
+    /// `RateLimit` listing every limit); or `none`; or `auto`: `x-ratelimit`
+    /// in domains of Tollgate's format, none in envoyproxy/ratelimit's (its
+    /// default), and in its mode (`--envoy-env`) its
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED` (see `docs/envoy.md`).
+    #[arg(
+        long,
+        env = "TOLLGATE_ENVOY_HEADERS",
+        value_name = "FAMILIES",
+        value_delimiter = ',',
+        default_value = "auto"
+    )]
+    envoy_headers: Vec<envoy::HeaderFamily>,
+
     /// How requests to domains in envoyproxy/ratelimit's format are counted:
     /// `each-hit`, as envoyproxy/ratelimit does by default (every descriptor
     /// is charged its hits, admitted or not), or `all-or-nothing`, Tollgate's
@@ -423,6 +441,20 @@ async fn launch(
     let limits = args.listen.limits(max_connections);
 
     let metrics_handle = metrics_handle()?;
+    let envoy = args.envoy.as_deref();
+    if let Some(envoy) = envoy {
+        metrics::set_near_limit_ratio(envoy.near_limit_ratio);
+    }
+    let reply = Arc::new(envoy::Reply::new(
+        &args.envoy_headers,
+        envoy.map_or(envoy::DEFAULT_NAMES.map(String::from), |e| {
+            e.header_names.clone()
+        }),
+        envoy.is_some_and(|e| e.dynamic_metadata),
+    )?);
+    let metrics_path = envoy
+        .and_then(|e| e.metrics_path.clone())
+        .unwrap_or_else(|| "/metrics".into());
     let store = Backend::open(
         args.redis.as_ref().map(|url| url.0.as_str()),
         args.redis_timeout,
@@ -462,6 +494,7 @@ async fn launch(
         .add_service(RlsServer::new(RateLimitGrpc::new(
             Arc::clone(&enforcer),
             args.api_token.clone(),
+            Arc::clone(&reply),
         )))
         .prepare();
     let grpc_task = serve_on(
@@ -483,6 +516,8 @@ async fn launch(
         api_tokens: args.api_token.clone(),
         reloader: reloader.clone(),
         health: Arc::clone(&health),
+        reply,
+        metrics_path,
     });
     // On the shared multi-threaded runtime, not the gateway's per-CPU
     // workers: measured both ways (`scripts/bench-http`), per-CPU workers

@@ -166,9 +166,32 @@ fn a_bad_value_is_an_error_naming_the_variable() {
         ("PORT", "x", "error: PORT=\"x\": not an integer"),
         ("REDIS_TYPE", "sentinel", "error: REDIS_TYPE=sentinel: "),
         ("REDIS_TLS", "true", "error: REDIS_TLS=true: "),
+        // envconfig's float32 (`strconv.ParseFloat(value, 32)`) refuses
+        // these two.
+        (
+            "NEAR_LIMIT_RATIO",
+            "high",
+            "error: NEAR_LIMIT_RATIO=\"high\": not a number",
+        ),
+        (
+            "NEAR_LIMIT_RATIO",
+            "1e39",
+            "error: NEAR_LIMIT_RATIO=\"1e39\": out of range",
+        ),
+        (
+            "PROMETHEUS_PATH",
+            "metrics",
+            "error: PROMETHEUS_PATH=\"metrics\": not a path",
+        ),
+        (
+            "PROMETHEUS_PATH",
+            "/healthz",
+            "error: PROMETHEUS_PATH=\"/healthz\": Tollgate serves",
+        ),
     ] {
         let mut command = ratelimit(dir.path());
-        command.env(var, value);
+        // PROMETHEUS_PATH is read with USE_PROMETHEUS only.
+        command.env(var, value).env("USE_PROMETHEUS", "true");
         let (success, stderr) = exit_of(command);
         assert!(!success, "{var}={value} started");
         assert!(stderr.contains(needle), "{var}={value}: {stderr}");

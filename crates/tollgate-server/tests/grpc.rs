@@ -208,7 +208,10 @@ fn readme_server() -> Server {
             ("fields.yaml", FIELDS),
             ("layers.yaml", LAYERS),
         ],
-        &[],
+        // These domains are in envoyproxy/ratelimit's format, whose answers
+        // carry no headers by default; these tests check Tollgate's
+        // `X-RateLimit-*` (`tests/envoy_answers.rs` checks the defaults).
+        &["--envoy-headers", "x-ratelimit"],
     )
 }
 

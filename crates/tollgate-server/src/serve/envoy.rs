@@ -8,10 +8,11 @@ use std::fmt;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
-use tollgate_core::Nanos;
-use tollgate_http::headers::{envoy_headers, reports};
+use tollgate_core::{Nanos, Store};
+use tollgate_http::headers::{draft_every_limit, envoy_headers, reports};
 use tollgate_policy::{
-    Descriptor, DescriptorVerdict, Entry, LimitOverride, RequestError, Rule, State, Unit, Verdict,
+    Descriptor, DescriptorVerdict, Enforcer, Entry, LimitOverride, Metadata, MetadataValue,
+    Request, RequestError, Rule, State, Unit, Verdict,
 };
 
 /// A verdict as envoyproxy/ratelimit reports it.
@@ -20,8 +21,10 @@ pub(crate) struct Answer<'a> {
     pub(crate) ok: bool,
     /// One per descriptor, in request order.
     pub(crate) statuses: Vec<Status<'a>>,
-    /// `response_headers_to_add`, spelled as envoyproxy/ratelimit spells them.
-    pub(crate) headers: Vec<(&'static str, String)>,
+    /// `response_headers_to_add`, names as given (Envoy keeps their case).
+    pub(crate) headers: Vec<(&'a str, String)>,
+    /// `dynamic_metadata`, with `RESPONSE_DYNAMIC_METADATA`.
+    pub(crate) dynamic_metadata: Option<Metadata>,
 }
 
 /// One descriptor's `DescriptorStatus`.
@@ -47,20 +50,287 @@ pub(crate) struct CurrentLimit<'a> {
     pub(crate) unit: Unit,
 }
 
-/// The answer to `verdict`.
-pub(crate) fn answer(verdict: &Verdict) -> Answer<'_> {
-    // itoa rather than `to_string`: this runs on every Envoy check.
-    let decimal = |n: u64| itoa::Buffer::new().format(n).to_owned();
+/// A family of rate limit headers the Envoy doors can add
+/// (`--envoy-headers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum HeaderFamily {
+    /// `x-ratelimit` for domains in Tollgate's format, none for
+    /// envoyproxy/ratelimit's; in its mode, its `LIMIT_RESPONSE_HEADERS_ENABLED`.
+    Auto,
+    /// No headers.
+    None,
+    /// envoyproxy/ratelimit's `RateLimit-Limit`, `RateLimit-Remaining` and
+    /// `RateLimit-Reset` (`LIMIT_*_HEADER` in its mode) of the descriptor
+    /// its service picks.
+    Ratelimit,
+    /// Tollgate's `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` of the most restrictive limit.
+    XRatelimit,
+    /// `RateLimit-Policy` and `RateLimit` (the IETF draft's) listing every
+    /// limit.
+    Draft,
+}
+
+/// The header families an answer carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Families {
+    ratelimit: bool,
+    x_ratelimit: bool,
+    draft: bool,
+}
+
+impl Families {
+    /// What `auto` means for a domain outside envoyproxy/ratelimit's mode:
+    /// its answers for its format (no headers by default), Tollgate's
+    /// `X-RateLimit-*` for Tollgate's.
+    fn auto(envoy_format: bool) -> Self {
+        Self {
+            x_ratelimit: !envoy_format,
+            ..Self::default()
+        }
+    }
+}
+
+/// How the Envoy doors answer, beyond the verdict: which headers and
+/// whether dynamic metadata.
+#[derive(Debug, Clone)]
+pub(crate) struct Reply {
+    /// `None`: `auto`, chosen per domain.
+    families: Option<Families>,
+    /// The `ratelimit` family's names: limit, remaining, reset.
+    names: [String; 3],
+    /// envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA`.
+    dynamic_metadata: bool,
+}
+
+/// envoyproxy/ratelimit's default header names (`LIMIT_LIMIT_HEADER`,
+/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+pub(crate) const DEFAULT_NAMES: [&str; 3] =
+    ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"];
+
+impl Default for Reply {
+    fn default() -> Self {
+        Self {
+            families: None,
+            names: DEFAULT_NAMES.map(String::from),
+            dynamic_metadata: false,
+        }
+    }
+}
+
+impl Reply {
+    /// The reply `--envoy-headers` asks for, with the `ratelimit` family
+    /// named `names`.
+    ///
+    /// # Errors
+    ///
+    /// `auto` or `none` beside another family.
+    pub(crate) fn new(
+        families: &[HeaderFamily],
+        names: [String; 3],
+        dynamic_metadata: bool,
+    ) -> anyhow::Result<Self> {
+        let alone = |f: &HeaderFamily| matches!(f, HeaderFamily::Auto | HeaderFamily::None);
+        if families.len() > 1 && families.iter().any(alone) {
+            anyhow::bail!("--envoy-headers: auto and none stand alone, not in a list");
+        }
+        let families = match families {
+            [] | [HeaderFamily::Auto] => None,
+            list => Some(Families {
+                ratelimit: list.contains(&HeaderFamily::Ratelimit),
+                x_ratelimit: list.contains(&HeaderFamily::XRatelimit),
+                draft: list.contains(&HeaderFamily::Draft),
+            }),
+        };
+        Ok(Self {
+            families,
+            names,
+            dynamic_metadata,
+        })
+    }
+
+    /// The families for an answer in `domain`.
+    pub(crate) fn families<S: Store>(&self, enforcer: &Enforcer<S>, domain: &str) -> Families {
+        self.families
+            .unwrap_or_else(|| Families::auto(enforcer.policy().is_envoy(domain)))
+    }
+}
+
+/// The answer to `verdict`, the verdict on `request`, with the headers of
+/// `families` and what `reply` asks for.
+pub(crate) fn answer<'a>(
+    request: &Request<'_>,
+    verdict: &'a Verdict,
+    reply: &'a Reply,
+    families: Families,
+) -> Answer<'a> {
+    let statuses: Vec<Status<'a>> = verdict
+        .descriptors
+        .iter()
+        .map(|d| status(d, verdict.started_at))
+        .collect();
+    let mut headers = Vec::new();
+    if families.ratelimit
+        && let Some(values) = chosen(verdict, &statuses).and_then(|i| header_values(&statuses[i]))
+    {
+        let [limit, remaining, reset] = &reply.names;
+        let [l, r, t] = values;
+        add_numbers(&mut headers, [(limit, l), (remaining, r), (reset, t)]);
+    }
+    if families.x_ratelimit || families.draft {
+        let limits = reports(verdict);
+        if families.x_ratelimit
+            && let Some(pairs) = envoy_headers(&limits)
+        {
+            add_numbers(&mut headers, pairs);
+        }
+        if families.draft
+            && let Some(fields) = draft_every_limit(&limits)
+        {
+            for (name, value) in fields {
+                // Printable ASCII, as the draft's serializer writes it.
+                headers.push((name, value.to_str().unwrap_or_default().to_owned()));
+            }
+        }
+    }
+    let dynamic_metadata = reply
+        .dynamic_metadata
+        .then(|| dynamic_metadata(request, verdict, &statuses));
     Answer {
         ok: verdict.allowed(),
-        statuses: verdict
-            .descriptors
-            .iter()
-            .map(|d| status(d, verdict.started_at))
-            .collect(),
-        headers: envoy_headers(&reports(verdict))
-            .map(|pairs| pairs.map(|(name, value)| (name, decimal(value))).to_vec())
-            .unwrap_or_default(),
+        statuses,
+        headers,
+        dynamic_metadata,
+    }
+}
+
+/// Adds headers whose values are numbers: the `ratelimit` and
+/// `x-ratelimit` families, which differ in names and in the limit they
+/// describe, not in how they are written.
+fn add_numbers<'a>(headers: &mut Vec<(&'a str, String)>, pairs: [(&'a str, u64); 3]) {
+    for (name, value) in pairs {
+        // itoa rather than `to_string`: this runs on every Envoy check.
+        headers.push((name, itoa::Buffer::new().format(value).to_owned()));
+    }
+}
+
+/// The descriptor whose status envoyproxy/ratelimit's headers describe, as
+/// `shouldRateLimitWorker` picks it: in request order, a status with a
+/// `current_limit` and fewer `limit_remaining` than any before it; but an
+/// over-limit descriptor that is not in quota mode takes the place whatever
+/// came before, and from then on only a later such one does (its remaining
+/// becomes the minimum, 0).
+fn chosen(verdict: &Verdict, statuses: &[Status<'_>]) -> Option<usize> {
+    let mut least = u32::MAX;
+    let mut chosen = None;
+    for (i, (d, status)) in verdict.descriptors.iter().zip(statuses).enumerate() {
+        if status.current_limit.is_some() && status.limit_remaining < least {
+            chosen = Some(i);
+            least = status.limit_remaining;
+        }
+        // `quota`: the rule's `quota_mode` or the global `QUOTA_MODE`.
+        if d.state != State::Unlimited && !status.ok && !d.quota {
+            chosen = Some(i);
+            least = 0;
+        }
+    }
+    chosen
+}
+
+/// `rateLimitLimitHeader`, `rateLimitRemainingHeader` and
+/// `rateLimitResetHeader`: the status's `requests_per_unit`, its
+/// `limit_remaining`, and the seconds until its window ends
+/// (`CalculateReset`, its `duration_until_reset`; a native rule's exact time
+/// rounded up). `None` without a `current_limit`.
+fn header_values(status: &Status<'_>) -> Option<[u64; 3]> {
+    let limit = status.current_limit.as_ref()?;
+    let reset = status.duration_until_reset.unwrap_or_default();
+    let seconds = reset.as_secs() + u64::from(reset.subsec_nanos() > 0);
+    Some([
+        u64::from(limit.requests_per_unit),
+        u64::from(status.limit_remaining),
+        seconds,
+    ])
+}
+
+/// envoyproxy/ratelimit's `ratelimitToMetadata`: the request's domain, its
+/// descriptors (`descriptorToStruct`), its `hits_addend` when not 0, and
+/// the `metadata` of the rules of the descriptors that passed (neither
+/// unlimited nor over the limit), merged in request order (`mergeMetadata`).
+fn dynamic_metadata(request: &Request<'_>, verdict: &Verdict, statuses: &[Status<'_>]) -> Metadata {
+    let mut fields = Metadata::new();
+    fields.insert(
+        "domain".into(),
+        MetadataValue::String(request.domain.to_owned()),
+    );
+    let descriptors = request
+        .descriptors
+        .iter()
+        .map(|d| MetadataValue::Struct(descriptor_struct(d)))
+        .collect();
+    fields.insert("descriptors".into(), MetadataValue::List(descriptors));
+    if request.hits_addend != 0 {
+        fields.insert("hitsAddend".into(), number(request.hits_addend));
+    }
+    let mut passed = Metadata::new();
+    for (d, status) in verdict.descriptors.iter().zip(statuses) {
+        if d.state == State::Unlimited || d.state == State::Replaced || !status.ok {
+            continue;
+        }
+        if let Some(metadata) = d.rule.as_deref().and_then(Rule::metadata) {
+            merge(&mut passed, metadata);
+        }
+    }
+    if !passed.is_empty() {
+        fields.insert("metadata".into(), MetadataValue::Struct(passed));
+    }
+    fields
+}
+
+/// `descriptorToStruct`: `entries` as `key=value` strings, the `limit`
+/// override as Go's protobuf text (`requests_per_unit:10 unit:MINUTE`, fields
+/// at their default left out), and `hitsAddend` when the descriptor sets it.
+fn descriptor_struct(d: &Descriptor) -> Metadata {
+    let mut fields = Metadata::new();
+    let entries = d
+        .entries
+        .iter()
+        .map(|e| MetadataValue::String(format!("{}={}", e.key, e.value)))
+        .collect();
+    fields.insert("entries".into(), MetadataValue::List(entries));
+    if let Some(limit) = &d.limit {
+        let mut text = Vec::new();
+        if limit.requests_per_unit != 0 {
+            text.push(format!("requests_per_unit:{}", limit.requests_per_unit));
+        }
+        text.push(format!("unit:{}", proto_unit(limit.unit).as_str_name()));
+        fields.insert("limit".into(), MetadataValue::String(text.join(" ")));
+    }
+    if let Some(hits) = d.hits_addend {
+        fields.insert("hitsAddend".into(), number(hits));
+    }
+    fields
+}
+
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "a float64, as structpb makes it"
+)]
+fn number(n: u64) -> MetadataValue {
+    MetadataValue::Number(n as f64)
+}
+
+/// `mergeMetadata`: `src`'s fields that `dest` lacks are added; where both
+/// have a Struct, they merge; otherwise `dest` keeps its value.
+fn merge(dest: &mut Metadata, src: &Metadata) {
+    for (key, value) in src {
+        match (dest.get_mut(key), value) {
+            (Some(MetadataValue::Struct(d)), MetadataValue::Struct(s)) => merge(d, s),
+            (Some(_), _) => {}
+            (None, _) => {
+                dest.insert(key.clone(), value.clone());
+            }
+        }
     }
 }
 
@@ -237,6 +507,28 @@ impl RequestDescriptor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_and_none_stand_alone() {
+        let names = || DEFAULT_NAMES.map(String::from);
+        let reply = |families: &[HeaderFamily]| Reply::new(families, names(), false);
+        use HeaderFamily::{Auto, Draft, None, Ratelimit, XRatelimit};
+        assert_eq!(reply(&[Auto]).expect("valid").families, Option::None);
+        assert_eq!(
+            reply(&[None]).expect("valid").families,
+            Some(Families::default())
+        );
+        assert_eq!(
+            reply(&[XRatelimit, Draft]).expect("valid").families,
+            Some(Families {
+                ratelimit: false,
+                x_ratelimit: true,
+                draft: true
+            })
+        );
+        assert!(reply(&[Auto, Ratelimit]).is_err());
+        assert!(reply(&[Draft, None]).is_err());
+    }
 
     /// `utils.CalculateReset` as envoyproxy/ratelimit's
     /// `test/service/ratelimit_test.go` runs it (its clock at 2222 s: a

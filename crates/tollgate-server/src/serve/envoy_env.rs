@@ -14,8 +14,7 @@
 //! reads `RUST_LOG` before `LOG_LEVEL`.
 //!
 //! A variable that makes no sense for Tollgate is accepted and logged once
-//! at start-up with the reason; one whose meaning Tollgate does not have yet
-//! is logged once at WARN as not yet honoured; one Tollgate cannot honour
+//! at start-up with the reason; one Tollgate cannot honour
 //! safely (TLS to Redis, a gRPC unix socket, Sentinel) stops the start with
 //! an error naming it. The variables read by envoyproxy/ratelimit's Go
 //! `envconfig` are parsed as it parses them (Go's `ParseBool`,
@@ -40,6 +39,7 @@ use tollgate_policy::{ConfigFiles, Counting, Policy, PolicyHandle};
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tracing_subscriber::EnvFilter;
 
+use super::envoy::{DEFAULT_NAMES, HeaderFamily};
 use super::{Args, RedisUrl, ServeFlags, xds};
 
 /// Every variable envoyproxy/ratelimit's `settings.go` reads (at commit
@@ -234,10 +234,6 @@ const IGNORED: &[(&str, &str)] = &[
         "EXPIRATION_JITTER_MAX_SECONDS",
         "Tollgate's Redis keys expire when their state is back to full",
     ),
-    (
-        "NEAR_LIMIT_RATIO",
-        "Tollgate has no near_limit statistic yet",
-    ),
     ("REDIS_POOL_SIZE", REDIS_POOL),
     ("REDIS_TLS_CLIENT_CERT", NO_REDIS_TLS),
     ("REDIS_TLS_CLIENT_KEY", NO_REDIS_TLS),
@@ -340,6 +336,14 @@ pub(crate) struct Envoy {
     pub(crate) debug: String,
     /// `SHADOW_MODE`.
     pub(crate) shadow_mode: bool,
+    /// `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`.
+    pub(crate) header_names: [String; 3],
+    /// `RESPONSE_DYNAMIC_METADATA`.
+    pub(crate) dynamic_metadata: bool,
+    /// `NEAR_LIMIT_RATIO`.
+    pub(crate) near_limit_ratio: f32,
+    /// `PROMETHEUS_PATH`, with `USE_PROMETHEUS`.
+    pub(crate) metrics_path: Option<String>,
     /// `QUOTA_MODE`.
     pub(crate) quota_mode: bool,
     /// `CONFIG_TYPE=GRPC_XDS_SOTW`: where the config comes from instead of
@@ -357,10 +361,6 @@ impl Envoy {
     fn ignored(&mut self, name: &str, value: &str, reason: &str) {
         self.notes
             .push(format!("{name}={value} is ignored: {reason}"));
-    }
-
-    fn not_yet(&mut self, what: String) {
-        self.notes.push(format!("not yet honoured: {what}"));
     }
 }
 
@@ -416,6 +416,22 @@ impl<F: Fn(&str) -> Option<OsString>> Env<F> {
             .map_err(|e| anyhow::anyhow!("{name}={value:?}: not an integer: {e}"))
     }
 
+    /// A `float32` as Go's `strconv.ParseFloat(value, 32)` reads it (decimal
+    /// forms, `Inf` and `NaN`; not its hexadecimal ones): one beyond
+    /// `float32`'s range is an error, as Go's `ErrRange` is there.
+    fn float32(&self, name: &'static str, default: f32) -> anyhow::Result<f32> {
+        let Some(value) = self.get(name)? else {
+            return Ok(default);
+        };
+        let parsed: f32 = value
+            .parse()
+            .map_err(|e| anyhow::anyhow!("{name}={value:?}: not a number: {e}"))?;
+        if parsed.is_infinite() && !value.to_ascii_lowercase().contains("inf") {
+            bail!("{name}={value:?}: out of range for a float32");
+        }
+        Ok(parsed)
+    }
+
     fn port(&self, name: &'static str, default: u16) -> anyhow::Result<u16> {
         let port = self.int(name, default.into())?;
         u16::try_from(port).map_err(|_| anyhow::anyhow!("{name}={port}: not a port (0 to 65535)"))
@@ -426,6 +442,28 @@ impl<F: Fn(&str) -> Option<OsString>> Env<F> {
             .map(|value| go_duration(&value).map_err(|e| anyhow::anyhow!("{name}={value:?}: {e}")))
             .transpose()
     }
+}
+
+/// Where the admin listener serves the metrics for `PROMETHEUS_PATH`:
+/// `/metrics` when empty, as envoyproxy/ratelimit's Prometheus sink takes it.
+///
+/// # Errors
+///
+/// A path that does not start with `/`, holds a brace (a route pattern
+/// here), or is one of the admin listener's own endpoints.
+fn metrics_path(path: &str) -> anyhow::Result<String> {
+    if path.is_empty() {
+        return Ok("/metrics".into());
+    }
+    if !path.starts_with('/') || path.contains(['{', '}']) {
+        bail!(
+            "PROMETHEUS_PATH={path:?}: not a path such as /metrics (it starts with /, no braces)"
+        );
+    }
+    if ["/healthcheck", "/healthz", "/readyz"].contains(&path) || path.starts_with("/admin/") {
+        bail!("PROMETHEUS_PATH={path:?}: Tollgate serves another endpoint there");
+    }
+    Ok(path.to_owned())
 }
 
 /// `host:port` as Go's `net.JoinHostPort` writes it, an empty host being
@@ -552,16 +590,12 @@ fn read<F: Fn(&str) -> Option<OsString>>(
                 None => addr,
             });
         }
-        let path = env.string("PROMETHEUS_PATH", "/metrics")?;
-        if path != "/metrics" {
-            envoy.not_yet(format!(
-                "PROMETHEUS_PATH={path}: Tollgate's metrics stay at /metrics"
-            ));
-        }
+        envoy.metrics_path = Some(metrics_path(&env.string("PROMETHEUS_PATH", "/metrics")?)?);
     } else {
         env.get("PROMETHEUS_ADDR")?;
         env.get("PROMETHEUS_PATH")?;
     }
+    envoy.near_limit_ratio = env.float32("NEAR_LIMIT_RATIO", 0.8)?;
 
     if env.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)?
         && !explicit(matches, "envoy_counting")
@@ -572,21 +606,20 @@ fn read<F: Fn(&str) -> Option<OsString>>(
     if env.bool("MERGE_DOMAIN_CONFIG", false)? && !explicit(matches, "merge_domains") {
         args.reload.merge_domains = true;
     }
-    if env.bool("RESPONSE_DYNAMIC_METADATA", false)? {
-        envoy.not_yet("RESPONSE_DYNAMIC_METADATA=true: answers carry no dynamic metadata".into());
-    }
+    envoy.dynamic_metadata = env.bool("RESPONSE_DYNAMIC_METADATA", false)?;
     let headers = env.bool("LIMIT_RESPONSE_HEADERS_ENABLED", false)?;
-    let names = [
-        env.string("LIMIT_LIMIT_HEADER", "RateLimit-Limit")?,
-        env.string("LIMIT_REMAINING_HEADER", "RateLimit-Remaining")?,
-        env.string("LIMIT_RESET_HEADER", "RateLimit-Reset")?,
+    envoy.header_names = [
+        env.string("LIMIT_LIMIT_HEADER", DEFAULT_NAMES[0])?,
+        env.string("LIMIT_REMAINING_HEADER", DEFAULT_NAMES[1])?,
+        env.string("LIMIT_RESET_HEADER", DEFAULT_NAMES[2])?,
     ];
-    envoy.not_yet(format!(
-        "LIMIT_RESPONSE_HEADERS_ENABLED={headers} ({}): Tollgate's answers always carry \
-         X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset of the most \
-         restrictive limit",
-        names.join(", ")
-    ));
+    if !explicit(matches, "envoy_headers") {
+        args.envoy_headers = vec![if headers {
+            HeaderFamily::Ratelimit
+        } else {
+            HeaderFamily::None
+        }];
+    }
 
     for (name, reason) in IGNORED {
         if let Some(value) = env.get(name)? {
@@ -983,6 +1016,47 @@ mod tests {
         assert!(!envoy.shadow_mode && !envoy.quota_mode && !envoy.log_json);
         assert_eq!(args.listen.admin_listen, None);
         assert!(!args.reload.files.ignore_dot_files);
+        assert_eq!(args.envoy_headers, [HeaderFamily::None]);
+        assert_eq!(envoy.header_names, DEFAULT_NAMES);
+        assert!(!envoy.dynamic_metadata);
+        assert_eq!(envoy.near_limit_ratio, 0.8);
+        assert_eq!(envoy.metrics_path, None);
+    }
+
+    #[test]
+    fn answer_settings_are_read() {
+        let (args, envoy) = read_env(
+            &[
+                ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+                ("LIMIT_RESET_HEADER", "X-Reset"),
+                ("RESPONSE_DYNAMIC_METADATA", "1"),
+                ("NEAR_LIMIT_RATIO", "0.25"),
+                ("USE_PROMETHEUS", "true"),
+                ("PROMETHEUS_PATH", ""),
+            ],
+            &[],
+        )
+        .expect("valid");
+        assert_eq!(args.envoy_headers, [HeaderFamily::Ratelimit]);
+        assert_eq!(
+            envoy.header_names,
+            ["RateLimit-Limit", "RateLimit-Remaining", "X-Reset"]
+        );
+        assert!(envoy.dynamic_metadata);
+        assert_eq!(envoy.near_limit_ratio, 0.25);
+        assert_eq!(envoy.metrics_path.as_deref(), Some("/metrics"));
+        assert!(envoy.notes.is_empty(), "all honoured: {:?}", envoy.notes);
+
+        let (flagged, _) = read_env(
+            &[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")],
+            &["--envoy-headers", "x-ratelimit,draft"],
+        )
+        .expect("valid");
+        assert_eq!(
+            flagged.envoy_headers,
+            [HeaderFamily::XRatelimit, HeaderFamily::Draft],
+            "the flag wins"
+        );
     }
 
     #[test]

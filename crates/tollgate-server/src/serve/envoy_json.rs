@@ -26,7 +26,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use serde::de::{self, Deserializer, Unexpected, Visitor};
 use serde::{Deserialize, Serialize};
 use tollgate_core::Store;
-use tollgate_policy::{Check, Descriptor, Entry, Request};
+use tollgate_policy::{Check, Descriptor, Entry, Metadata, MetadataValue, Request};
 
 use super::envoy::{self, Answer, Refusal, RequestDescriptor};
 use super::http::AppState;
@@ -123,6 +123,8 @@ struct JsonResponse {
     statuses: Vec<JsonStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     response_headers_to_add: Vec<JsonHeader>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dynamic_metadata: Option<serde_json::Value>,
 }
 
 /// `RateLimitResponse.DescriptorStatus`.
@@ -186,7 +188,40 @@ impl From<Answer<'_>> for JsonResponse {
                     value,
                 })
                 .collect(),
+            dynamic_metadata: answer.dynamic_metadata.map(json_struct),
         }
+    }
+}
+
+/// A `google.protobuf.Struct` in the protobuf JSON mapping: an object.
+fn json_struct(fields: Metadata) -> serde_json::Value {
+    serde_json::Value::Object(
+        fields
+            .into_iter()
+            .map(|(key, value)| (key, json_value(value)))
+            .collect(),
+    )
+}
+
+/// A `google.protobuf.Value` in the protobuf JSON mapping. A number is
+/// written as Go's `protojson` writes a double: without a fraction when it
+/// has none (`5`, not `5.0`).
+fn json_value(value: MetadataValue) -> serde_json::Value {
+    use serde_json::Value as J;
+    match value {
+        MetadataValue::Null => J::Null,
+        MetadataValue::Bool(b) => J::Bool(b),
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "whole and within 2^53, so exact"
+        )]
+        MetadataValue::Number(n) if n.fract() == 0.0 && n.abs() < 9_007_199_254_740_992.0 => {
+            J::from(n as i64)
+        }
+        MetadataValue::Number(n) => serde_json::Number::from_f64(n).map_or(J::Null, J::Number),
+        MetadataValue::String(s) => J::String(s),
+        MetadataValue::List(values) => J::Array(values.into_iter().map(json_value).collect()),
+        MetadataValue::Struct(fields) => json_struct(fields),
     }
 }
 
@@ -259,16 +294,23 @@ async fn answer<S: Store>(state: &AppState<S>, body: &[u8]) -> Result<JsonRespon
     let (domain, descriptors, hits_addend) = request
         .descriptors()
         .map_err(|refusal| refusal.to_string())?;
+    let checked = Request {
+        domain: &domain,
+        descriptors: &descriptors,
+        hits_addend: u64::from(hits_addend),
+    };
     let verdict = state
         .enforcer
-        .enforce(Check::Policy(Request {
-            domain: &domain,
-            descriptors: &descriptors,
-            hits_addend: u64::from(hits_addend),
-        }))
+        .enforce(Check::Policy(checked))
         .await
         .map_err(|e| e.to_string())?;
-    Ok(JsonResponse::from(envoy::answer(&verdict)))
+    let families = state.reply.families(&state.enforcer, &domain);
+    Ok(JsonResponse::from(envoy::answer(
+        &checked,
+        &verdict,
+        &state.reply,
+        families,
+    )))
 }
 
 /// Reads a protobuf JSON integer: a number or a decimal string; `null` is the

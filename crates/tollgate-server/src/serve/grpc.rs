@@ -13,13 +13,16 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{
+    Duration as ProtoDuration, ListValue, NullValue, Struct, Value,
+};
 use tollgate_core::Store;
-use tollgate_policy::{Check, Enforcer, Entry, Request};
+use tollgate_policy::{Check, Enforcer, Entry, Metadata, MetadataValue, Request};
 use tonic::{Response, Status};
 
 use super::auth::{self, Token};
-use super::envoy::{self, Answer, Refusal, RequestDescriptor};
+use super::envoy::{self, Answer, Refusal, Reply, RequestDescriptor};
 use super::metrics::{self, Api, CheckResult};
 
 pub(crate) use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -30,13 +33,19 @@ pub(crate) struct RateLimitGrpc<S> {
     /// The bearer tokens any of which a call must carry in its
     /// `authorization` metadata; none: open.
     tokens: Vec<Token>,
+    /// The headers and metadata answers carry.
+    reply: Arc<Reply>,
 }
 
 impl<S> RateLimitGrpc<S> {
     /// Serves `enforcer` to callers with one of `tokens` (to any caller when
-    /// there are none).
-    pub(crate) fn new(enforcer: Arc<Enforcer<S>>, tokens: Vec<Token>) -> Self {
-        Self { enforcer, tokens }
+    /// there are none), answering as `reply` says.
+    pub(crate) fn new(enforcer: Arc<Enforcer<S>>, tokens: Vec<Token>, reply: Arc<Reply>) -> Self {
+        Self {
+            enforcer,
+            tokens,
+            reply,
+        }
     }
 }
 
@@ -58,7 +67,7 @@ impl<S: Store + 'static> RateLimitService for RateLimitGrpc<S> {
             }
         }
         let started = Instant::now();
-        let answer = should_rate_limit(&self.enforcer, request.into_inner()).await;
+        let answer = should_rate_limit(&self.enforcer, &self.reply, request.into_inner()).await;
         metrics::check(Api::Grpc, result_of(&answer), started.elapsed());
         answer.map(Response::new)
     }
@@ -77,6 +86,7 @@ fn result_of(answer: &Result<RateLimitResponse, Status>) -> CheckResult {
 /// reason (see [`status`]).
 async fn should_rate_limit<S: Store>(
     enforcer: &Enforcer<S>,
+    reply: &Reply,
     mut request: RateLimitRequest,
 ) -> Result<RateLimitResponse, Status> {
     let descriptors = envoy::descriptors(
@@ -86,15 +96,17 @@ async fn should_rate_limit<S: Store>(
     .map_err(status)?;
     // Envoy's protocol has no release call: a concurrency permit lapses
     // after its rule's period.
+    let checked = Request {
+        domain: &request.domain,
+        descriptors: &descriptors,
+        hits_addend: u64::from(request.hits_addend),
+    };
     let verdict = enforcer
-        .enforce(Check::Policy(Request {
-            domain: &request.domain,
-            descriptors: &descriptors,
-            hits_addend: u64::from(request.hits_addend),
-        }))
+        .enforce(Check::Policy(checked))
         .await
         .map_err(|e| status(e.into()))?;
-    Ok(response(envoy::answer(&verdict)))
+    let families = reply.families(enforcer, &request.domain);
+    Ok(response(envoy::answer(&checked, &verdict, reply, families)))
 }
 
 /// The failure a refusal is: envoyproxy/ratelimit's own refusals with its
@@ -151,8 +163,32 @@ fn response(answer: Answer<'_>) -> RateLimitResponse {
                 ..HeaderValue::default()
             })
             .collect(),
+        dynamic_metadata: answer.dynamic_metadata.map(proto_struct),
         ..RateLimitResponse::default()
     }
+}
+
+fn proto_struct(fields: Metadata) -> Struct {
+    Struct {
+        fields: fields
+            .into_iter()
+            .map(|(key, value)| (key, proto_value(value)))
+            .collect(),
+    }
+}
+
+fn proto_value(value: MetadataValue) -> Value {
+    let kind = match value {
+        MetadataValue::Null => Kind::NullValue(NullValue::NullValue.into()),
+        MetadataValue::Bool(b) => Kind::BoolValue(b),
+        MetadataValue::Number(n) => Kind::NumberValue(n),
+        MetadataValue::String(s) => Kind::StringValue(s),
+        MetadataValue::List(values) => Kind::ListValue(ListValue {
+            values: values.into_iter().map(proto_value).collect(),
+        }),
+        MetadataValue::Struct(fields) => Kind::StructValue(proto_struct(fields)),
+    };
+    Value { kind: Some(kind) }
 }
 
 fn proto_duration(d: Duration) -> ProtoDuration {

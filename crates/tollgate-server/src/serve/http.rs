@@ -54,6 +54,11 @@ pub(crate) struct AppState<S> {
     pub(crate) reloader: Option<Reloader>,
     /// What `/healthcheck` reports, as the gRPC health service does.
     pub(crate) health: Arc<Health>,
+    /// The headers and metadata `/json` answers carry.
+    pub(crate) reply: Arc<super::envoy::Reply>,
+    /// Where `/metrics` is served: envoyproxy/ratelimit's `PROMETHEUS_PATH`
+    /// in its mode.
+    pub(crate) metrics_path: String,
 }
 
 /// An error answer: a status and `{"error": message}`.
@@ -127,7 +132,7 @@ pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>, surface: Surfa
     }
     if surface.operations() {
         router = router
-            .route("/metrics", get(render_metrics::<S>))
+            .route(&state.metrics_path, get(render_metrics::<S>))
             .merge(admin::routes(Arc::clone(&state)));
     }
     router.fallback(not_found).with_state(state)
@@ -286,6 +291,8 @@ mod tests {
             api_tokens: Vec::new(),
             reloader: None,
             health: Health::start().await.0,
+            reply: Arc::default(),
+            metrics_path: "/metrics".into(),
         };
         router(Arc::new(state), Surface::Everything)
     }
@@ -376,6 +383,8 @@ mod tests {
                 api_tokens: Vec::new(),
                 reloader: None,
                 health: Arc::clone(&health),
+                reply: Arc::default(),
+                metrics_path: "/metrics".into(),
             }),
             Surface::Everything,
         );
@@ -410,6 +419,8 @@ mod tests {
                 api_tokens: Vec::new(),
                 reloader: None,
                 health: Health::start().await.0,
+                reply: Arc::default(),
+                metrics_path: "/metrics".into(),
             })
         };
         let too_big = format!(r#"{{"key": "{}"}}"#, "k".repeat(3 << 20));

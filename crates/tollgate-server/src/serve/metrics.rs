@@ -23,6 +23,8 @@ use tollgate_store::{BreakerState, MemoryStats};
 use super::backend::StackStats;
 
 mod envoy_stats;
+
+pub(crate) use envoy_stats::set_near_limit_ratio;
 mod hot;
 
 /// Requests answered, by API (`grpc`, `json`, `v1`, `gateway`) and result

@@ -320,19 +320,28 @@ pub(crate) struct Redis {
 
 impl Redis {
     pub(crate) fn start() -> Redis {
-        let port = free_port();
         let dir = tempfile::tempdir().expect("a temp dir");
-        let child = Self::spawn(port, dir.path());
-        Redis {
-            child,
-            port,
-            _dir: dir,
+        loop {
+            let port = free_port();
+            let mut child = Self::spawn(port, dir.path());
+            // Between `free_port` and the bind, a test running beside this
+            // one may take the port: this server then exits, and the one
+            // that answers is the other's. Another port, then.
+            if answers_as(port, child.id()) {
+                return Redis {
+                    child,
+                    port,
+                    _dir: dir,
+                };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 
     /// Starts a server on `port` and waits until it accepts connections.
     fn spawn(port: u16, dir: &Path) -> Child {
-        let child = Command::new("redis-server")
+        let mut child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--dir"])
             .arg(dir)
@@ -342,6 +351,10 @@ impl Redis {
             .expect("redis-server is installed (./scripts/test installs it through apt)");
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            // It could not bind (the port was taken and let go since).
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                break;
+            }
             assert!(
                 Instant::now() < deadline,
                 "redis-server did not start on {port}"
@@ -372,6 +385,34 @@ impl Redis {
 impl Drop for Redis {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Whether the Redis server on `port` is process `pid` (its `INFO server`
+/// says `process_id:<pid>`).
+fn answers_as(port: u16, pid: u32) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    if stream.write_all(b"INFO server\r\n").is_err() {
+        return false;
+    }
+    let mut reply = Vec::new();
+    let mut chunk = [0; 4096];
+    let wanted = format!("process_id:{pid}\r\n");
+    loop {
+        let text = String::from_utf8_lossy(&reply);
+        if let Some(at) = text.find("process_id:")
+            && text[at..].contains("\r\n")
+        {
+            return text[at..].starts_with(&wanted);
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => reply.extend_from_slice(&chunk[..n]),
+        }
     }
 }
 

@@ -13,6 +13,7 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use metrics::{Counter, counter};
 use tollgate_policy::{Decided, DescriptorVerdict, Rule, State};
@@ -31,7 +32,7 @@ pub(super) const NAMES: [&str; 5] = [
 pub(super) const HELP: [&str; 5] = [
     "Hits of an envoyproxy/ratelimit rule (its hits_addend each).",
     "Hits over the rule's limit.",
-    "Hits over 80% of the rule's limit (NEAR_LIMIT_RATIO) but within it.",
+    "Hits over NEAR_LIMIT_RATIO (80% by default) of the rule's limit but within it.",
     "Hits within the rule's limit.",
     "Hits over the limit of a shadow_mode rule, let through.",
 ];
@@ -39,8 +40,18 @@ pub(super) const HELP: [&str; 5] = [
 /// The family under which [`bounded`] keeps these series' request-made keys.
 const FAMILY: &str = "ratelimit_service_rate_limit";
 
-/// envoyproxy/ratelimit's default `NEAR_LIMIT_RATIO`, a `float32` there.
-const NEAR_LIMIT_RATIO: f32 = 0.8;
+/// envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`, a `float32` there, as its
+/// bits: 0.8, its default, until [`set_near_limit_ratio`].
+static NEAR_LIMIT_RATIO: AtomicU32 = AtomicU32::new(0x3f4c_cccd);
+
+/// Sets `NEAR_LIMIT_RATIO` for the process (its stats are global too).
+pub(crate) fn set_near_limit_ratio(ratio: f32) {
+    NEAR_LIMIT_RATIO.store(ratio.to_bits(), Ordering::Relaxed);
+}
+
+fn near_limit_ratio() -> f32 {
+    f32::from_bits(NEAR_LIMIT_RATIO.load(Ordering::Relaxed))
+}
 
 /// What one descriptor adds to each stat.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -67,9 +78,15 @@ impl Counts {
 /// `GetResponseDescriptorStatus` and its helpers: `cost` hits took the
 /// window's count from `before` to `after` against `limit`.
 fn counts(limit: u64, before: u64, after: u64, cost: u64, shadow: bool) -> Counts {
+    counts_at(near_limit_ratio(), limit, before, after, cost, shadow)
+}
+
+/// [`counts`] with a `NEAR_LIMIT_RATIO` of `ratio`.
+fn counts_at(ratio: f32, limit: u64, before: u64, after: u64, cost: u64, shadow: bool) -> Counts {
     // `math.Floor(float64(float32(limit) * nearLimitRatio))`, in float32 as
-    // there, so the threshold is the same for every limit.
-    let near = (limit as f32 * NEAR_LIMIT_RATIO).floor() as u64;
+    // there. Where Go's conversion to uint64 is undefined (a negative or NaN
+    // ratio), Rust's saturates: 0.
+    let near = (limit as f32 * ratio).floor() as u64;
     let mut c = Counts {
         total_hits: cost,
         ..Counts::default()
@@ -79,7 +96,9 @@ fn counts(limit: u64, before: u64, after: u64, cost: u64, shadow: bool) -> Count
             c.over_limit = cost;
         } else {
             c.over_limit = after - limit;
-            c.near_limit = limit - near.max(before);
+            // A ratio above 1 puts `near` past the limit: none near (Go's
+            // uint64 subtraction wraps around there).
+            c.near_limit = limit.saturating_sub(near.max(before));
         }
         if shadow {
             c.shadow_mode = c.over_limit;
@@ -302,6 +321,16 @@ mod tests {
     fn shadow_and_blocked_hits_are_over() {
         assert_eq!(counts(20, 15, 22, 7, true), c(7, 2, 4, 0, 2));
         assert_eq!(counts(0, 0, 2, 2, false), c(2, 2, 0, 0, 0));
+    }
+
+    /// `NEAR_LIMIT_RATIO` moves the threshold: `TestNearLimit`'s limit of 15
+    /// at 0.5 is near past 7; above 1 nothing is near.
+    #[test]
+    fn near_threshold_follows_the_ratio() {
+        assert_eq!(counts_at(0.5, 15, 7, 8, 1, false), c(1, 0, 1, 1, 0));
+        assert_eq!(counts_at(0.5, 15, 6, 7, 1, false), c(1, 0, 0, 1, 0));
+        assert_eq!(counts_at(2.0, 15, 14, 16, 2, false), c(2, 1, 0, 0, 0));
+        assert_eq!(counts_at(-1.0, 10, 0, 1, 1, false), c(1, 0, 1, 1, 0));
     }
 
     #[test]
