@@ -358,6 +358,7 @@ fn row(domain: &str, rule: &Rule) -> RuleRow {
         (rule.quota_mode(), "quota_mode"),
         (rule.detailed_metric(), "detailed_metric"),
         (rule.value_to_metric().contains(&true), "value_to_metric"),
+        (rule.metadata().is_some(), "metadata"),
     ];
     flags.extend(
         named

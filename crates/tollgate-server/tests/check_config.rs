@@ -600,3 +600,32 @@ fn a_missing_path_is_an_error_and_no_path_a_usage_error() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(out.stdout.is_empty());
 }
+
+// TestMetadataConfig's fixture: the rules with `metadata` carry the flag.
+#[test]
+fn metadata_is_a_flag() {
+    let path = fixture("metadata.yaml");
+    let (code, report) = json(&[path.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{report}");
+    let policy = Policy::load(&path).unwrap();
+    let expected: BTreeSet<String> = policy
+        .rules("test-domain")
+        .iter()
+        .filter(|r| r.metadata().is_some())
+        .map(|r| r.id().to_owned())
+        .collect();
+    assert!(!expected.is_empty());
+    let flagged: BTreeSet<String> = report["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r["flags"]
+                .as_array()
+                .unwrap()
+                .contains(&Value::from("metadata"))
+        })
+        .map(|r| r["rule"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(flagged, expected);
+}
