@@ -172,6 +172,19 @@ impl Server {
         .expect("the wait does not panic")
     }
 
+    /// Waits (bounded) until `done(log)` holds for everything logged so
+    /// far, woken by each line; whether it held.
+    pub(crate) async fn wait_until(
+        &self,
+        within: Duration,
+        done: impl FnMut(&str) -> bool + Send + 'static,
+    ) -> bool {
+        let log = Arc::clone(&self.log);
+        tokio::task::spawn_blocking(move || log.wait_for(within, done))
+            .await
+            .expect("the wait does not panic")
+    }
+
     /// Where the gateway listens (`--proxy-listen`); it logs this before
     /// the HTTP and gRPC lines that `spawn` waits for.
     pub(crate) fn gateway(&self) -> SocketAddr {
@@ -315,26 +328,37 @@ pub(crate) fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
 pub(crate) struct Redis {
     child: Child,
     port: u16,
+    args: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
 impl Redis {
     pub(crate) fn start() -> Redis {
+        Self::start_with(&[])
+    }
+
+    /// Starts one with `args` added to its command line
+    /// (`["--requirepass", "secret"]`).
+    pub(crate) fn start_with(args: &[&str]) -> Redis {
         let port = free_port();
         let dir = tempfile::tempdir().expect("a temp dir");
-        let child = Self::spawn(port, dir.path());
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let child = Self::spawn(port, dir.path(), &args);
         Redis {
             child,
             port,
+            args,
             _dir: dir,
         }
     }
 
     /// Starts a server on `port` and waits until it accepts connections.
-    fn spawn(port: u16, dir: &Path) -> Child {
+    fn spawn(port: u16, dir: &Path, args: &[String]) -> Child {
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(args)
+            .arg("--dir")
             .arg(dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -355,7 +379,7 @@ impl Redis {
     /// as a restarted Redis without persistence comes back.
     pub(crate) fn restart(&mut self) {
         self.kill();
-        self.child = Self::spawn(self.port, self._dir.path());
+        self.child = Self::spawn(self.port, self._dir.path(), &self.args);
     }
 
     pub(crate) fn url(&self) -> String {
