@@ -2,18 +2,25 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::{
-    Concurrency, Decision, FixedWindow, Gcra, LeakyBucket, LeakyBucketShaping, Nanos, Quota,
-    SlidingCounter, SlidingLog, TokenBucket,
+    Concurrency, Decision, FixedWindow, Gcra, HitCounter, LeakyBucket, LeakyBucketShaping, Nanos,
+    Quota, SlidingCounter, SlidingLog, TokenBucket,
 };
 
 /// One rate limiting algorithm as a pure state machine.
 ///
 /// `step` decides whether `cost` units may pass at `now` and, only when they may
 /// (and the cost is not zero), records them in `state`. A deny, or a read (cost
-/// zero), leaves the state exactly as it was, so it writes nothing.
+/// zero), leaves the state exactly as it was, so it writes nothing; the one
+/// exception is an algorithm that [counts denied hits](StateMachine::COUNTS_DENIED).
 pub trait StateMachine {
     /// What one key remembers. `Default` is a key that has never been seen.
     type State: Default + Clone + Send + 'static;
+
+    /// Whether a deny of a non-zero cost writes the state too ([`HitCounter`]).
+    /// Stores keep that write for a limit checked alone. Beside other limits a
+    /// request is charged all or nothing, so there a hit counter is stepped as
+    /// the [`FixedWindow`] it otherwise is.
+    const COUNTS_DENIED: bool = false;
 
     /// Decides one request of `cost` units at time `now` (nanoseconds).
     fn step(&self, quota: &Quota, state: &mut Self::State, now: Nanos, cost: u64) -> Decision;
@@ -40,6 +47,8 @@ pub enum Algorithm {
     },
     /// Fixed window aligned to multiples of the period.
     FixedWindow,
+    /// Fixed window that counts denied hits too: envoyproxy/ratelimit's counter.
+    HitCounter,
     /// Exact sliding window log.
     SlidingLog,
     /// Sliding window counter: Cloudflare's weighted two-window estimate.
@@ -51,12 +60,13 @@ pub enum Algorithm {
 impl Algorithm {
     /// Every rate algorithm that a trace can be replayed through (all but the
     /// concurrency limiter, which needs request ends), shaping with full shaping.
-    pub const RATE: [Algorithm; 7] = [
+    pub const RATE: [Algorithm; 8] = [
         Algorithm::TokenBucket,
         Algorithm::Gcra,
         Algorithm::LeakyBucket,
         Algorithm::LeakyBucketShaping { delay_after: 0 },
         Algorithm::FixedWindow,
+        Algorithm::HitCounter,
         Algorithm::SlidingLog,
         Algorithm::SlidingCounter,
     ];
@@ -69,10 +79,24 @@ impl Algorithm {
             Algorithm::LeakyBucket => "leaky-bucket",
             Algorithm::LeakyBucketShaping { .. } => "leaky-bucket-shaping",
             Algorithm::FixedWindow => "fixed-window",
+            Algorithm::HitCounter => "hit-counter",
             Algorithm::SlidingLog => "sliding-log",
             Algorithm::SlidingCounter => "sliding-counter",
             Algorithm::Concurrency => "concurrency",
         }
+    }
+
+    /// Whether a deny of this algorithm writes its state
+    /// ([`StateMachine::COUNTS_DENIED`]).
+    pub fn counts_denied(&self) -> bool {
+        struct CountsDenied;
+        impl Visitor for CountsDenied {
+            type Output = bool;
+            fn visit<M: StateMachine>(self, _: M) -> bool {
+                M::COUNTS_DENIED
+            }
+        }
+        self.visit(CountsDenied)
     }
 
     /// Runs `f` with this algorithm's state machine, so that generic code (a
@@ -86,6 +110,7 @@ impl Algorithm {
                 visitor.visit(LeakyBucketShaping { delay_after })
             }
             Algorithm::FixedWindow => visitor.visit(FixedWindow),
+            Algorithm::HitCounter => visitor.visit(HitCounter),
             Algorithm::SlidingLog => visitor.visit(SlidingLog),
             Algorithm::SlidingCounter => visitor.visit(SlidingCounter),
             Algorithm::Concurrency => visitor.visit(Concurrency::default()),
@@ -110,7 +135,7 @@ impl fmt::Display for Algorithm {
 /// An algorithm name that Tollgate does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown algorithm {name:?}; expected one of token-bucket, gcra, leaky-bucket, leaky-bucket-shaping, fixed-window, sliding-log, sliding-counter, concurrency"
+    "unknown algorithm {name:?}; expected one of token-bucket, gcra, leaky-bucket, leaky-bucket-shaping, fixed-window, hit-counter, sliding-log, sliding-counter, concurrency"
 )]
 pub struct ParseAlgorithmError {
     /// The name that was given.
@@ -127,6 +152,7 @@ impl FromStr for Algorithm {
             "leaky-bucket" => Algorithm::LeakyBucket,
             "leaky-bucket-shaping" => Algorithm::LeakyBucketShaping { delay_after: 0 },
             "fixed-window" => Algorithm::FixedWindow,
+            "hit-counter" => Algorithm::HitCounter,
             "sliding-log" => Algorithm::SlidingLog,
             "sliding-counter" => Algorithm::SlidingCounter,
             "concurrency" => Algorithm::Concurrency,

@@ -2,7 +2,8 @@
 //!
 //! A step is a function of `(quota, previous state, now, cost)` that returns a
 //! [`Decision`] and updates the state in place only when the request is admitted,
-//! so a deny consumes nothing. Algorithms never read a clock: `now` is an integer
+//! so a deny consumes nothing (save envoyproxy/ratelimit's [`HitCounter`], which
+//! counts every hit). Algorithms never read a clock: `now` is an integer
 //! count of nanoseconds handed in by the caller, usually from a [`Clock`]. All
 //! arithmetic is on integers and saturates or is checked; there is no floating
 //! point in any state, so long-running keys do not drift.
@@ -46,7 +47,7 @@ pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, SystemClock};
 pub use concurrency::{Concurrency, ConcurrencyLimiter, Leases, Permit};
 pub use decision::Decision;
 pub use duration::{ParseDurationError, format_duration, parse_duration};
-pub use fixed_window::{FixedWindow, WindowCount};
+pub use fixed_window::{FixedWindow, HitCounter, WindowCount};
 pub use gcra::{Gcra, Tat};
 pub use leaky_bucket::{LeakyBucket, LeakyBucketShaping, Level};
 pub use quota::{Quota, QuotaError};

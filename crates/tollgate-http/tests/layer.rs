@@ -799,9 +799,19 @@ descriptors:
 
     /// A layer making one descriptor per `x-<key>` header of `keys`.
     fn layer(yaml: &str, store: impl Store + 'static, keys: &[&str]) -> (Router, Arc<Results>) {
+        counted(yaml, store, keys, tollgate_policy::Counting::default())
+    }
+
+    fn counted(
+        yaml: &str,
+        store: impl Store + 'static,
+        keys: &[&str],
+        counting: tollgate_policy::Counting,
+    ) -> (Router, Arc<Results>) {
         let results = Arc::new(Results::default());
-        let mut builder =
-            RateLimitLayer::builder("api", policy(yaml), store).observer(results.clone());
+        let mut builder = RateLimitLayer::builder("api", policy(yaml), store)
+            .observer(results.clone())
+            .envoy_counting(counting);
         for key in keys {
             let header = http::HeaderName::try_from(format!("x-{key}")).unwrap();
             builder = builder.descriptor(HeaderKey::new(header, *key));
@@ -853,18 +863,39 @@ descriptors:
         );
         let blocked = send(&app, with(&[("banned", "x"), ("user", "carol")])).await;
         assert_eq!(blocked.0, StatusCode::TOO_MANY_REQUESTS);
-        // Carol's limit was not charged by the blocked request.
+        // The blocked request charged Carol's limit: an envoyproxy-format
+        // domain counts every descriptor, as envoyproxy/ratelimit does.
         assert_eq!(
             send(&app, with(&[("user", "carol")])).await.0,
-            StatusCode::OK
+            StatusCode::TOO_MANY_REQUESTS
         );
         assert_eq!(
             *results.0.lock().unwrap(),
             [
                 vec!["shadow_over_limit"],
                 vec!["over_limit", "ok"],
-                vec!["ok"],
+                vec!["over_limit"],
             ]
+        );
+    }
+
+    #[tokio::test]
+    async fn all_or_nothing_counting_charges_nothing_beside_a_blocked_rule() {
+        let (app, results) = counted(
+            POLICY,
+            MemoryStore::default(),
+            &["banned", "user"],
+            tollgate_policy::Counting::AllOrNothing,
+        );
+        let blocked = send(&app, with(&[("banned", "x"), ("user", "carol")])).await;
+        assert_eq!(blocked.0, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            send(&app, with(&[("user", "carol")])).await.0,
+            StatusCode::OK
+        );
+        assert_eq!(
+            *results.0.lock().unwrap(),
+            [vec!["over_limit", "ok"], vec!["ok"]]
         );
     }
 

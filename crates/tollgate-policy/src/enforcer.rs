@@ -10,8 +10,18 @@
 //!
 //! The semantics every door shares (DESIGN §3):
 //!
-//! - **Layers are all-or-nothing.** Every enforcing limit of a request is
-//!   checked in one store call: a deny by one consumes nothing from the others.
+//! - **Counting** ([`Counting`]). In Tollgate's own format layers are
+//!   all-or-nothing: every enforcing limit of a request is checked in one
+//!   store call, and a deny by one consumes nothing from the others. A domain
+//!   in envoyproxy/ratelimit's format is counted as it counts by default:
+//!   each descriptor on its own, charged whether the request is admitted or
+//!   not, and a denied hit still counted in its window
+//!   ([`Algorithm::HitCounter`]); [`Enforcer::with_envoy_counting`] gives such
+//!   domains all-or-nothing counting instead.
+//! - **Quota mode** (envoyproxy/ratelimit's `quota_mode`, and `QUOTA_MODE`
+//!   for every rule): a request over a quota-mode limit is denied only when
+//!   every quota-mode limit of the request is over (or a rate limit denies).
+//!   Quota-mode limits are checked each on its own.
 //! - **Shadow limits see every request.** They are checked in a second store
 //!   call after the enforcing ones, whether those admitted the request or not
 //!   (envoyproxy/ratelimit charges every descriptor of a request), so a shadow
@@ -33,6 +43,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use tollgate_core::{
     Algorithm, Clock, Decision, Lease, LeaseId, Limit, Nanos, Outcome, Quota, Store, StoreError,
     SystemClock,
@@ -42,6 +53,44 @@ use crate::{
     Applied, Descriptor, FailurePolicy, KillSwitch, Policy, PolicyHandle, Request, RequestError,
     Resolved, Rule, Unit, Unsupported,
 };
+
+/// How the limits of a request in envoyproxy/ratelimit's format are charged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Counting {
+    /// envoyproxy/ratelimit's default: every descriptor is checked on its own
+    /// and charged its hits whether the request is admitted or not, and a
+    /// window that denied keeps counting ([`Algorithm::HitCounter`]).
+    #[default]
+    EachHit,
+    /// Tollgate's: a request is charged to every limit or, when one denies,
+    /// to none (nearest to envoyproxy/ratelimit's
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`).
+    AllOrNothing,
+}
+
+impl Counting {
+    /// The setting's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Counting::EachHit => "each-hit",
+            Counting::AllOrNothing => "all-or-nothing",
+        }
+    }
+}
+
+impl FromStr for Counting {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "each-hit" => Ok(Counting::EachHit),
+            "all-or-nothing" => Ok(Counting::AllOrNothing),
+            _ => Err(format!(
+                "unknown counting {s:?}; expected each-hit or all-or-nothing"
+            )),
+        }
+    }
+}
 
 /// Why a store does not support a limit: the text of its
 /// [`StoreError::Invalid`].
@@ -166,6 +215,12 @@ pub struct DescriptorVerdict {
     /// The store's decision (or a synthesized one for blocked and fail-closed
     /// descriptors). `None` when nothing was checked.
     pub decision: Option<Decision>,
+    /// The decision is a read that charged nothing: a blocked rule had denied
+    /// the request, all-or-nothing, before the store was asked.
+    pub peeked: bool,
+    /// A quota-mode limit: its deny denies the request only when every
+    /// quota-mode limit of the request denies (see [`Verdict::allowed`]).
+    pub quota: bool,
 }
 
 impl DescriptorVerdict {
@@ -176,6 +231,8 @@ impl DescriptorVerdict {
             envoy_limit: None,
             applied: None,
             decision: None,
+            peeked: false,
+            quota: false,
         }
     }
 
@@ -226,9 +283,19 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// Whether every descriptor lets the request through.
+    /// Whether the request may pass: no rate limit denies it, and if it has
+    /// quota-mode limits, at least one of them admits it.
     pub fn allowed(&self) -> bool {
-        self.descriptors.iter().all(DescriptorVerdict::allowed)
+        let (mut quotas, mut quotas_over) = (0, 0);
+        for d in &self.descriptors {
+            if d.quota && d.enforcing() {
+                quotas += 1;
+                quotas_over += usize::from(!d.allowed());
+            } else if !d.allowed() {
+                return false;
+            }
+        }
+        quotas == 0 || quotas_over < quotas
     }
 
     /// The descriptor that headers report: on a deny, the denying one that asks
@@ -484,6 +551,10 @@ pub struct Enforcer<S> {
     limits: RequestLimits,
     /// Every rule acts as a shadow rule.
     shadow_mode: bool,
+    /// Every rule is in quota mode.
+    quota_mode: bool,
+    /// How envoyproxy-format domains are counted.
+    envoy_counting: Counting,
 }
 
 impl<S> fmt::Debug for Enforcer<S> {
@@ -491,6 +562,8 @@ impl<S> fmt::Debug for Enforcer<S> {
         f.debug_struct("Enforcer")
             .field("kill_switch", &self.kill_switch)
             .field("shadow_mode", &self.shadow_mode)
+            .field("quota_mode", &self.quota_mode)
+            .field("envoy_counting", &self.envoy_counting)
             .finish_non_exhaustive()
     }
 }
@@ -515,6 +588,37 @@ impl<S: Store> Enforcer<S> {
             clock: Arc::new(SystemClock),
             limits: RequestLimits::default(),
             shadow_mode: false,
+            quota_mode: false,
+            envoy_counting: Counting::default(),
+        }
+    }
+
+    /// The same enforcer, with every rule in quota mode or not
+    /// (envoyproxy/ratelimit's `QUOTA_MODE`): see the module docs.
+    #[must_use]
+    pub fn with_quota_mode(self, quota_mode: bool) -> Self {
+        Self { quota_mode, ..self }
+    }
+
+    /// How envoyproxy-format domains are counted
+    /// ([`Enforcer::with_envoy_counting`]).
+    pub fn envoy_counting(&self) -> Counting {
+        self.envoy_counting
+    }
+
+    /// Whether every rule is in quota mode ([`Enforcer::with_quota_mode`]).
+    pub fn quota_mode(&self) -> bool {
+        self.quota_mode
+    }
+
+    /// The same enforcer, counting the requests of envoyproxy-format domains
+    /// as `counting` says (by default, as envoyproxy/ratelimit does). Domains
+    /// in Tollgate's format are always all-or-nothing.
+    #[must_use]
+    pub fn with_envoy_counting(self, envoy_counting: Counting) -> Self {
+        Self {
+            envoy_counting,
+            ..self
         }
     }
 
@@ -633,10 +737,23 @@ impl<S: Store> Enforcer<S> {
     async fn enforce_policy(&self, request: &Request<'_>) -> Result<Verdict, RequestError> {
         self.limits.check(request)?;
         let policy = self.policy.guard();
-        let resolved = policy.resolve(request)?;
+        let mut resolved = policy.resolve(request)?;
         let started_at = self.clock.now();
         let domain = request.domain;
+        let each = self.envoy_counting == Counting::EachHit && policy.is_envoy(domain);
+        if each {
+            for r in &mut resolved {
+                if let Resolved::Limit(a) = r
+                    && a.algorithm == Algorithm::FixedWindow
+                    && a.rule.is_envoy()
+                {
+                    a.algorithm = Algorithm::HitCounter;
+                }
+            }
+        }
+        let quota_mode = |rule: &Rule| self.quota_mode || rule.quota_mode();
         let mut enforce: Vec<(usize, &Applied)> = Vec::new();
+        let mut alone: Vec<(usize, &Applied)> = Vec::new();
         let mut shadow: Vec<(usize, &Applied)> = Vec::new();
         let mut descriptors: Vec<DescriptorVerdict> = Vec::with_capacity(resolved.len());
         for (index, resolved) in resolved.iter().enumerate() {
@@ -658,20 +775,27 @@ impl<S: Store> Enforcer<S> {
                     DescriptorVerdict {
                         envoy_limit: Some((0, *unit)),
                         decision: Some(blocked(*unit, started_at)),
+                        quota: quota_mode(rule),
                         ..DescriptorVerdict::new(state, Some(rule))
                     }
                 }
                 Resolved::Limit(applied) => {
+                    let quota = quota_mode(&applied.rule);
                     let state = if applied.shadow || self.shadow_mode {
                         shadow.push((index, applied));
                         State::Shadow
                     } else {
-                        enforce.push((index, applied));
+                        if quota || each {
+                            alone.push((index, applied));
+                        } else {
+                            enforce.push((index, applied));
+                        }
                         State::Limited
                     };
                     DescriptorVerdict {
                         envoy_limit: Some(applied.envoy_limit),
                         applied: Some((applied.quota, applied.algorithm)),
+                        quota,
                         ..DescriptorVerdict::new(state, Some(&applied.rule))
                     }
                 }
@@ -681,7 +805,7 @@ impl<S: Store> Enforcer<S> {
 
         // Config rules were checked when their config loaded (see
         // `Enforcer::unsupported`); a request's own override was not.
-        for (index, applied) in enforce.iter().chain(&shadow) {
+        for (index, applied) in enforce.iter().chain(&alone).chain(&shadow) {
             self.store
                 .supports(applied.algorithm, &applied.quota)
                 .map_err(|e| RequestError::UnsupportedLimit {
@@ -690,11 +814,11 @@ impl<S: Store> Enforcer<S> {
                 })?;
         }
 
-        // A blocked rule denies without a store call, so the enforcing limits
-        // beside it are not charged (all-or-nothing).
+        // A blocked rule denies without a store call, so the all-or-nothing
+        // limits beside it are not charged.
         let blocked = descriptors
             .iter()
-            .any(|d| d.state == State::Blocked && !d.allowed());
+            .any(|d| d.state == State::Blocked && !d.quota && !d.allowed());
         let mut permit = Permit::default();
         if blocked {
             self.peek(&mut descriptors, &enforce).await;
@@ -703,12 +827,27 @@ impl<S: Store> Enforcer<S> {
                 .decide(&mut descriptors, &enforce, Batch::Enforce)
                 .await;
         }
-        permit.extend(self.decide(&mut descriptors, &shadow, Batch::Shadow).await);
-        let verdict = Verdict {
+        permit.extend(
+            self.decide_each(&mut descriptors, &alone, Batch::Enforce)
+                .await,
+        );
+        permit.extend(if each {
+            self.decide_each(&mut descriptors, &shadow, Batch::Shadow)
+                .await
+        } else {
+            self.decide(&mut descriptors, &shadow, Batch::Shadow).await
+        });
+        let mut verdict = Verdict {
             descriptors,
             started_at,
             permit,
         };
+        // Limits checked on their own may have admitted a request that
+        // another denied: it holds no concurrency then.
+        if !verdict.allowed() && !verdict.permit.is_empty() {
+            let permit = std::mem::take(&mut verdict.permit);
+            self.release(permit).await;
+        }
         self.observer.decided(&Decided {
             domain: Some(domain),
             descriptors: request.descriptors,
@@ -764,7 +903,42 @@ impl<S: Store> Enforcer<S> {
             return Permit::default();
         }
         let limits: Vec<Limit<'_>> = batch.iter().map(|(_, a)| a.limit()).collect();
-        match self.timed_check(&limits).await {
+        let result = self.timed_check(&limits).await;
+        self.record(descriptors, batch, result, kind)
+    }
+
+    /// Checks each limit of `batch` in a store call of its own (concurrently),
+    /// so that each is charged whatever the others decide.
+    async fn decide_each(
+        &self,
+        descriptors: &mut [DescriptorVerdict],
+        batch: &[(usize, &Applied)],
+        kind: Batch,
+    ) -> Permit {
+        let limits: Vec<Limit<'_>> = batch.iter().map(|(_, a)| a.limit()).collect();
+        let results = join_all(
+            limits
+                .iter()
+                .map(|limit| self.timed_check(std::slice::from_ref(limit))),
+        )
+        .await;
+        let mut permit = Permit::default();
+        for (one, result) in batch.iter().zip(results) {
+            permit.extend(self.record(descriptors, std::slice::from_ref(one), result, kind));
+        }
+        permit
+    }
+
+    /// Writes what the store answered for `batch` into its descriptors, and
+    /// returns the permits an admitting check took.
+    fn record(
+        &self,
+        descriptors: &mut [DescriptorVerdict],
+        batch: &[(usize, &Applied)],
+        result: Result<Outcome, StoreError>,
+        kind: Batch,
+    ) -> Permit {
+        match result {
             Ok(outcome) => {
                 for ((index, _), decision) in batch.iter().zip(outcome.decisions) {
                     descriptors[*index].decision = Some(decision);
@@ -796,6 +970,7 @@ impl<S: Store> Enforcer<S> {
         if let Ok(outcome) = self.timed_check(&limits).await {
             for ((index, _), decision) in batch.iter().zip(outcome.decisions) {
                 descriptors[*index].decision = Some(decision);
+                descriptors[*index].peeked = true;
             }
         }
     }

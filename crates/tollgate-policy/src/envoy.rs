@@ -17,7 +17,7 @@ use tollgate_core::{Algorithm, Quota, QuotaError};
 
 use crate::config::File;
 use crate::policy::Domain;
-use crate::rule::{Action, Limited};
+use crate::rule::{Action, Limited, envoy_limit};
 use crate::tree::Pattern;
 use crate::{ConfigError, FailurePolicy, Rule, Unit};
 
@@ -41,12 +41,23 @@ const KNOWN_KEYS: [&str; 16] = [
     "metadata",
 ];
 
+/// Tollgate's additions to a `rate_limit` (see `docs/envoy.md`, Tollgate's
+/// extensions): keys envoyproxy/ratelimit refuses, so a file that uses them
+/// is one for Tollgate only.
+const EXTENSION_KEYS: [&str; 2] = ["algorithm", "unit_multiplier"];
+
 #[derive(Deserialize)]
 struct EnvoyFile {
     #[serde(default)]
     domain: Option<Spanned<Text>>,
     #[serde(default)]
     descriptors: List<Spanned<EnvoyDescriptor>>,
+    /// An extension key out of its place, read only to refuse it.
+    #[serde(default)]
+    algorithm: Option<Spanned<IgnoredAny>>,
+    /// As `algorithm`.
+    #[serde(default)]
+    unit_multiplier: Option<Spanned<IgnoredAny>>,
 }
 
 #[derive(Deserialize)]
@@ -74,6 +85,12 @@ struct EnvoyDescriptor {
     /// that loader refuses (anything but a mapping).
     #[serde(default, rename = "metadata")]
     _metadata: Option<Mapping>,
+    /// An extension key out of its place, read only to refuse it.
+    #[serde(default)]
+    algorithm: Option<Spanned<IgnoredAny>>,
+    /// As `algorithm`.
+    #[serde(default)]
+    unit_multiplier: Option<Spanned<IgnoredAny>>,
 }
 
 #[derive(Deserialize)]
@@ -90,6 +107,12 @@ struct EnvoyRateLimit {
     name: Text,
     #[serde(default)]
     replaces: List<Replaces>,
+    /// Extension: the algorithm, by its native name (default `fixed-window`).
+    #[serde(default)]
+    algorithm: Option<Spanned<Text>>,
+    /// Extension: the window is this many units (default 1).
+    #[serde(default)]
+    unit_multiplier: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -252,7 +275,7 @@ impl<'de> Visitor<'de> for CheckVisitor {
                     continue;
                 }
             };
-            if !KNOWN_KEYS.contains(&name.as_str()) {
+            if !KNOWN_KEYS.contains(&name.as_str()) && !EXTENSION_KEYS.contains(&name.as_str()) {
                 map.next_value::<IgnoredAny>()?;
                 problem.get_or_insert((
                     key.referenced,
@@ -326,6 +349,18 @@ pub(crate) fn read(file: File<'_>, text: &str) -> Result<(String, Domain), Confi
 }
 
 fn compile(file: File<'_>, root: EnvoyFile) -> Result<(String, Domain), ConfigError> {
+    for (name, misplaced) in [
+        ("algorithm", &root.algorithm),
+        ("unit_multiplier", &root.unit_multiplier),
+    ] {
+        if let Some(at) = misplaced {
+            return Err(file.at(
+                at,
+                name,
+                format!("{name} belongs in rate_limit (a Tollgate extension)"),
+            ));
+        }
+    }
     let domain_name = match &root.domain {
         Some(d) if !d.value.0.is_empty() => d.value.0.clone(),
         present => {
@@ -341,6 +376,7 @@ fn compile(file: File<'_>, root: EnvoyFile) -> Result<(String, Domain), ConfigEr
     };
     let mut domain = Domain {
         source: file.path.display().to_string(),
+        envoy: true,
         ..Domain::default()
     };
     let mut path = Vec::new();
@@ -385,6 +421,16 @@ fn load(
         } else {
             format!("{key}_{value}")
         };
+        if level.path.is_empty() {
+            domain.top.push((
+                composite.clone(),
+                file.at(
+                    spanned,
+                    format!("{field}.key"),
+                    format!("duplicate descriptor composite key {composite:?}"),
+                ),
+            ));
+        }
         if !seen.insert(composite.clone()) {
             // Points at the second descriptor's first line.
             return Err(file.at(
@@ -392,6 +438,18 @@ fn load(
                 format!("{field}.key"),
                 format!("duplicate descriptor composite key {composite:?}"),
             ));
+        }
+        for (name, misplaced) in [
+            ("algorithm", &d.algorithm),
+            ("unit_multiplier", &d.unit_multiplier),
+        ] {
+            if let Some(at) = misplaced {
+                return Err(file.at(
+                    at,
+                    format!("{field}.{name}"),
+                    format!("{name} belongs in rate_limit (a Tollgate extension)"),
+                ));
+            }
         }
         let share = d.share_threshold.as_ref().filter(|s| s.value == Some(true));
         if let Some(share) = share
@@ -432,6 +490,60 @@ fn load(
         level.value_to_metric.pop();
     }
     Ok(())
+}
+
+/// A `rate_limit`'s extension keys: its algorithm and how many units its
+/// window is. Envoy's API can neither release a concurrency permit nor hold a
+/// request back, so those two algorithms are refused.
+fn extension(
+    file: File<'_>,
+    field: &str,
+    r: &EnvoyRateLimit,
+) -> Result<(Algorithm, u32), ConfigError> {
+    let algorithm = match &r.algorithm {
+        None => Algorithm::FixedWindow,
+        Some(a) => {
+            let field = format!("{field}.algorithm");
+            let algorithm: Algorithm =
+                a.value
+                    .0
+                    .parse()
+                    .map_err(|e: tollgate_core::ParseAlgorithmError| {
+                        file.at(a, &field, e.to_string())
+                    })?;
+            if matches!(
+                algorithm,
+                Algorithm::Concurrency | Algorithm::LeakyBucketShaping { .. }
+            ) {
+                return Err(file.at(
+                    a,
+                    field,
+                    format!(
+                        "{algorithm} is not for envoyproxy/ratelimit's format: Envoy's API can neither release a permit nor hold a request (use the native format)"
+                    ),
+                ));
+            }
+            algorithm
+        }
+    };
+    let multiplier = match &r.unit_multiplier {
+        None => 1,
+        Some(n) => u32::try_from(n.value)
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| {
+                file.at(
+                    n,
+                    format!("{field}.unit_multiplier"),
+                    format!(
+                        "unit_multiplier must be a whole number from 1 to {}, not {}",
+                        u32::MAX,
+                        n.value
+                    ),
+                )
+            })?,
+    };
+    Ok((algorithm, multiplier))
 }
 
 fn rule(
@@ -498,7 +610,9 @@ fn rule(
             })?,
         };
         let requests = u64::from(requests);
-        match Quota::new(requests, unit.duration()) {
+        let (algorithm, multiplier) = extension(file, field, r)?;
+        let period = unit.duration().saturating_mul(multiplier);
+        match Quota::new(requests, period) {
             // envoyproxy/ratelimit's way to block a value outright.
             Err(QuotaError::ZeroLimit) => Action::Block(unit),
             Err(e) => {
@@ -509,13 +623,17 @@ fn rule(
                 return Err(file.error(at, format!("{field}.requests_per_unit"), e.to_string()));
             }
             Ok(quota) => Action::Limit(Limited {
-                algorithm: Algorithm::FixedWindow,
+                algorithm,
                 quota,
                 tiers: None,
                 priority: None,
                 bucket: None,
                 failure: FailurePolicy::default(),
-                envoy: (requests, unit),
+                envoy: if multiplier == 1 {
+                    (requests, unit)
+                } else {
+                    envoy_limit(&quota)
+                },
             }),
         }
     };
@@ -538,10 +656,14 @@ fn rule(
         value_to_metric: level.value_to_metric.clone(),
         envoy_path: level.path.clone(),
         quota_mode: d.quota_mode == Some(true),
+        // Only envoyproxy/ratelimit's own windows report its whole seconds
+        // to the unit's end; an extension reports its algorithm's exact time.
         envoy_window: match action {
             Action::Unlimited => None,
             Action::Block(unit) => Some(unit),
-            Action::Limit(ref limited) => Some(limited.envoy.1),
+            Action::Limit(ref limited) => (limited.algorithm == Algorithm::FixedWindow
+                && limited.quota.period() == limited.envoy.1.duration())
+            .then_some(limited.envoy.1),
         },
         action,
         source: file.source(spanned.referenced),

@@ -4,8 +4,8 @@
 //! `(key, value)` entries, exactly as Envoy sends them. A [`Policy`] maps each
 //! descriptor to at most one rule and gives back, per descriptor, what to check:
 //! a [`Applied`] limit (storage key, quota, algorithm, cost, flags), an unlimited
-//! rule, or nothing. Several descriptors make layers; the caller checks them
-//! together, all-or-nothing.
+//! rule, or nothing. Several descriptors make layers, checked together as
+//! the [`Enforcer`]'s [`Counting`] says.
 //!
 //! Policies are read from YAML in two formats, told apart by their top-level
 //! keys: envoyproxy/ratelimit's (`domain` + `descriptors`), read unchanged, and
@@ -19,10 +19,10 @@
 //! config is parsed, validated and only then used; every error names the file,
 //! line, field and reason.
 //!
-//! A [`Reloader`] keeps a [`PolicyHandle`] in step with a config path: it
-//! reloads on change, keeps the last good config when the new one is invalid
-//! or would silently turn limits off ([`Safeguards`]), and reports each
-//! attempt to an observer. Its poll loop, `Reloader::watch`, needs the
+//! A [`Reloader`] keeps a [`PolicyHandle`] in step with a config path, or
+//! with the configs a control plane pushes to it: it reloads on change, keeps
+//! the last good config when the new one is invalid or would silently turn
+//! limits off ([`Safeguards`]), and reports each attempt to an observer. Its poll loop, `Reloader::watch`, needs the
 //! `watch` feature (and tokio); everything else works without a runtime.
 
 mod config;
@@ -43,8 +43,8 @@ mod tree;
 pub use config::parse_yaml;
 pub use descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 pub use enforcer::{
-    AdHoc, Check, Decided, DescriptorVerdict, Enforcer, InvalidToken, NoObserver, Observer, Permit,
-    RequestLimits, State, Verdict,
+    AdHoc, Check, Counting, Decided, DescriptorVerdict, Enforcer, InvalidToken, NoObserver,
+    Observer, Permit, RequestLimits, State, Verdict,
 };
 pub use error::{ConfigError, RequestError, Unsupported};
 pub use kill_switch::KillSwitch;

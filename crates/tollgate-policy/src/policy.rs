@@ -75,6 +75,33 @@ pub(crate) struct Domain {
     pub(crate) rules: Vec<Arc<Rule>>,
     /// The file that defined the domain, to report a duplicate.
     pub(crate) source: String,
+    /// Written in envoyproxy/ratelimit's format (see [`Policy::is_envoy`]).
+    pub(crate) envoy: bool,
+    /// envoyproxy/ratelimit's composite keys (`key_value`) of the top-level
+    /// descriptors, each with the error to give when a merged file repeats it.
+    pub(crate) top: Vec<(String, ConfigError)>,
+}
+
+impl Domain {
+    /// Takes `other`'s descriptors as envoyproxy/ratelimit's loader patches a
+    /// domain: a top-level descriptor may not repeat one already there; its
+    /// wildcards are tried after the ones already there.
+    fn merge(&mut self, other: Domain) -> Result<(), ConfigError> {
+        for (composite, error) in &other.top {
+            if self.top.iter().any(|(c, _)| c == composite) {
+                let mut error = error.clone();
+                error.reason = format!(
+                    "duplicate descriptor composite key {composite:?}: domain merged with {}",
+                    self.source
+                );
+                return Err(error);
+            }
+        }
+        self.tree.graft(other.tree);
+        self.rules.extend(other.rules);
+        self.top.extend(other.top);
+        Ok(())
+    }
 }
 
 /// The policy `tollgate serve` runs without `--config`: the service's domain
@@ -91,7 +118,7 @@ impl Policy {
         let mut policy = Policy::default();
         for (name, text) in BUILTIN {
             policy
-                .add_file(Path::new(name), text)
+                .add_file(Path::new(name), text, false)
                 .expect("the built-in policy is valid");
         }
         policy
@@ -112,11 +139,12 @@ impl Policy {
             field: "file".into(),
             reason: e.to_string(),
         };
+        let merge = files.merge_domains;
         let files = config_files(path, files).map_err(|e| io_error(path, e))?;
         let mut policy = Policy::default();
         for file in files {
             let text = std::fs::read_to_string(&file).map_err(|e| io_error(&file, e))?;
-            policy.add_file(&file, &text)?;
+            policy.add_file(&file, &text, merge)?;
         }
         Ok(policy)
     }
@@ -124,11 +152,31 @@ impl Policy {
     /// Reads one config file's text; `name` is how errors name the file.
     pub fn parse(name: impl AsRef<Path>, text: &str) -> Result<Self, ConfigError> {
         let mut policy = Policy::default();
-        policy.add_file(name.as_ref(), text)?;
+        policy.add_file(name.as_ref(), text, false)?;
         Ok(policy)
     }
 
-    pub(crate) fn add_file(&mut self, path: &Path, text: &str) -> Result<(), ConfigError> {
+    /// Reads several config files' texts, each with its name, as the files
+    /// of one directory are read: a domain defined twice is an error.
+    pub fn parse_all<N: AsRef<Path>, T: AsRef<str>>(
+        configs: impl IntoIterator<Item = (N, T)>,
+    ) -> Result<Self, ConfigError> {
+        let mut policy = Policy::default();
+        for (name, text) in configs {
+            policy.add_file(name.as_ref(), text.as_ref(), false)?;
+        }
+        Ok(policy)
+    }
+
+    /// Adds one file's domain; with `merge`, a domain in envoyproxy/ratelimit's
+    /// format that an earlier file defined takes this file's descriptors too
+    /// (its `MERGE_DOMAIN_CONFIG`).
+    pub(crate) fn add_file(
+        &mut self,
+        path: &Path,
+        text: &str,
+        merge: bool,
+    ) -> Result<(), ConfigError> {
         let read = crate::config::read_any(path, text)?;
         if let Some(store) = read.store {
             if let Some((first, _)) = &self.store {
@@ -148,6 +196,13 @@ impl Policy {
         let Some((name, domain)) = read.domain else {
             return Ok(());
         };
+        if let Some(existing) = self.domains.get_mut(&name)
+            && merge
+            && existing.envoy
+            && domain.envoy
+        {
+            return existing.merge(domain);
+        }
         if let Some(existing) = self.domains.get(&name) {
             return Err(ConfigError {
                 path: path.to_owned(),
@@ -180,6 +235,13 @@ impl Policy {
     /// The domains, in name order.
     pub fn domains(&self) -> impl Iterator<Item = &str> {
         self.domains.keys().map(String::as_str)
+    }
+
+    /// Whether `domain` is written in envoyproxy/ratelimit's format, whose
+    /// requests are counted as it counts them by default
+    /// ([`Counting`](crate::Counting)).
+    pub fn is_envoy(&self, domain: &str) -> bool {
+        self.domains.get(domain).is_some_and(|d| d.envoy)
     }
 
     /// The rules of `domain`, in the order they were defined.
@@ -219,14 +281,18 @@ impl Policy {
     }
 }
 
-/// Which files of a config directory are read: every `.yaml`/`.yml` file
-/// directly in it, and by default those whose names start with a dot too.
+/// How a config directory is read: which files (every `.yaml`/`.yml` file
+/// directly in it, and by default those whose names start with a dot too),
+/// and whether two files may define one domain.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ConfigFiles {
     /// Skip files whose names start with a dot (envoyproxy/ratelimit's
     /// `RUNTIME_IGNOREDOTFILES`).
     pub ignore_dot_files: bool,
+    /// Merge files that define one domain in envoyproxy/ratelimit's format,
+    /// rather than refuse the second (its `MERGE_DOMAIN_CONFIG`).
+    pub merge_domains: bool,
 }
 
 impl ConfigFiles {
@@ -234,6 +300,13 @@ impl ConfigFiles {
     #[must_use]
     pub fn ignore_dot_files(mut self, ignore: bool) -> Self {
         self.ignore_dot_files = ignore;
+        self
+    }
+
+    /// Merges (or refuses) a domain that two files define.
+    #[must_use]
+    pub fn merge_domains(mut self, merge: bool) -> Self {
+        self.merge_domains = merge;
         self
     }
 
@@ -291,6 +364,18 @@ fn match_rule(domain_name: &str, domain: &Domain, descriptor: &Descriptor, cost:
         quota = reserve(quota, limited.algorithm, share);
         skip.push(&priority.by);
     }
+    if let Some(unit) = rule.envoy_window {
+        return Resolved::Limit(Applied {
+            rule: Arc::clone(rule),
+            key: envoy_key(domain_name, unit, &rule.id, &descriptor.entries, &shared),
+            quota,
+            algorithm: limited.algorithm,
+            cost,
+            shadow: rule.shadow,
+            failure: limited.failure,
+            envoy_limit: limited.envoy,
+        });
+    }
     let id = limited.bucket.as_deref().unwrap_or(&rule.id);
     let distinguishing = descriptor
         .entries
@@ -319,6 +404,7 @@ pub(crate) fn reserve(quota: Quota, algorithm: Algorithm, share: u64) -> Quota {
     let part = |n: u64| (u128::from(n) * u128::from(share) / 100).max(1) as u64;
     match algorithm {
         Algorithm::FixedWindow
+        | Algorithm::HitCounter
         | Algorithm::SlidingLog
         | Algorithm::SlidingCounter
         | Algorithm::Concurrency => {
@@ -384,11 +470,7 @@ fn override_limit(
         failure: FailurePolicy::default(),
         envoy: envoy_limit(&quota),
     }));
-    let key = storage_key(
-        domain,
-        &format!("override:{}:{}", o.requests_per_unit, o.unit),
-        descriptor.entries.iter(),
-    );
+    let key = envoy_key(domain, o.unit, "", &descriptor.entries, &[]);
     Ok(Resolved::Limit(Applied {
         rule,
         key,
@@ -420,6 +502,47 @@ fn storage_key<'a>(domain: &str, id: &str, entries: impl Iterator<Item = &'a Ent
         part(&mut key, &e.key);
         key.push('=');
         part(&mut key, &e.value);
+        key.push('|');
+    }
+    key
+}
+
+/// The key of a count in envoyproxy/ratelimit's windows, which is its cache
+/// key's (`GenerateCacheKey`): the domain, the window's unit and the
+/// request's entries, whatever rule or override counts them. So a request's
+/// `limit` override of one unit shares the count of the rule of that unit, and
+/// the count survives a reload that changes the limit. An entry a
+/// `share_threshold` wildcard matched (`shared`) counts under its pattern:
+/// under the rule's id, which names it, and without its value.
+fn envoy_key(
+    domain: &str,
+    unit: crate::Unit,
+    rule: &str,
+    entries: &[Entry],
+    shared: &[bool],
+) -> String {
+    let mut key = String::with_capacity(64);
+    let part = |key: &mut String, text: &str| {
+        push_decimal(key, text.len());
+        key.push(':');
+        key.push_str(text);
+    };
+    part(&mut key, domain);
+    key.push('@');
+    key.push_str(unit.name());
+    key.push('|');
+    if shared.contains(&true) {
+        part(&mut key, rule);
+        key.push('|');
+    }
+    for (i, e) in entries.iter().enumerate() {
+        part(&mut key, &e.key);
+        if shared.get(i).copied().unwrap_or(false) {
+            key.push('*');
+        } else {
+            key.push('=');
+            part(&mut key, &e.value);
+        }
         key.push('|');
     }
     key

@@ -19,6 +19,11 @@
 //! [`Reloader::last`]. The same contents are not tried again until they
 //! change.
 //!
+//! A config can also be pushed rather than read ([`Reloader::pushed`],
+//! [`Reloader::push`]): a control plane (envoyproxy/ratelimit's xDS) sends
+//! each config whole, as named texts, which are loaded, checked, observed and
+//! put in force exactly as files are; nothing is polled.
+//!
 //! With the `watch` feature, `Reloader::watch` runs the poll loop on tokio.
 
 use std::collections::hash_map::DefaultHasher;
@@ -161,6 +166,8 @@ pub enum Trigger {
     Watch,
     /// [`Reloader::reload`] was called (e.g. by an admin endpoint).
     Manual,
+    /// A config was pushed ([`Reloader::push`]).
+    Push,
 }
 
 /// One reload attempt and its outcome.
@@ -169,7 +176,7 @@ pub enum Trigger {
 pub struct Reload {
     /// What started it.
     pub trigger: Trigger,
-    /// The config path.
+    /// The config path (a pushed config's source, see [`Reloader::pushed`]).
     pub path: PathBuf,
     /// The domains now in force, or why the last good config stays.
     pub outcome: Result<Vec<String>, ReloadError>,
@@ -186,7 +193,8 @@ type Check = Arc<dyn Fn(&Policy) -> Result<(), Unsupported> + Send + Sync>;
 #[derive(Clone)]
 pub struct Reloader {
     path: PathBuf,
-    files: ConfigFiles,
+    /// Which files of the path are read; `None` when configs are pushed.
+    files: Option<ConfigFiles>,
     handle: PolicyHandle,
     safeguards: Safeguards,
     observer: Option<Observer>,
@@ -198,7 +206,12 @@ struct Shared {
     /// Held for a whole reload, so two reloads never interleave.
     polls: Mutex<Polls>,
     last: ArcSwapOption<Reload>,
+    /// The configs last pushed, which [`Reloader::reload`] loads again.
+    pushed: Mutex<Arc<[Text]>>,
 }
+
+/// A pushed config: its name (how errors name it) and its text.
+type Text = (PathBuf, String);
 
 impl fmt::Debug for Reloader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -235,7 +248,7 @@ impl Reloader {
             })?;
         Ok(Self::with_fingerprint(
             path,
-            files,
+            Some(files),
             PolicyHandle::new(policy),
             safeguards,
             fingerprint,
@@ -248,12 +261,27 @@ impl Reloader {
         let path = path.into();
         let fingerprint = Fingerprint::of(&path);
         let files = ConfigFiles::default();
-        Self::with_fingerprint(path, files, handle, safeguards, fingerprint)
+        Self::with_fingerprint(path, Some(files), handle, safeguards, fingerprint)
+    }
+
+    /// A reloader of configs pushed to it ([`Reloader::push`]) rather than
+    /// read from files, named `source` (for logs: the control plane); it
+    /// starts with an empty policy and never polls. The first push is
+    /// judged by [`Safeguards::check`] against that empty policy.
+    pub fn pushed(source: impl Into<PathBuf>, safeguards: Safeguards) -> Self {
+        let empty = Fingerprint(Vec::new());
+        Self::with_fingerprint(
+            source.into(),
+            None,
+            PolicyHandle::new(Policy::default()),
+            safeguards,
+            empty,
+        )
     }
 
     fn with_fingerprint(
         path: PathBuf,
-        files: ConfigFiles,
+        files: Option<ConfigFiles>,
         handle: PolicyHandle,
         safeguards: Safeguards,
         loaded: Fingerprint,
@@ -268,6 +296,7 @@ impl Reloader {
             shared: Arc::new(Shared {
                 polls: Mutex::new(Polls::new(loaded)),
                 last: ArcSwapOption::empty(),
+                pushed: Mutex::new(Arc::from([])),
             }),
         }
     }
@@ -306,21 +335,64 @@ impl Reloader {
         self.shared.last.load_full()
     }
 
-    /// Loads the config now, whether or not it changed (blocking file I/O).
+    /// Loads the config now, whether or not it changed (blocking file I/O);
+    /// a pushed reloader loads the configs last pushed again.
     pub fn reload(&self) -> Reload {
         let mut polls = self.polls();
-        polls.attempted = Fingerprint::of_files(&self.path, self.files);
-        self.apply(Trigger::Manual)
+        match self.files {
+            Some(files) => {
+                polls.attempted = Fingerprint::of_files(&self.path, files);
+                self.apply(Trigger::Manual, || Policy::load_files(&self.path, files))
+            }
+            None => {
+                let texts = Arc::clone(
+                    &self
+                        .shared
+                        .pushed
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner),
+                );
+                self.apply(Trigger::Manual, || {
+                    Policy::parse_all(texts.iter().map(|(n, t)| (n, t)))
+                })
+            }
+        }
+    }
+
+    /// Puts `configs` in force as the whole config, each a name (how errors
+    /// name it, e.g. `xds:<resource name>`) and a config file's text, read
+    /// as files are. As with a file reload, a config that does not validate,
+    /// or that the safeguards or the check refuse, leaves the last good one
+    /// in force; the outcome is observed and returned.
+    pub fn push<N: Into<PathBuf>, T: Into<String>>(
+        &self,
+        configs: impl IntoIterator<Item = (N, T)>,
+    ) -> Reload {
+        let _polls = self.polls();
+        let texts: Arc<[Text]> = configs
+            .into_iter()
+            .map(|(name, text)| (name.into(), text.into()))
+            .collect();
+        *self
+            .shared
+            .pushed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::clone(&texts);
+        self.apply(Trigger::Push, || {
+            Policy::parse_all(texts.iter().map(|(n, t)| (n, t)))
+        })
     }
 
     /// One step of the watch (blocking file I/O): reads the config's
     /// fingerprint and reloads if the contents changed since the last attempt
-    /// and held still since the previous poll. `None` when nothing was tried.
+    /// and held still since the previous poll. `None` when nothing was tried,
+    /// always for a pushed reloader.
     pub fn poll_once(&self) -> Option<Reload> {
+        let files = self.files?;
         let mut polls = self.polls();
         polls
-            .observe(Fingerprint::of_files(&self.path, self.files))
-            .then(|| self.apply(Trigger::Watch))
+            .observe(Fingerprint::of_files(&self.path, files))
+            .then(|| self.apply(Trigger::Watch, || Policy::load_files(&self.path, files)))
     }
 
     fn polls(&self) -> std::sync::MutexGuard<'_, Polls> {
@@ -331,24 +403,26 @@ impl Reloader {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Loads, checks and swaps; the caller holds the poll lock.
-    fn apply(&self, trigger: Trigger) -> Reload {
-        let outcome = Policy::load_files(&self.path, self.files)
-            .map_err(ReloadError::from)
-            .and_then(|next| {
-                self.safeguards
-                    .check(&self.handle.load(), &next)
-                    .map_err(|refusal| ReloadError::Refused {
-                        path: self.path.clone(),
-                        refusal,
-                    })?;
-                if let Some(check) = &self.check {
-                    check(&next)?;
-                }
-                let domains = next.domains().map(str::to_owned).collect();
-                self.handle.store(next);
-                Ok(domains)
-            });
+    /// Loads with `load`, checks and swaps; the caller holds the poll lock.
+    fn apply(
+        &self,
+        trigger: Trigger,
+        load: impl FnOnce() -> Result<Policy, ConfigError>,
+    ) -> Reload {
+        let outcome = load().map_err(ReloadError::from).and_then(|next| {
+            self.safeguards
+                .check(&self.handle.load(), &next)
+                .map_err(|refusal| ReloadError::Refused {
+                    path: self.path.clone(),
+                    refusal,
+                })?;
+            if let Some(check) = &self.check {
+                check(&next)?;
+            }
+            let domains = next.domains().map(str::to_owned).collect();
+            self.handle.store(next);
+            Ok(domains)
+        });
         let reload = Reload {
             trigger,
             path: self.path.clone(),
@@ -435,7 +509,9 @@ mod tests {
     fn policy(domains: &[&str]) -> Policy {
         let mut policy = Policy::default();
         for d in domains {
-            policy.add_file(Path::new(d), &config(d, 1)).expect("valid");
+            policy
+                .add_file(Path::new(d), &config(d, 1), false)
+                .expect("valid");
         }
         policy
     }
@@ -755,6 +831,49 @@ mod tests {
             "a dot file's change is not seen"
         );
         assert_eq!(reloader.poll_once(), None);
+    }
+
+    #[test]
+    fn a_pushed_config_is_judged_as_a_file_is() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = Arc::clone(&seen);
+        let reloader = Reloader::pushed("xds:test", Safeguards::default())
+            .with_observer(move |r| record.lock().expect("lock").push(r.clone()));
+        assert!(reloader.handle().load().is_empty());
+        assert_eq!(reloader.poll_once(), None, "nothing to poll");
+
+        let reload = reloader.push([
+            ("xds:api", config("api", 2)),
+            ("xds:batch", config("batch", 3)),
+        ]);
+        assert_eq!(reload.trigger, Trigger::Push);
+        assert_eq!(reload.path, Path::new("xds:test"));
+        assert_eq!(reload.outcome, Ok(vec!["api".into(), "batch".into()]));
+        let before = reloader.handle().load();
+
+        let cut = config("api", 9).replace("unit: day", "unit: fortnight");
+        let reload = reloader.push([("xds:api", cut)]);
+        assert!(
+            matches!(&reload.outcome, Err(ReloadError::Invalid(e)) if e.path == Path::new("xds:api")),
+            "{reload:?}"
+        );
+        assert!(still(&reloader, &before), "the last good config stays");
+        let reload = reloader.push([("xds:api", config("api", 2))]);
+        assert!(
+            matches!(
+                &reload.outcome,
+                Err(ReloadError::Refused {
+                    refusal: Refusal::DomainsRemoved { .. },
+                    ..
+                })
+            ),
+            "the safeguards it was given apply: {reload:?}"
+        );
+        assert_eq!(seen.lock().expect("lock").len(), 3);
+
+        // A reload loads the configs last pushed again.
+        assert!(reloader.reload().outcome.is_err());
+        assert!(still(&reloader, &before));
     }
 
     #[cfg(feature = "watch")]

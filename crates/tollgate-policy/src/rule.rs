@@ -87,6 +87,14 @@ impl Rule {
         self.name.as_deref()
     }
 
+    /// Whether the rule is envoyproxy/ratelimit's: a rule of its format (with
+    /// Tollgate's extensions or not) or a request's limit override. Its fixed
+    /// windows count denied hits under its counting (see
+    /// [`Counting`](crate::Counting)).
+    pub fn is_envoy(&self) -> bool {
+        !self.envoy_path.is_empty() || self.envoy_window.is_some()
+    }
+
     /// The window of one `unit`, aligned to the Unix epoch, that the rule
     /// counts in when it has envoyproxy/ratelimit's semantics (a rule of its
     /// format, or a request's limit override). Envoy's answers then report

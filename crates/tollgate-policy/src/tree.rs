@@ -128,6 +128,30 @@ impl Node {
         }
     }
 
+    /// Adds `other`'s branches to this node's, where a branch of the same key
+    /// and pattern is merged in turn; `other`'s wildcards go after this one's.
+    /// The caller has made sure no rule meets another.
+    pub(crate) fn graft(&mut self, other: Node) {
+        for (key, values) in other.exact {
+            let mine = self.exact.entry(key).or_default();
+            for (value, node) in values {
+                mine.entry(value).or_default().graft(node);
+            }
+        }
+        for (key, node) in other.any {
+            self.any.entry(key).or_default().graft(node);
+        }
+        for (key, prefix, node) in other.prefix {
+            self.node(&[(key, Pattern::Prefix(prefix))]).graft(node);
+        }
+        for (key, glob, node) in other.glob {
+            self.node(&[(key, Pattern::Glob(glob))]).graft(node);
+        }
+        if self.rule.is_none() {
+            self.rule = other.rule;
+        }
+    }
+
     /// The node at the end of `path`, created if need be. A node without a
     /// rule still matches, and so stops a less specific pattern from matching:
     /// that is how envoyproxy/ratelimit exempts a value listed without a limit.

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tollgate_core::{Algorithm, Lease, Limit, ManualClock, Outcome, Quota, Store, StoreError};
 use tollgate_policy::{
-    AdHoc, Check, Decided, Descriptor, Enforcer, Entry, FailurePolicy, LimitOverride, Observer,
-    Permit, Policy, Request, State, Unit, Verdict,
+    AdHoc, Check, Counting, Decided, Descriptor, Enforcer, Entry, FailurePolicy, LimitOverride,
+    Observer, Permit, Policy, Request, State, Unit, Verdict,
 };
 use tollgate_store::{MemoryConfig, MemoryStore};
 
@@ -252,8 +252,8 @@ async fn global_shadow_mode_counts_everything_and_denies_nothing() {
 }
 
 #[tokio::test]
-async fn a_blocked_rule_charges_nothing_to_the_limits_beside_it() {
-    let enforcer = memory(BLOCKED);
+async fn a_blocked_rule_charges_nothing_to_the_limits_beside_it_all_or_nothing() {
+    let enforcer = memory(BLOCKED).with_envoy_counting(Counting::AllOrNothing);
     let denied = run(
         &enforcer,
         "blocked",
@@ -265,8 +265,153 @@ async fn a_blocked_rule_charges_nothing_to_the_limits_beside_it() {
         denied.descriptors[0].decision.map(|d| d.remaining),
         Some(10)
     );
+    assert!(denied.descriptors[0].peeked);
     let alone = run(&enforcer, "blocked", &[descriptor("user", "dave")]).await;
     assert_eq!(alone.descriptors[0].decision.map(|d| d.remaining), Some(9));
+}
+
+/// envoyproxy/ratelimit's default counting (`fixed_cache_impl.go`, `DoLimit`
+/// with `stopCacheKeyIncrementWhenOverlimit` false): every descriptor's
+/// window takes its hits, whatever the others say.
+#[tokio::test]
+async fn envoy_domains_charge_every_descriptor_of_a_denied_request() {
+    let enforcer = memory(BLOCKED);
+    let denied = run(
+        &enforcer,
+        "blocked",
+        &[descriptor("user", "dave"), descriptor("banned", "x")],
+    )
+    .await;
+    assert!(!denied.allowed());
+    assert!(denied.descriptors[0].allowed());
+    assert_eq!(denied.descriptors[0].decision.map(|d| d.remaining), Some(9));
+    assert!(!denied.descriptors[0].peeked);
+    let alone = run(&enforcer, "blocked", &[descriptor("user", "dave")]).await;
+    assert_eq!(alone.descriptors[0].decision.map(|d| d.remaining), Some(8));
+
+    // A native domain stays all-or-nothing.
+    let native = memory(POLICY);
+    for _ in 0..2 {
+        assert!(
+            run(&native, "api", &[descriptor("user", "ann")])
+                .await
+                .allowed()
+        );
+    }
+    let both = [descriptor("global", "all"), descriptor("user", "ann")];
+    assert!(!run(&native, "api", &both).await.allowed());
+    let global = run(&native, "api", &[descriptor("global", "all")]).await;
+    assert_eq!(
+        global.descriptors[0].decision.map(|d| d.remaining),
+        Some(99)
+    );
+}
+
+const ENVOY: &str = "
+domain: envoy
+descriptors:
+  - key: user
+    rate_limit: { unit: minute, requests_per_unit: 10 }
+  - key: tight
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: plan
+    quota_mode: true
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: bonus
+    quota_mode: true
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+";
+
+fn costing(key: &str, value: &str, hits: u64) -> Descriptor {
+    Descriptor {
+        hits_addend: Some(hits),
+        ..descriptor(key, value)
+    }
+}
+
+/// `test/redis/fixed_cache_impl_test.go`: `INCRBY` counts denied hits, so a
+/// window that went over stays over for smaller requests.
+#[tokio::test]
+async fn a_denied_hit_keeps_its_window_over() {
+    for (counting, second) in [(Counting::EachHit, false), (Counting::AllOrNothing, true)] {
+        let enforcer = memory(ENVOY).with_envoy_counting(counting);
+        let nine = run(&enforcer, "envoy", &[costing("user", "u", 9)]).await;
+        assert!(nine.allowed(), "{counting:?}");
+        let five = run(&enforcer, "envoy", &[costing("user", "u", 5)]).await;
+        assert!(!five.allowed(), "{counting:?}");
+        let one = run(&enforcer, "envoy", &[costing("user", "u", 1)]).await;
+        assert_eq!(one.allowed(), second, "{counting:?}");
+    }
+}
+
+/// `GenerateCacheKey`: a request's override counts in the window of the
+/// descriptor's entries and unit, the same count as the rule's.
+#[tokio::test]
+async fn an_override_of_the_rules_unit_shares_its_count() {
+    let enforcer = memory(ENVOY);
+    for _ in 0..3 {
+        assert!(
+            run(&enforcer, "envoy", &[descriptor("user", "u")])
+                .await
+                .allowed()
+        );
+    }
+    let overridden = |requests_per_unit, unit| Descriptor {
+        limit: Some(LimitOverride {
+            requests_per_unit,
+            unit,
+        }),
+        ..descriptor("user", "u")
+    };
+    let minute = run(&enforcer, "envoy", &[overridden(5, Unit::Minute)]).await;
+    assert_eq!(minute.descriptors[0].decision.map(|d| d.remaining), Some(1));
+    let hour = run(&enforcer, "envoy", &[overridden(5, Unit::Hour)]).await;
+    assert_eq!(hour.descriptors[0].decision.map(|d| d.remaining), Some(4));
+    let rule = run(&enforcer, "envoy", &[descriptor("user", "u")]).await;
+    assert_eq!(rule.descriptors[0].decision.map(|d| d.remaining), Some(5));
+}
+
+/// `shouldRateLimitWorker`: over a quota-mode limit, a request is denied only
+/// when every quota-mode limit of it is over, or a rate limit denies.
+#[tokio::test]
+async fn quota_mode_denies_when_every_quota_is_spent() {
+    for counting in [Counting::EachHit, Counting::AllOrNothing] {
+        let enforcer = memory(ENVOY).with_envoy_counting(counting);
+        let quotas = [descriptor("plan", "p"), descriptor("bonus", "p")];
+        let mut answers = Vec::new();
+        for _ in 0..4 {
+            let verdict = run(&enforcer, "envoy", &quotas).await;
+            answers.push((
+                verdict.allowed(),
+                verdict.descriptors[0].allowed(),
+                verdict.descriptors[1].allowed(),
+            ));
+        }
+        assert_eq!(
+            answers,
+            [
+                (true, true, true),
+                (true, false, true),
+                (false, false, false),
+                (false, false, false)
+            ],
+            "{counting:?}"
+        );
+        // A rate limit's deny still denies.
+        let with_rate = [descriptor("tight", "t"), descriptor("bonus", "q")];
+        assert!(run(&enforcer, "envoy", &with_rate).await.allowed());
+        assert!(!run(&enforcer, "envoy", &with_rate).await.allowed());
+
+        // QUOTA_MODE puts every rule in quota mode.
+        let global = memory(ENVOY)
+            .with_envoy_counting(counting)
+            .with_quota_mode(true);
+        let two = [descriptor("tight", "t"), descriptor("user", "u")];
+        assert!(run(&global, "envoy", &two).await.allowed());
+        let second = run(&global, "envoy", &two).await;
+        assert!(second.allowed(), "one quota left: {counting:?}");
+        assert!(!second.descriptors[0].allowed());
+    }
 }
 
 #[tokio::test]

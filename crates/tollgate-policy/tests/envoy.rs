@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use tollgate_policy::{
-    ConfigError, Descriptor, Entry, LimitOverride, Policy, Request, Resolved, Unit,
+    ConfigError, ConfigFiles, Descriptor, Entry, LimitOverride, Policy, Request, Resolved, Unit,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -166,27 +166,13 @@ fn basic_config_gives_way_to_a_limit_override_keyed_by_every_value() {
     assert_ne!(a.key, b.key, "a different value is a different counter");
 }
 
-// TestDomainMerge, TestDuplicateKeyDomainMerge
+// The fixtures of TestDomainMerge, each alone.
 #[test]
-fn merge_domain_files_load_alone_and_are_refused_together_without_merging() {
+fn merge_domain_files_load_alone() {
     let (n, _, _) = limit(&load("merge_domain_key1.yaml"), &[("key1", "value1")]);
     assert_eq!(n, 10);
     let (n, _, _) = limit(&load("merge_domain_key2.yaml"), &[("key2", "value2")]);
     assert_eq!(n, 20);
-    // Tollgate has no MERGE_DOMAIN_CONFIG: two files of one domain are
-    // refused, as envoyproxy/ratelimit refuses them by default.
-    let dir = dir_of(&[
-        ("merge_domain_key1.yaml", "merge_domain_key1.yaml"),
-        ("merge_domain_key2.yaml", "merge_domain_key2.yaml"),
-    ]);
-    let e = Policy::load(&dir).expect_err("one domain in two files");
-    std::fs::remove_dir_all(&dir).unwrap();
-    let (_, field, reason) = refused(e, "merge_domain_key2.yaml");
-    assert_eq!(field, "domain");
-    assert!(
-        reason.contains("duplicate domain \"test-domain\""),
-        "{reason}"
-    );
 }
 
 // TestEmptyDomain
@@ -215,6 +201,64 @@ fn duplicate_domain_after_basic_config_is_refused() {
         reason.contains("duplicate domain \"test-domain\""),
         "{reason}"
     );
+}
+
+// TestDomainMerge (MERGE_DOMAIN_CONFIG=true); without it, the second file
+// is refused, as envoyproxy/ratelimit refuses it by default.
+#[test]
+fn merged_domains_take_both_files_descriptors() {
+    let dir = dir_of(&[
+        ("merge_domain_key1.yaml", "merge_domain_key1.yaml"),
+        ("merge_domain_key2.yaml", "merge_domain_key2.yaml"),
+    ]);
+    let merged = Policy::load_files(&dir, ConfigFiles::default().merge_domains(true));
+    let refused_unmerged = Policy::load(&dir).expect_err("test-domain twice");
+    std::fs::remove_dir_all(&dir).unwrap();
+    let p = merged.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(limit(&p, &[("key1", "value1")]).0, 10);
+    assert_eq!(limit(&p, &[("key2", "value2")]).0, 20);
+    no_rule(&p, &[("key1", "value2")]);
+    assert!(p.is_envoy("test-domain"));
+    let (line, field, _) = refused(refused_unmerged, "merge_domain_key2.yaml");
+    assert_eq!((line, field.as_str()), (1, "domain"));
+}
+
+// TestDuplicateKeyDomainMerge
+#[test]
+fn merging_a_descriptor_twice_is_refused() {
+    let dir = dir_of(&[
+        ("merge_domain_key1.yaml", "a.yaml"),
+        ("merge_domain_key1.yaml", "b.yaml"),
+    ]);
+    let e = Policy::load_files(&dir, ConfigFiles::default().merge_domains(true))
+        .expect_err("key1_value1 twice");
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (line, field, reason) = refused(e, "b.yaml");
+    assert_eq!((line, field.as_str()), (5, "descriptors[0].key"));
+    assert!(
+        reason.contains("duplicate descriptor composite key \"key1_value1\""),
+        "{reason}"
+    );
+}
+
+/// Only envoyproxy-format domains merge: a native file of the same domain is
+/// still refused.
+#[test]
+fn a_native_domain_never_merges() {
+    let dir = std::env::temp_dir().join(format!("tollgate-merge-native-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(fixture("merge_domain_key1.yaml"), dir.join("a.yaml")).unwrap();
+    std::fs::write(
+        dir.join("b.yaml"),
+        "domain: test-domain\nrules:\n  - name: n\n    match: [{ key: k }]\n    limit: { requests: 1, per: 1s }\n",
+    )
+    .unwrap();
+    let e = Policy::load_files(&dir, ConfigFiles::default().merge_domains(true))
+        .expect_err("mixed formats");
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (_, field, reason) = refused(e, "b.yaml");
+    assert_eq!(field, "domain");
+    assert!(reason.contains("duplicate domain"), "{reason}");
 }
 
 /// The same file alone is valid: a domain with an empty `descriptors:`.
@@ -850,5 +894,74 @@ fn limit_in(policy: &Policy, domain: &str, entries: &[(&str, &str)]) -> (u64, Un
     match got {
         Resolved::Limit(a) => a.envoy_limit,
         other => panic!("{other:?}"),
+    }
+}
+
+/// Tollgate's extensions to a `rate_limit` (keys envoyproxy/ratelimit
+/// refuses): another algorithm, and a window of several units.
+#[test]
+fn a_rate_limit_may_name_an_algorithm_and_a_unit_multiplier() {
+    let p = parse(
+        "domain: test-domain
+descriptors:
+  - key: sliding
+    rate_limit: { unit: minute, requests_per_unit: 10, algorithm: sliding-log }
+  - key: half
+    rate_limit: { unit: second, requests_per_unit: 10, unit_multiplier: 30 }
+  - key: plain
+    rate_limit: { unit: minute, requests_per_unit: 10, algorithm: fixed-window }
+",
+    );
+    let applied = |key: &str| match one(&p, &[(key, "x")]) {
+        Resolved::Limit(a) => a,
+        other => panic!("{key}: {other:?}"),
+    };
+    let sliding = applied("sliding");
+    assert_eq!(sliding.algorithm, tollgate_core::Algorithm::SlidingLog);
+    assert_eq!(sliding.envoy_limit, (10, Unit::Minute));
+    assert_eq!(sliding.rule.envoy_window(), None, "its own exact reset");
+    assert!(sliding.rule.is_envoy());
+    let half = applied("half");
+    assert_eq!(half.algorithm, tollgate_core::Algorithm::FixedWindow);
+    assert_eq!(half.quota.period(), std::time::Duration::from_secs(30));
+    assert_eq!(half.quota.limit(), 10);
+    // Envoy's answer names the smallest unit at least as long: 20 a minute.
+    assert_eq!(half.envoy_limit, (20, Unit::Minute));
+    assert_eq!(half.rule.envoy_window(), None);
+    let plain = applied("plain");
+    assert_eq!(plain.rule.envoy_window(), Some(Unit::Minute));
+}
+
+#[test]
+fn extension_keys_are_checked_where_they_are_written() {
+    for (text, line, field, reason) in [
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: concurrency\n",
+            7,
+            "descriptors[0].rate_limit.algorithm",
+            "concurrency is not for envoyproxy/ratelimit's format",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: leaky\n",
+            7,
+            "descriptors[0].rate_limit.algorithm",
+            "unknown algorithm \"leaky\"",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      unit_multiplier: 0\n",
+            7,
+            "descriptors[0].rate_limit.unit_multiplier",
+            "unit_multiplier must be a whole number from 1",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    algorithm: gcra\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
+            4,
+            "descriptors[0].algorithm",
+            "algorithm belongs in rate_limit",
+        ),
+    ] {
+        let e = Policy::parse("inline.yaml", text).expect_err(text);
+        assert_eq!((e.line, e.field.as_str()), (line, field), "{e}");
+        assert!(e.reason.contains(reason), "{e}");
     }
 }

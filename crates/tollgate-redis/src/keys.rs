@@ -31,6 +31,7 @@ pub(crate) fn segment(algorithm: Algorithm) -> (&'static str, &'static str) {
         Algorithm::LeakyBucket => ("lb", "lb.x"),
         Algorithm::LeakyBucketShaping { .. } => ("lbs", "lbs.x"),
         Algorithm::FixedWindow => ("fw", "fw.x"),
+        Algorithm::HitCounter => ("hc", "hc.x"),
         Algorithm::SlidingLog => ("log", "log.n"),
         Algorithm::SlidingCounter => ("swc", "swc.x"),
         Algorithm::Concurrency => ("lease", "lease.n"),

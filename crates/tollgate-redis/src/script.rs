@@ -38,6 +38,7 @@ fn code(algorithm: Algorithm) -> u8 {
         Algorithm::SlidingLog => 5,
         Algorithm::SlidingCounter => 6,
         Algorithm::Concurrency => 7,
+        Algorithm::HitCounter => 8,
     }
 }
 
@@ -79,7 +80,11 @@ impl Params {
     /// Converts a limit to microseconds: the period and the emission interval are
     /// rounded up to whole microseconds (never looser than the quota), counts are
     /// kept. Quotas whose numbers the script could not hold exactly are refused.
-    pub(crate) fn new(limit: &Limit<'_>) -> Result<Self, StoreError> {
+    /// A hit counter counts its denies only when it is the request's one
+    /// limit: beside others it is charged all or nothing, which is the fixed
+    /// window's step on the same state, so it is sent as one (a cross-slot
+    /// request's groups cannot tell on their own).
+    pub(crate) fn new(limit: &Limit<'_>, alone: bool) -> Result<Self, StoreError> {
         let q: &Quota = &limit.quota;
         check(q).map_err(|why| StoreError::Invalid(format!("key {:?}: {why}", limit.key)))?;
         let (period_us, emission_us) = (micros_up(q.period_ns()), micros_up(q.emission_ns()));
@@ -89,7 +94,10 @@ impl Params {
             _ => 0,
         };
         Ok(Self {
-            code: code(limit.algorithm),
+            code: match limit.algorithm {
+                Algorithm::HitCounter if !alone => code(Algorithm::FixedWindow),
+                algorithm => code(algorithm),
+            },
             limit: q.limit(),
             period_us,
             burst: q.burst(),
@@ -178,10 +186,10 @@ mod tests {
     #[test]
     fn quotas_are_converted_to_microseconds_rounding_up() {
         let q = Quota::per_second(3).unwrap(); // 333_333_334 ns per unit
-        let p = Params::new(&limit(q, Algorithm::Gcra, 1)).unwrap();
+        let p = Params::new(&limit(q, Algorithm::Gcra, 1), true).unwrap();
         assert_eq!((p.period_us, p.emission_us), (1_000_000, 333_334));
         let fast = Quota::new(10, Duration::from_nanos(10)).unwrap();
-        let p = Params::new(&limit(fast, Algorithm::Gcra, 1)).unwrap();
+        let p = Params::new(&limit(fast, Algorithm::Gcra, 1), true).unwrap();
         assert_eq!(
             (p.period_us, p.emission_us),
             (1, 1),
@@ -193,18 +201,18 @@ mod tests {
     fn numbers_beyond_exact_doubles_are_refused_or_clamped() {
         let huge = Quota::new(1 << 53, Duration::from_secs(1 << 30)).unwrap();
         assert!(matches!(
-            Params::new(&limit(huge, Algorithm::FixedWindow, 1)),
+            Params::new(&limit(huge, Algorithm::FixedWindow, 1), true),
             Err(StoreError::Invalid(_))
         ));
         let long = Quota::new(1, Duration::from_secs(200 * 365 * 86_400)).unwrap();
-        assert!(Params::new(&limit(long, Algorithm::FixedWindow, 1)).is_err());
+        assert!(Params::new(&limit(long, Algorithm::FixedWindow, 1), true).is_err());
         let wide = Quota::per_second(1000)
             .unwrap()
             .with_burst(1 << 43)
             .unwrap();
-        assert!(Params::new(&limit(wide, Algorithm::Gcra, 1)).is_err());
+        assert!(Params::new(&limit(wide, Algorithm::Gcra, 1), true).is_err());
         let ok = Quota::per_hour(1_000_000_000).unwrap();
-        let p = Params::new(&limit(ok, Algorithm::SlidingCounter, u64::MAX)).unwrap();
+        let p = Params::new(&limit(ok, Algorithm::SlidingCounter, u64::MAX), true).unwrap();
         assert_eq!(p.cost, MAX_COUNT + 1);
         let blob = p.blob();
         assert_eq!(

@@ -134,7 +134,7 @@ impl RedisStore {
                     slot: slot(&key),
                     key,
                     aux,
-                    params: Params::new(limit)?,
+                    params: Params::new(limit, limits.len() == 1)?,
                 })
             })
             .collect()

@@ -1,5 +1,6 @@
 -- Tollgate's one script: every algorithm of tollgate-core, stepped atomically
--- for all the limits of one request (one hash slot), all-or-nothing.
+-- for all the limits of one request (one hash slot), all-or-nothing (a hit
+-- counter checked alone also counts what it denies).
 --
 -- Units: time in MICROSECONDS (Redis Lua numbers are doubles, exact only up to
 -- 2^53; nanoseconds since 1970 are ~1.8e18 and do not fit, microseconds are
@@ -20,7 +21,7 @@
 -- then one argument per limit: seven little-endian doubles (algorithm, limit,
 -- period, burst, emission, cost, delay_after), so nothing is parsed from text
 -- (algorithm codes: 0 token bucket, 1 gcra, 2 leaky, 3 shaping, 4 fixed window,
---  5 sliding log, 6 sliding counter, 7 concurrency).
+--  5 sliding log, 6 sliding counter, 7 concurrency, 8 hit counter).
 --
 -- Reply for "c"/"d": {now, all_allowed, then per limit: allowed, remaining,
 -- reset_after, retry_after (-1: never), delay}, packed as little-endian
@@ -194,7 +195,7 @@ local function load_simple(key, alg, q)
     s.a, s.b = parse2(v, END, 0)
   elseif alg == 1 or alg == 3 then
     s.a = parse1(v, 0)
-  elseif alg == 2 or alg == 4 then
+  elseif alg == 2 or alg == 4 or alg == 8 then
     s.a, s.b = parse2(v, 0, 0)
   elseif alg == 6 then
     s.a, s.b, s.c = parse3(v)
@@ -293,7 +294,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       return reset, a, r, reset, retry, delay
     end
     return nil, a, r, reset, retry, delay
-  elseif alg == 4 then
+  elseif alg == 4 or alg == 8 then
     local s = load_simple(key, alg, q)
     local p, l = q.period, q.limit
     local n = max(now, s.a)
@@ -320,6 +321,12 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
     local retry = nil
     if cost <= l and n + until_end <= END then
       retry = until_end
+    end
+    if alg == 8 and cost > 0 and write then
+      -- The hit counter counts what it denies, kept one past the limit.
+      local seen = min(count + cost, l + 1)
+      s.a, s.b, s.dirty = n, seen, true
+      return reset(seen), decision(false, max(l - count, 0), reset(seen), retry)
     end
     return nil, decision(false, max(l - count, 0), reset(count), retry)
   elseif alg == 6 then
@@ -582,7 +589,9 @@ local function check_request(reply, keys_at, args_at, count, commit, t, lease)
     reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4], reply[o + 5] = a, r, reset, retry, delay
     o = o + 5
   end
-  if all and commit then
+  -- A hit counter (sent as one only when it is its request's one limit)
+  -- writes what it denies too; no other limit's deny is dirty.
+  if commit and (all or count == 1) then
     for key, s in pairs(states) do
       if s.dirty then
         s.now = t
@@ -656,7 +665,7 @@ elseif op == 'r' then
     elseif alg == 2 and v then
       local level, last = parse2(v, 0, 0)
       redis.call('SET', key, pack(max(level - cost * q.emission, 0), last), 'KEEPTTL')
-    elseif alg == 4 and v then
+    elseif (alg == 4 or alg == 8) and v then
       local last, count = parse2(v, 0, 0)
       if floor(last / q.period) == floor(now / q.period) then
         redis.call('SET', key, pack(last, max(count - cost, 0)), 'KEEPTTL')

@@ -40,6 +40,7 @@ mod listeners;
 mod metrics;
 mod native;
 mod reload;
+mod xds;
 
 pub use envoy_env::{ENVOY_VARIABLES, invoked_as_ratelimit, ratelimit_command};
 pub use reload::POLL as RELOAD_POLL;
@@ -141,6 +142,20 @@ pub struct Args {
 
     #[command(flatten, next_help_heading = "Gateway")]
     gateway: tollgate_gateway::Options,
+
+    /// How requests to domains in envoyproxy/ratelimit's format are counted:
+    /// `each-hit`, as envoyproxy/ratelimit does by default (every descriptor
+    /// is charged its hits, admitted or not), or `all-or-nothing`, Tollgate's
+    /// (a request denied by one descriptor spends nothing from the others;
+    /// nearest to its `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`).
+    /// Domains in Tollgate's format are always all-or-nothing.
+    #[arg(
+        long,
+        env = "TOLLGATE_ENVOY_COUNTING",
+        value_name = "COUNTING",
+        default_value = "each-hit"
+    )]
+    envoy_counting: tollgate_policy::Counting,
 
     /// Read envoyproxy/ratelimit's environment (`HOST`, `PORT`,
     /// `RUNTIME_ROOT`, `REDIS_URL`, ...) with its defaults, under this
@@ -291,9 +306,11 @@ struct Prepared {
 /// it binds its own listeners, so that a bad config is reported as such
 /// whatever the addresses.
 async fn prepare(args: Args) -> anyhow::Result<Prepared> {
-    let reloader = match &args.config {
-        Some(path) => Some(reload::load(path, &args.reload)?),
-        None => None,
+    let xds = args.envoy.as_ref().and_then(|e| e.xds.as_ref());
+    let reloader = match (&args.config, xds) {
+        (Some(path), _) => Some(reload::load(path, &args.reload)?),
+        (None, Some(xds)) => Some(reload::pushed(xds.source())),
+        (None, None) => None,
     };
     let handle = reloader.as_ref().map_or_else(
         || PolicyHandle::new(Policy::builtin()),
@@ -301,7 +318,12 @@ async fn prepare(args: Args) -> anyhow::Result<Prepared> {
     );
     let policy = handle.load();
     let domains: Vec<&str> = policy.domains().collect();
-    tracing::info!(?domains, source = %source(&args.config), "policy loaded");
+    let source = match (&args.config, xds) {
+        (Some(path), _) => path.display().to_string(),
+        (None, Some(xds)) => xds.source(),
+        (None, None) => "built-in default".to_owned(),
+    };
+    tracing::info!(?domains, %source, "policy loaded");
 
     let gateway = tollgate_gateway::Settings::resolve(args.gateway.clone())?;
     let caps = listeners::fit(
@@ -413,6 +435,8 @@ async fn launch(
     let enforcer: Arc<Enforcer<Backend>> = Arc::new(
         Enforcer::new(handle.clone(), store)
             .with_shadow_mode(args.envoy.as_ref().is_some_and(|e| e.shadow_mode))
+            .with_quota_mode(args.envoy.as_ref().is_some_and(|e| e.quota_mode))
+            .with_envoy_counting(args.envoy_counting)
             .with_clock(clock)
             .with_observer(Arc::new(metrics::Observe)),
     );
@@ -428,6 +452,12 @@ async fn launch(
     let (stop, stopped) = watch::channel(());
 
     let (health, health_service) = health::Health::start().await;
+    let xds = args.envoy.as_ref().and_then(|e| e.xds.clone());
+    if let Some(xds) = &xds {
+        // Before the listeners serve: a probe never sees a healthy start
+        // that the health rules would not allow.
+        health.config(xds.healthy_at_start()).await;
+    }
     let routes = tonic::service::Routes::new(health_service)
         .add_service(RlsServer::new(RateLimitGrpc::new(
             Arc::clone(&enforcer),
@@ -488,8 +518,15 @@ async fn launch(
     let gateway_addr = gateway.as_ref().map(Gateway::local_addr);
     let gateway_task = gateway.map(|g| g.spawn(&enforcer, stopped.clone(), metrics::gateway));
 
-    if let Some(reloader) = reloader {
-        tokio::spawn(reloader.watch(reload::POLL, signalled(stopped.clone())));
+    match (reloader, xds) {
+        (Some(reloader), Some(xds)) => {
+            let health = Arc::clone(&health);
+            tokio::spawn(xds::follow(xds, reloader, health, stopped.clone()));
+        }
+        (Some(reloader), None) => {
+            tokio::spawn(reloader.watch(reload::POLL, signalled(stopped.clone())));
+        }
+        (None, _) => {}
     }
     tokio::spawn(Arc::clone(&health).follow(Arc::clone(&enforcer), stopped.clone()));
     tokio::spawn(upkeep(metrics_handle, stopped));
@@ -659,13 +696,6 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         Some(error) => Err(error),
         None => running.shutdown().await,
     }
-}
-
-fn source(config: &Option<PathBuf>) -> String {
-    config.as_ref().map_or_else(
-        || "built-in default".to_owned(),
-        |p| p.display().to_string(),
-    )
 }
 
 /// Binds `addr` (port 0 picks a free port).

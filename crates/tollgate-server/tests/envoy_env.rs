@@ -153,7 +153,10 @@ async fn a_deployments_env_and_mounted_config_start_it() {
         "{log}"
     );
     assert_eq!(log.matches("USE_STATSD=false is ignored").count(), 1);
-    assert!(log.contains("not yet honoured: STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"));
+    assert!(
+        !log.contains("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"),
+        "{log}"
+    );
 }
 
 #[test]

@@ -129,8 +129,9 @@ async fn per_rule_stats_are_envoyproxy_ratelimits() {
     // value_to_metric on `route`: its value joins the key, `method`'s does not.
     let routed = rls_request("stats", &[&[("route", "api"), ("method", "GET")]]);
     send(&server, routed, 1).await;
-    // A limit of 0 denies every hit; the layer beside it is not charged
-    // (all-or-nothing), so both requests find it at 0 of 2.
+    // A limit of 0 denies every hit; the layer beside it is charged all the
+    // same (envoyproxy/ratelimit's counting): 0 -> 1 within, 1 -> 2 near
+    // (threshold floor(2 * 0.8) = 1) and within.
     let layered = rls_request("stats", &[&[("layer", "x")], &[("closed", "x")]]);
     send(&server, layered, 2).await;
     // Unlimited rules and native rules have no such stats.
@@ -158,6 +159,7 @@ async fn per_rule_stats_are_envoyproxy_ratelimits() {
         (series("within_limit", &["stats", "user_bob"]), 1),
         (series("total_hits", &["stats", "layer"]), 2),
         (series("within_limit", &["stats", "layer"]), 2),
+        (series("near_limit", &["stats", "layer"]), 1),
         (series("total_hits", &["stats", "closed"]), 2),
         (series("over_limit", &["stats", "closed"]), 2),
         (series("total_hits", &["stats", "route_api", "method"]), 1),

@@ -266,6 +266,12 @@ impl<S: Store> DenyCache<S> {
                 .zip(&stamped.outcome.decisions)
                 .zip(totals(limits))
             {
+                // A limit that counts denied hits closed its window only if
+                // its deny was kept, that is when it was checked alone; a
+                // cached deny would otherwise answer for hits that close it.
+                if limits.len() > 1 && limit.algorithm.counts_denied() {
+                    continue;
+                }
                 self.denials.insert(limit, cost, decision, now);
             }
         }

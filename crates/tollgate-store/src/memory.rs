@@ -6,9 +6,9 @@ use std::time::Duration;
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 use tollgate_core::{
-    Algorithm, Clock, Concurrency, Decision, FixedWindow, Gcra, LeakyBucket, LeakyBucketShaping,
-    Lease, LeaseId, Leases, Limit, Nanos, Outcome, SlidingCounter, SlidingLog, Stamped,
-    StateMachine, Store, StoreError, TokenBucket,
+    Algorithm, Clock, Concurrency, Decision, FixedWindow, Gcra, HitCounter, LeakyBucket,
+    LeakyBucketShaping, Lease, LeaseId, Leases, Limit, Nanos, Outcome, SlidingCounter, SlidingLog,
+    Stamped, StateMachine, Store, StoreError, TokenBucket,
 };
 
 use crate::FastClock;
@@ -340,6 +340,7 @@ impl<C: Clock> MemoryStore<C> {
                 commit(&LeakyBucketShaping { delay_after }, shard, key, limit, now)
             }
             Algorithm::FixedWindow => commit(&FixedWindow, shard, key, limit, now),
+            Algorithm::HitCounter => commit(&HitCounter, shard, key, limit, now),
             Algorithm::SlidingLog => commit(&SlidingLog, shard, key, limit, now),
             Algorithm::SlidingCounter => commit(&SlidingCounter, shard, key, limit, now),
             Algorithm::Concurrency => commit(&Concurrency::lease(lease), shard, key, limit, now),
@@ -368,6 +369,9 @@ impl<C: Clock> MemoryStore<C> {
                 mode,
             ),
             Algorithm::FixedWindow => step(&FixedWindow, shard, key, limit, now, mode),
+            // Beside other limits a request is charged all or nothing, and a
+            // denied hit counts for nothing: the fixed window's step.
+            Algorithm::HitCounter => step(&FixedWindow, shard, key, limit, now, mode),
             Algorithm::SlidingLog => step(&SlidingLog, shard, key, limit, now, mode),
             Algorithm::SlidingCounter => step(&SlidingCounter, shard, key, limit, now, mode),
             Algorithm::Concurrency => {
@@ -378,7 +382,7 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 /// How many algorithms [`tag`] tells apart.
-const ALGORITHMS: usize = 8;
+const ALGORITHMS: usize = 9;
 
 /// The algorithm's part of a key's identity: one number per algorithm, as
 /// distinct as their names.
@@ -392,6 +396,7 @@ fn tag(algorithm: Algorithm) -> u8 {
         Algorithm::SlidingLog => 5,
         Algorithm::SlidingCounter => 6,
         Algorithm::Concurrency => 7,
+        Algorithm::HitCounter => 8,
     }
 }
 
@@ -406,14 +411,14 @@ where
     let table = M::State::table(shard);
     if let Some(entry) = table.get_mut(key) {
         let decision = machine.step(&limit.quota, &mut entry.state, now, limit.cost);
-        if decision.allowed && limit.cost > 0 {
+        if writes::<M>(&decision, limit) {
             entry.expires_at = entry.state.expires_at(&decision, now);
         }
         return decision;
     }
     let mut state = M::State::default();
     let decision = machine.step(&limit.quota, &mut state, now, limit.cost);
-    if decision.allowed && limit.cost > 0 {
+    if writes::<M>(&decision, limit) {
         let entry = Entry {
             expires_at: state.expires_at(&decision, now),
             state,
@@ -423,6 +428,13 @@ where
         }
     }
     decision
+}
+
+/// Whether a step of `limit` checked alone that decided `decision` wrote its
+/// state.
+#[inline(always)]
+fn writes<M: StateMachine>(decision: &Decision, limit: &Limit<'_>) -> bool {
+    (decision.allowed || M::COUNTS_DENIED) && limit.cost > 0
 }
 
 /// The decision for a new key that its full shard had no room for: denied,

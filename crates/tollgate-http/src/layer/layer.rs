@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use tollgate_core::{Clock, Store, SystemClock};
-use tollgate_policy::{Enforcer, KillSwitch, Observer, PolicyHandle};
+use tollgate_policy::{Counting, Enforcer, KillSwitch, Observer, PolicyHandle};
 use tollgate_store::MemoryStore;
 use tower_layer::Layer;
 
@@ -62,6 +62,7 @@ impl RateLimitLayer {
                 kill_switch: None,
                 observer: None,
                 clock: Arc::new(SystemClock),
+                counting: Counting::default(),
             },
         )
     }
@@ -105,6 +106,7 @@ enum Source<St> {
         kill_switch: Option<Arc<KillSwitch>>,
         observer: Option<Arc<dyn Observer>>,
         clock: Arc<dyn Clock>,
+        counting: Counting,
     },
     /// Shared with its owner.
     Shared(Arc<Enforcer<St>>),
@@ -181,6 +183,16 @@ impl<St: Store + 'static, L: Store + 'static> Builder<St, L> {
         self
     }
 
+    /// How a domain in envoyproxy/ratelimit's format is counted (default:
+    /// as it counts, each descriptor charged whatever the others decide; see
+    /// [`Counting`]). A shared enforcer has its own.
+    pub fn envoy_counting(mut self, counting: Counting) -> Self {
+        if let Source::Parts { counting: c, .. } = &mut self.source {
+            *c = counting;
+        }
+        self
+    }
+
     /// Checks every request against `store` first, with the same policy,
     /// before the store of record (Envoy's local + global pattern). A request
     /// the local store denies is answered at once and never reaches the
@@ -235,8 +247,11 @@ impl<St: Store + 'static, L: Store + 'static> Builder<St, L> {
                 kill_switch,
                 observer,
                 clock,
+                counting,
             } => {
-                let mut enforcer = Enforcer::new(policy, store).with_clock(clock);
+                let mut enforcer = Enforcer::new(policy, store)
+                    .with_clock(clock)
+                    .with_envoy_counting(counting);
                 if let Some(kill_switch) = kill_switch {
                     enforcer = enforcer.with_kill_switch(kill_switch);
                 }
@@ -246,7 +261,7 @@ impl<St: Store + 'static, L: Store + 'static> Builder<St, L> {
                 Arc::new(enforcer)
             }
         };
-        // The pre-check obeys the same kill switch and clock, and is not
+        // The pre-check obeys the same kill switch, clock and counting, and is not
         // observed: the store of record's decision is the one that counts.
         let precheck = self.local.map(|local| {
             let policy = local
@@ -255,7 +270,8 @@ impl<St: Store + 'static, L: Store + 'static> Builder<St, L> {
             Arc::new(
                 Enforcer::new(policy, local.store)
                     .with_kill_switch(Arc::clone(enforcer.kill_switch()))
-                    .with_clock(enforcer.clock()),
+                    .with_clock(enforcer.clock())
+                    .with_envoy_counting(enforcer.envoy_counting()),
             )
         });
         RateLimitLayer {

@@ -304,6 +304,10 @@ pub(crate) struct StackStats {
 }
 
 /// One of the stores `tollgate serve` can run on.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "made once and held in the enforcer's Arc: boxing the memory store would cost an indirection on every check"
+)]
 pub(crate) enum Backend {
     /// One process's memory, on the service's clock: the wall clock, so
     /// fixed windows align to calendar units as envoyproxy/ratelimit's do

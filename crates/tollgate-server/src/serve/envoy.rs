@@ -82,6 +82,9 @@ fn status(d: &DescriptorVerdict, started_at: Nanos) -> Status<'_> {
     });
     let limit_remaining = match (d.state, d.decision) {
         (State::Unlimited, _) => u32::MAX,
+        // Over the limit, nothing is left for this request, whatever smaller
+        // one might fit (`GetResponseDescriptorStatus`).
+        (_, Some(decision)) if !decision.allowed => 0,
         (_, Some(decision)) => saturate(decision.remaining),
         (_, None) => 0,
     };

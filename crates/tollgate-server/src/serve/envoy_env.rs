@@ -36,10 +36,11 @@ use axum::routing::get;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
-use tollgate_policy::{ConfigFiles, Policy, PolicyHandle};
+use tollgate_policy::{ConfigFiles, Counting, Policy, PolicyHandle};
+use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tracing_subscriber::EnvFilter;
 
-use super::{Args, RedisUrl, ServeFlags};
+use super::{Args, RedisUrl, ServeFlags, xds};
 
 /// Every variable envoyproxy/ratelimit's `settings.go` reads (at commit
 /// f2fb157). Each is either read here or in [`IGNORED`].
@@ -163,8 +164,19 @@ pub const ENVOY_VARIABLES: &[&str] = &[
 const GRPC_TUNING: &str =
     "Tollgate closes idle connections (--idle-timeout) and sets no maximum connection age";
 const NO_GRPC_TLS: &str = "used with GRPC_SERVER_USE_TLS only, which Tollgate refuses";
-const NO_XDS: &str =
-    "used with CONFIG_TYPE=GRPC_XDS_SOTW only, which Tollgate does not support yet";
+const NO_XDS_TLS: &str = "used with CONFIG_GRPC_XDS_SERVER_USE_TLS only, which Tollgate refuses";
+const XDS_RETRY: &str =
+    "Tollgate reconnects to the xDS server every CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL";
+/// The variables of `CONFIG_TYPE=GRPC_XDS_SOTW`, ignored with `FILE`.
+const XDS_VARIABLES: [&str; 7] = [
+    "CONFIG_GRPC_XDS_NODE_ID",
+    "CONFIG_GRPC_XDS_NODE_METADATA",
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+];
 const NO_STATSD: &str =
     "Tollgate exports Prometheus metrics only (/metrics, or PROMETHEUS_ADDR with USE_PROMETHEUS)";
 const NO_REDIS_TLS: &str = "used with REDIS_TLS only, which Tollgate refuses";
@@ -184,25 +196,14 @@ const IGNORED: &[(&str, &str)] = &[
     ("GRPC_SERVER_TLS_KEY", NO_GRPC_TLS),
     ("GRPC_CLIENT_TLS_CACERT", NO_GRPC_TLS),
     ("GRPC_CLIENT_TLS_SAN", NO_GRPC_TLS),
-    (
-        "FORCE_START_WITHOUT_INITIAL_CONFIG",
-        "Tollgate reads its config files before it starts",
-    ),
-    ("CONFIG_GRPC_XDS_NODE_ID", NO_XDS),
-    ("CONFIG_GRPC_XDS_NODE_METADATA", NO_XDS),
-    ("CONFIG_GRPC_XDS_SERVER_URL", NO_XDS),
-    ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", NO_XDS),
-    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", NO_XDS),
-    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", NO_XDS),
-    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", NO_XDS),
-    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", NO_XDS),
-    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", NO_XDS),
-    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", NO_XDS),
-    ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", NO_XDS),
-    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", NO_XDS),
-    ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", NO_XDS),
-    ("XDS_CLIENT_BACKOFF_JITTER", NO_XDS),
-    ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", NO_XDS),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", NO_XDS_TLS),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", NO_XDS_TLS),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", NO_XDS_TLS),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", NO_XDS_TLS),
+    ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", XDS_RETRY),
+    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", XDS_RETRY),
+    ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", XDS_RETRY),
+    ("XDS_CLIENT_BACKOFF_JITTER", XDS_RETRY),
     ("USE_DOG_STATSD", NO_STATSD),
     ("USE_DOG_STATSD_MOGRIFIERS", NO_STATSD),
     ("USE_STATSD", NO_STATSD),
@@ -236,10 +237,6 @@ const IGNORED: &[(&str, &str)] = &[
     (
         "NEAR_LIMIT_RATIO",
         "Tollgate has no near_limit statistic yet",
-    ),
-    (
-        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-        "Tollgate never serves without rules: it refuses to start on a config with none, and a reload that would leave none keeps the last good config",
     ),
     ("REDIS_POOL_SIZE", REDIS_POOL),
     ("REDIS_TLS_CLIENT_CERT", NO_REDIS_TLS),
@@ -343,6 +340,11 @@ pub(crate) struct Envoy {
     pub(crate) debug: String,
     /// `SHADOW_MODE`.
     pub(crate) shadow_mode: bool,
+    /// `QUOTA_MODE`.
+    pub(crate) quota_mode: bool,
+    /// `CONFIG_TYPE=GRPC_XDS_SOTW`: where the config comes from instead of
+    /// files.
+    pub(crate) xds: Option<xds::Settings>,
     /// The log level when `RUST_LOG` does not say (`LOG_LEVEL`).
     log_level: &'static str,
     /// `LOG_FORMAT=json`.
@@ -489,12 +491,38 @@ fn read<F: Fn(&str) -> Option<OsString>>(
 
     let config_type = env.string("CONFIG_TYPE", "FILE")?;
     match config_type.as_str() {
-        "FILE" => {}
-        "GRPC_XDS_SOTW" => bail!(
-            "CONFIG_TYPE=GRPC_XDS_SOTW: Tollgate does not read its config over xDS yet; \
-             use CONFIG_TYPE=FILE with RUNTIME_ROOT"
-        ),
-        other => bail!("CONFIG_TYPE={other:?}: expected FILE (or GRPC_XDS_SOTW)"),
+        "FILE" => {
+            for name in XDS_VARIABLES {
+                if let Some(value) = env.get(name)? {
+                    envoy.ignored(name, &value, "used with CONFIG_TYPE=GRPC_XDS_SOTW only");
+                }
+            }
+            for (name, reason) in [
+                (
+                    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+                    "Tollgate reads its config files before it starts",
+                ),
+                (
+                    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+                    "from files Tollgate never serves without rules: it refuses to start on a \
+                     config with none, and a reload that would leave none keeps the last good config",
+                ),
+            ] {
+                if let Some(value) = env.get(name)? {
+                    envoy.ignored(name, &value, reason);
+                }
+            }
+        }
+        "GRPC_XDS_SOTW" => {
+            if explicit(matches, "config") {
+                bail!(
+                    "CONFIG_TYPE=GRPC_XDS_SOTW and --config (TOLLGATE_CONFIG): the config comes \
+                     either over xDS or from files; unset one"
+                );
+            }
+            envoy.xds = Some(read_xds(env)?);
+        }
+        other => bail!("CONFIG_TYPE={other:?}: expected FILE or GRPC_XDS_SOTW"),
     }
     let mut config = PathBuf::from(env.string("RUNTIME_ROOT", "/srv/runtime_data/current")?);
     for part in [
@@ -507,7 +535,7 @@ fn read<F: Fn(&str) -> Option<OsString>>(
             config.push(part);
         }
     }
-    if !explicit(matches, "config") {
+    if envoy.xds.is_none() && !explicit(matches, "config") {
         args.config = Some(config);
     }
     args.reload.files =
@@ -535,19 +563,14 @@ fn read<F: Fn(&str) -> Option<OsString>>(
         env.get("PROMETHEUS_PATH")?;
     }
 
-    if !env.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)? {
-        envoy.not_yet(
-            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false (the default): Tollgate counts the \
-             descriptors of a request all-or-nothing, as with true; a request denied by one \
-             limit spends nothing from the others"
-                .into(),
-        );
+    if env.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)?
+        && !explicit(matches, "envoy_counting")
+    {
+        args.envoy_counting = Counting::AllOrNothing;
     }
-    if env.bool("QUOTA_MODE", false)? {
-        envoy.not_yet("QUOTA_MODE=true: quota-mode limits deny as rate limits do".into());
-    }
-    if env.bool("MERGE_DOMAIN_CONFIG", false)? {
-        envoy.not_yet("MERGE_DOMAIN_CONFIG=true: two files with one domain are refused".into());
+    envoy.quota_mode = env.bool("QUOTA_MODE", false)?;
+    if env.bool("MERGE_DOMAIN_CONFIG", false)? && !explicit(matches, "merge_domains") {
+        args.reload.merge_domains = true;
     }
     if env.bool("RESPONSE_DYNAMIC_METADATA", false)? {
         envoy.not_yet("RESPONSE_DYNAMIC_METADATA=true: answers carry no dynamic metadata".into());
@@ -571,6 +594,78 @@ fn read<F: Fn(&str) -> Option<OsString>>(
         }
     }
     Ok(envoy)
+}
+
+/// The settings of `CONFIG_TYPE=GRPC_XDS_SOTW`, with
+/// envoyproxy/ratelimit's defaults.
+fn read_xds<F: Fn(&str) -> Option<OsString>>(env: &Env<F>) -> anyhow::Result<xds::Settings> {
+    if env.bool("CONFIG_GRPC_XDS_SERVER_USE_TLS", false)? {
+        bail!(
+            "CONFIG_GRPC_XDS_SERVER_USE_TLS=true: this build of Tollgate connects to the xDS \
+             server without TLS; refusing to connect in clear"
+        );
+    }
+    let url = env.string("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000")?;
+    // gRPC's name resolver schemes for a plain address.
+    let server = ["dns:///", "passthrough:///"]
+        .iter()
+        .find_map(|scheme| url.strip_prefix(scheme))
+        .unwrap_or(&url)
+        .to_owned();
+    if let Err(e) = tonic::transport::Endpoint::from_shared(format!("http://{server}")) {
+        bail!("CONFIG_GRPC_XDS_SERVER_URL={url:?}: not a host:port address: {e}");
+    }
+    // As its provider splits it: `k=v` pairs, comma-separated, others skipped.
+    let node_metadata = env
+        .string("CONFIG_GRPC_XDS_NODE_METADATA", "")?
+        .split(',')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let retry = env
+        .duration("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL")?
+        .unwrap_or(Duration::from_secs(3));
+    let max_message = match env.int("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", 0)? {
+        0 => None,
+        n => Some(usize::try_from(n).map_err(|_| {
+            anyhow::anyhow!("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES={n}: not a size in bytes")
+        })?),
+    };
+    Ok(xds::Settings {
+        server,
+        node_id: env.string("CONFIG_GRPC_XDS_NODE_ID", "default")?,
+        node_metadata,
+        retry,
+        headers: headers(&env.string("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "")?)?,
+        max_message,
+        force_start: env.bool("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?,
+        healthy_with_config: env.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)?,
+    })
+}
+
+/// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS` as Go's `envconfig` reads a
+/// map (`k1:v1,k2:v2`, each item exactly one `:`), as gRPC metadata.
+fn headers(value: &str) -> anyhow::Result<Vec<(AsciiMetadataKey, AsciiMetadataValue)>> {
+    if value.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let bad = |item: &str, why: &str| {
+        anyhow::anyhow!("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: {item:?}: {why}")
+    };
+    value
+        .split(',')
+        .map(|item| {
+            let mut parts = item.split(':');
+            let (Some(key), Some(header), None) = (parts.next(), parts.next(), parts.next()) else {
+                return Err(bad(item, "invalid map item, expected key:value"));
+            };
+            let key = AsciiMetadataKey::from_bytes(key.to_ascii_lowercase().as_bytes())
+                .map_err(|_| bad(item, "not a gRPC metadata key"))?;
+            let header = AsciiMetadataValue::try_from(header)
+                .map_err(|_| bad(item, "not a gRPC metadata value"))?;
+            Ok((key, header))
+        })
+        .collect()
 }
 
 /// The Redis settings: envoyproxy/ratelimit always runs on Redis (or
@@ -940,6 +1035,74 @@ mod tests {
     }
 
     #[test]
+    fn xds_settings_are_read_with_envoyproxy_ratelimits_defaults() {
+        let (args, envoy) = read_env(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")], &[]).expect("valid");
+        assert_eq!(args.config, None, "no files are read");
+        let xds = envoy.xds.expect("xDS");
+        assert_eq!(xds.server, "localhost:18000");
+        assert_eq!(xds.node_id, "default");
+        assert!(xds.node_metadata.is_empty() && xds.headers.is_empty());
+        assert_eq!(xds.retry, Duration::from_secs(3));
+        assert_eq!(xds.max_message, None);
+        assert!(!xds.force_start && !xds.healthy_with_config);
+
+        let (_, envoy) = read_env(
+            &[
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_SERVER_URL", "dns:///eg.system:18001"),
+                ("CONFIG_GRPC_XDS_NODE_ID", "ratelimit-0"),
+                ("CONFIG_GRPC_XDS_NODE_METADATA", "zone=a,bare,k=v=w"),
+                ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "250ms"),
+                (
+                    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+                    "X-Team:rl,tenant:a",
+                ),
+                ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "1048576"),
+                ("XDS_CLIENT_BACKOFF_JITTER", "false"),
+                ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+                ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "1"),
+            ],
+            &[],
+        )
+        .expect("valid");
+        let xds = envoy.xds.expect("xDS");
+        assert_eq!(xds.server, "eg.system:18001");
+        assert_eq!(xds.node_id, "ratelimit-0");
+        let metadata = [("zone", "a"), ("k", "v=w")].map(|(k, v)| (k.to_owned(), v.to_owned()));
+        assert_eq!(xds.node_metadata, metadata);
+        assert_eq!(xds.retry, Duration::from_millis(250));
+        let headers: Vec<(&str, &str)> = xds
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.to_str().expect("ASCII")))
+            .collect();
+        assert_eq!(headers, [("x-team", "rl"), ("tenant", "a")]);
+        assert_eq!(xds.max_message, Some(1 << 20));
+        assert!(xds.force_start && xds.healthy_with_config);
+        assert!(
+            envoy
+                .notes
+                .iter()
+                .any(|n| n.starts_with("XDS_CLIENT_BACKOFF_JITTER=false is ignored: "))
+        );
+
+        let (args, envoy) =
+            read_env(&[("CONFIG_GRPC_XDS_NODE_ID", "n")], &[]).expect("FILE ignores it");
+        assert!(envoy.xds.is_none() && args.config.is_some());
+        assert!(
+            envoy
+                .notes
+                .iter()
+                .any(|n| n.starts_with("CONFIG_GRPC_XDS_NODE_ID=n is ignored"))
+        );
+        let both = read_env(
+            &[("CONFIG_TYPE", "GRPC_XDS_SOTW")],
+            &["--config", "/etc/rl"],
+        );
+        assert!(format!("{:#}", both.expect_err("refused")).contains("--config"));
+    }
+
+    #[test]
     fn flags_and_tollgate_variables_win() {
         let (args, _) = read_env(
             &[
@@ -1016,9 +1179,27 @@ mod tests {
                 "GRPC_SERVER_USE_TLS=true",
             ),
             (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
+            (vec![("CONFIG_TYPE", "XDS")], "CONFIG_TYPE=\"XDS\""),
             (
-                vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")],
-                "CONFIG_TYPE=GRPC_XDS_SOTW",
+                vec![
+                    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+                ],
+                "CONFIG_GRPC_XDS_SERVER_USE_TLS=true: ",
+            ),
+            (
+                vec![
+                    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "a:b,c"),
+                ],
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: \"c\": invalid map item",
+            ),
+            (
+                vec![
+                    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                    ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3"),
+                ],
+                "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL=\"3\": not a duration",
             ),
             (
                 vec![("CACHE_KEY_PREFIX", "{x}")],

@@ -7,7 +7,11 @@
 //!
 //! envoyproxy/ratelimit (`src/server/health.go`) is healthy while Redis is
 //! connected and no SIGTERM has come; `/healthcheck` then answers 200 `OK`,
-//! and 500 with an empty body otherwise.
+//! and 500 with an empty body otherwise. A third component, the config,
+//! counts only over xDS ([`Health::config`]): envoyproxy/ratelimit's is
+//! failed until a config loads with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`,
+//! and without `FORCE_START_WITHOUT_INITIAL_CONFIG` it serves nothing before
+//! the first config.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,6 +37,11 @@ pub(crate) struct Health {
     reporter: HealthReporter,
     /// What `/healthcheck` answers; published to gRPC under `stopped`.
     healthy: AtomicBool,
+    /// Whether the store answered the last poll.
+    store: AtomicBool,
+    /// Whether the config is as the health rules want it (always, but over
+    /// xDS).
+    config: AtomicBool,
     /// Set by the shutdown. Publications hold it, so a poll that ends after
     /// the shutdown cannot turn the probes healthy again.
     stopped: Mutex<bool>,
@@ -50,6 +59,8 @@ impl Health {
         let health = Self {
             reporter,
             healthy: AtomicBool::new(true),
+            store: AtomicBool::new(true),
+            config: AtomicBool::new(true),
             stopped: Mutex::new(false),
         };
         (Arc::new(health), service)
@@ -76,16 +87,41 @@ impl Health {
             tokio::select! {
                 ready = ready => {
                     let stopped = self.stopped.lock().await;
-                    if !*stopped && self.set(ready).await {
+                    if *stopped {
+                        continue;
+                    }
+                    if self.store.swap(ready, Ordering::AcqRel) != ready {
                         if ready {
-                            tracing::info!("the store answers again: health probes report healthy");
+                            tracing::info!("the store answers again");
                         } else {
                             tracing::warn!("the store does not answer: health probes report unhealthy");
                         }
                     }
+                    self.publish().await;
                 }
                 _ = stopped.changed() => return,
             }
+        }
+    }
+
+    /// Sets the config component: `ready` when the config in force is what
+    /// the health rules ask for. Ignored once the shutdown has started.
+    pub(crate) async fn config(&self, ready: bool) {
+        let stopped = self.stopped.lock().await;
+        if *stopped {
+            return;
+        }
+        if self.config.swap(ready, Ordering::AcqRel) != ready && !ready {
+            tracing::warn!("no rate limit config loaded: health probes report unhealthy");
+        }
+        self.publish().await;
+    }
+
+    /// Publishes the components' verdict; the caller holds `stopped`.
+    async fn publish(&self) {
+        let healthy = self.store.load(Ordering::Acquire) && self.config.load(Ordering::Acquire);
+        if self.set(healthy).await && healthy {
+            tracing::info!("health probes report healthy");
         }
     }
 

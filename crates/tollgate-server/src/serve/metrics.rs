@@ -398,10 +398,10 @@ fn store_fallback(failure: FailurePolicy) {
 /// `refused` (valid, but the safeguards kept the last good config).
 pub(crate) fn config_reload(trigger: Trigger, result: &'static str) {
     // Only `POST /admin/reload` reloads on demand.
-    let trigger = if trigger == Trigger::Watch {
-        "watch"
-    } else {
-        "admin"
+    let trigger = match trigger {
+        Trigger::Watch => "watch",
+        Trigger::Push => "xds",
+        _ => "admin",
     };
     counter!(CONFIG_RELOADS, "result" => result, "trigger" => trigger).increment(1);
 }

@@ -35,6 +35,13 @@ pub(crate) struct Args {
     #[arg(long, env = "TOLLGATE_ALLOW_DOMAIN_REMOVAL")]
     allow_domain_removal: bool,
 
+    /// Merge config files that define one domain in envoyproxy/ratelimit's
+    /// format (its `MERGE_DOMAIN_CONFIG`): the later file's descriptors join
+    /// the domain, and a top-level descriptor both define is an error.
+    /// Without it, a domain defined twice is refused.
+    #[arg(long, env = "TOLLGATE_MERGE_DOMAINS")]
+    pub(crate) merge_domains: bool,
+
     /// Which files of a config directory are read (envoyproxy/ratelimit's
     /// `RUNTIME_IGNOREDOTFILES`).
     #[arg(skip)]
@@ -47,7 +54,8 @@ pub(crate) fn load(path: &Path, args: &Args) -> anyhow::Result<Reloader> {
     let safeguards = Safeguards::default()
         .allow_empty(args.allow_empty_config)
         .allow_domain_removal(args.allow_domain_removal);
-    let reloader = Reloader::load_files(path, args.files, safeguards).map_err(|e| match e {
+    let files = args.files.merge_domains(args.merge_domains);
+    let reloader = Reloader::load_files(path, files, safeguards).map_err(|e| match e {
         ReloadError::Refused { ref refusal, .. } => {
             anyhow::anyhow!("refusing to start: {e}{}", allowed_by(refusal))
         }
@@ -57,6 +65,16 @@ pub(crate) fn load(path: &Path, args: &Args) -> anyhow::Result<Reloader> {
         tracing::warn!(path = %path.display(), "the config has no rules: nothing is limited");
     }
     Ok(reloader.with_observer(observe))
+}
+
+/// The reloader of a config pushed from `source` (xDS). A snapshot is the
+/// control plane's whole config, never a deploy caught half-way, so one with
+/// no rules or fewer domains is put in force, as envoyproxy/ratelimit puts it.
+pub(crate) fn pushed(source: String) -> Reloader {
+    let safeguards = Safeguards::default()
+        .allow_empty(true)
+        .allow_domain_removal(true);
+    Reloader::pushed(source, safeguards).with_observer(observe)
 }
 
 /// Logs and counts one reload attempt.

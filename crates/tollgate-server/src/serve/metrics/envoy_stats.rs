@@ -95,12 +95,7 @@ fn counts(limit: u64, before: u64, after: u64, cost: u64, shadow: bool) -> Count
 
 /// What `descriptor` adds: nothing unless an envoyproxy/ratelimit rule was
 /// counted, `total_hits` alone when the store could not say.
-fn descriptor_counts(
-    verdict: &DescriptorVerdict,
-    rule: &Rule,
-    cost: u64,
-    peeked: bool,
-) -> Option<Counts> {
+fn descriptor_counts(verdict: &DescriptorVerdict, rule: &Rule, cost: u64) -> Option<Counts> {
     let decision = match verdict.state {
         State::Limited | State::Blocked | State::Shadow => verdict.decision,
         State::StoreFailed(_) => None,
@@ -117,7 +112,7 @@ fn descriptor_counts(
     // before them when it denies or was only read (a blocked rule denied the
     // request first).
     let used = d.limit.saturating_sub(d.remaining);
-    let (before, after) = if d.allowed && !(peeked && verdict.state == State::Limited) {
+    let (before, after) = if d.allowed && !verdict.peeked {
         (used.saturating_sub(cost), used)
     } else {
         (used, used.saturating_add(cost))
@@ -134,12 +129,7 @@ pub(super) fn record(decided: &Decided<'_>, index: usize, domain: &str, rule: &R
     ) else {
         return;
     };
-    let peeked = decided
-        .verdict
-        .descriptors
-        .iter()
-        .any(|d| d.state == State::Blocked && !d.allowed());
-    let Some(counts) = descriptor_counts(verdict, rule, decided.cost(index), peeked) else {
+    let Some(counts) = descriptor_counts(verdict, rule, decided.cost(index)) else {
         return;
     };
     let Some(key) = rule.envoy_stat_key(descriptor) else {
