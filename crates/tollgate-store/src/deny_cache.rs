@@ -225,6 +225,35 @@ impl<S: Store> DenyCache<S> {
         self.len() == 0
     }
 
+    /// The limits a cached deny answered but did not know (it charged them
+    /// nothing) are read from the inner store at cost 0, and reported as a
+    /// store reports the admitting limits of a denied check (what each alone
+    /// would have left after the request's cost, see [`Outcome`]) rather
+    /// than whole; left whole if the read fails. A request of one limit, the
+    /// common case, costs no call.
+    async fn read_the_others(&self, limits: &[Limit<'_>], now: Nanos, outcome: &mut Outcome) {
+        let others: SmallVec<[usize; 4]> = limits
+            .iter()
+            .zip(totals(limits))
+            .enumerate()
+            .filter(|(_, (l, cost))| self.denials.lookup(l, *cost, now).is_none())
+            .map(|(i, _)| i)
+            .collect();
+        if others.is_empty() {
+            return;
+        }
+        let reads: SmallVec<[Limit<'_>; 4]> =
+            others.iter().map(|&i| limits[i].with_cost(0)).collect();
+        if let Ok(read) = self.inner.check(&reads).await {
+            for (&i, mut decision) in others.iter().zip(read.decisions) {
+                if decision.allowed {
+                    decision.remaining = decision.remaining.saturating_sub(limits[i].cost);
+                }
+                outcome.decisions[i] = decision;
+            }
+        }
+    }
+
     /// A deny from the cache when one of the limits is cached as denied.
     fn cached(&self, limits: &[Limit<'_>], now: Nanos) -> Option<Outcome> {
         if !self.denials.enabled() || limits.is_empty() {
@@ -249,8 +278,9 @@ impl<S: Store> DenyCache<S> {
     /// Checks `limits`; see [`Store::check_stamped`].
     pub async fn check_limits(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
         let now = self.clock.now();
-        if let Some(outcome) = self.cached(limits, now) {
+        if let Some(mut outcome) = self.cached(limits, now) {
             self.hits.fetch_add(1, Ordering::Relaxed);
+            self.read_the_others(limits, now, &mut outcome).await;
             return Ok(Stamped {
                 outcome,
                 decided_at: None,
@@ -390,7 +420,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_denied_key_is_answered_locally_until_its_retry_and_the_rest_untouched() {
+    async fn a_denied_key_is_answered_locally_until_its_retry_and_the_rest_read() {
         let clock = Arc::new(ManualClock::new(1_000_000_000));
         let memory = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
         let store = DenyCache::with_clock(memory, 64, Arc::clone(&clock) as _);
@@ -414,7 +444,15 @@ mod tests {
             cached.decisions[0].retry_after,
             Some(Duration::from_millis(60))
         );
-        assert_eq!(cached.decisions[1], other.untouched());
+        // `other` is read, charged nothing, and reported as a denied check's
+        // admitting limit is (what it would have left after this request).
+        assert_eq!(
+            cached.decisions[1],
+            Decision {
+                remaining: 99,
+                ..other.untouched()
+            }
+        );
         assert_eq!(store.stats(), DenyCacheStats { hits: 1, misses: 2 });
         clock.advance(Duration::from_millis(60));
         assert!(store.check(&[hot]).await.unwrap().allowed());

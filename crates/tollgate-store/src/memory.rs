@@ -25,8 +25,8 @@ pub struct MemoryConfig {
     /// none of them is at rest, the new key's check is denied (see
     /// [`MemoryStats::refusals`]) and no state that still limits is forgotten.
     pub max_keys: usize,
-    /// Number of shards, rounded up to a power of two (and down to no more
-    /// than `max_keys`). More shards, less contention.
+    /// Number of shards, rounded up to a power of two (and down so that each
+    /// holds at least 64 keys of `max_keys`). More shards, less contention.
     pub shards: usize,
     /// How often each shard drops the entries whose state is back to full.
     pub sweep_interval: Duration,
@@ -145,9 +145,12 @@ impl<C: Clock> MemoryStore<C> {
     /// A store that reads time from `clock`.
     pub fn with_clock(config: MemoryConfig, clock: C) -> Self {
         let max_keys = config.max_keys.max(1);
-        // No more shards than keys, so that every shard holds at least one and
-        // the shards' caps add up to exactly `max_keys`.
-        let most_shards = 1 << max_keys.ilog2();
+        // Each shard holds at least MIN_SHARD_KEYS (or all the keys), and
+        // the shards' caps add up to exactly `max_keys`. A shard refuses a
+        // new key once full, so with a few keys per shard a small cap turned
+        // keys away while the store was nearly empty: 12 keys in 128 shards
+        // of 2 met a full shard about once in 80 runs.
+        let most_shards = 1 << (max_keys / MIN_SHARD_KEYS).max(1).ilog2();
         let shards = config
             .shards
             .clamp(1, 1 << 16)
@@ -402,6 +405,9 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 }
+
+/// The fewest keys a shard is made to hold (see [`MemoryStore::with_clock`]).
+const MIN_SHARD_KEYS: usize = 64;
 
 /// How many algorithms [`tag`] tells apart.
 const ALGORITHMS: usize = 9;

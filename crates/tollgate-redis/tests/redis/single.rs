@@ -182,9 +182,16 @@ async fn the_deny_cache_answers_hot_denied_keys_without_redis() {
             cached.decisions[0].retry_after,
             Some(Duration::from_millis(60))
         );
+        // `other` is read, not charged, and reported as a denied check's
+        // admitting limit is: what it would have left after this request.
+        assert_eq!(cached.decisions[1].remaining, 99);
     }
     let after = store.inner().stats();
-    assert_eq!(after.redis_checks, before.1.redis_checks, "no Redis call");
+    assert_eq!(
+        after.redis_checks,
+        before.1.redis_checks + 2,
+        "no Redis check of the cached key: one read of `other` each"
+    );
     assert_eq!(store.stats().hits, before.0.hits + 2);
     // A cheaper request or another quota on the key is not "the same request".
     let read = store

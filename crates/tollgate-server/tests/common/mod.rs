@@ -172,6 +172,19 @@ impl Server {
         .expect("the wait does not panic")
     }
 
+    /// Waits (bounded) until `done(log)` holds for everything logged so
+    /// far, woken by each line; whether it held.
+    pub(crate) async fn wait_until(
+        &self,
+        within: Duration,
+        done: impl FnMut(&str) -> bool + Send + 'static,
+    ) -> bool {
+        let log = Arc::clone(&self.log);
+        tokio::task::spawn_blocking(move || log.wait_for(within, done))
+            .await
+            .expect("the wait does not panic")
+    }
+
     /// Where the gateway listens (`--proxy-listen`); it logs this before
     /// the HTTP and gRPC lines that `spawn` waits for.
     pub(crate) fn gateway(&self) -> SocketAddr {
@@ -315,22 +328,35 @@ pub(crate) fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
 pub(crate) struct Redis {
     child: Child,
     port: u16,
+    args: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
 impl Redis {
     pub(crate) fn start() -> Redis {
+        Self::start_with(&[])
+    }
+
+    /// Starts one with `args` added to its command line
+    /// (`["--requirepass", "secret"]`).
+    pub(crate) fn start_with(args: &[&str]) -> Redis {
         let dir = tempfile::tempdir().expect("a temp dir");
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let password = args
+            .iter()
+            .position(|a| a == "--requirepass")
+            .and_then(|i| args.get(i + 1).cloned());
         loop {
             let port = free_port();
-            let mut child = Self::spawn(port, dir.path());
+            let mut child = Self::spawn(port, dir.path(), &args);
             // Between `free_port` and the bind, a test running beside this
             // one may take the port: this server then exits, and the one
             // that answers is the other's. Another port, then.
-            if answers_as(port, child.id()) {
+            if answers_as(port, child.id(), password.as_deref()) {
                 return Redis {
                     child,
                     port,
+                    args,
                     _dir: dir,
                 };
             }
@@ -340,10 +366,12 @@ impl Redis {
     }
 
     /// Starts a server on `port` and waits until it accepts connections.
-    fn spawn(port: u16, dir: &Path) -> Child {
+    fn spawn(port: u16, dir: &Path, args: &[String]) -> Child {
         let mut child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(args)
+            .arg("--dir")
             .arg(dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -368,7 +396,7 @@ impl Redis {
     /// as a restarted Redis without persistence comes back.
     pub(crate) fn restart(&mut self) {
         self.kill();
-        self.child = Self::spawn(self.port, self._dir.path());
+        self.child = Self::spawn(self.port, self._dir.path(), &self.args);
     }
 
     pub(crate) fn url(&self) -> String {
@@ -389,14 +417,19 @@ impl Drop for Redis {
 }
 
 /// Whether the Redis server on `port` is process `pid` (its `INFO server`
-/// says `process_id:<pid>`).
-fn answers_as(port: u16, pid: u32) -> bool {
+/// says `process_id:<pid>`), logging in with `password` if it has one.
+fn answers_as(port: u16, pid: u32, password: Option<&str>) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    if stream.write_all(b"INFO server\r\n").is_err() {
+    // Pipelined: AUTH's reply comes first and has no `process_id`.
+    let auth = password.map_or(String::new(), |p| format!("AUTH {p}\r\n"));
+    if stream
+        .write_all(format!("{auth}INFO server\r\n").as_bytes())
+        .is_err()
+    {
         return false;
     }
     let mut reply = Vec::new();
