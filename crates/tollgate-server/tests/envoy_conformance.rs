@@ -1380,6 +1380,9 @@ async fn service() {
             &[NO_LIMIT, spent],
             &[],
         );
+        // A later attempt (this one straddled a window) writes its own bad
+        // file, and waits for the failure that names it.
+        std::fs::remove_file(d.config_dir().join(&bad)).expect("removable");
         check
     })
     .await;
@@ -1546,20 +1549,34 @@ async fn unlimited() {
     check.finish();
 }
 
-/// `TestCacheError`: when Redis fails, the call fails (a plain Go error:
-/// `UNKNOWN`).
+/// `TestCacheError`: when Redis fails, envoyproxy/ratelimit answers a plain
+/// Go error (`UNKNOWN`) and Envoy's `failure_mode_deny` decides (allow, by
+/// default). Tollgate decides by each rule's failure policy instead, a
+/// documented difference (`docs/envoy.md`, Differences): with the default,
+/// `local`, this instance counts on from what Redis last reported.
 #[tokio::test]
-async fn cache_error() {
+async fn cache_error_is_decided_by_the_failure_policy() {
     let mut d = Deployment::with_config(SERVICE, Redis::start(), &[]).await;
-    d.redis.kill();
     let mut check = Check::default();
-    let exchange = d
-        .ask(request("different-domain", &[&[("foo", "bar")]], 1))
-        .await;
-    check.error(
+    let foo = || request("different-domain", &[&[("foo", "bar")]], 1);
+    // The listeners open before the store connects: one answer from Redis
+    // first, so that Redis is killed under a running service.
+    let up = d.ask(foo()).await;
+    check.response(
+        "different-domain foo=bar with Redis up",
+        &up,
+        Code::Ok,
+        &[ok(10, Unit::Minute, 9).named("key_name")],
+        &[],
+    );
+    d.redis.kill();
+    let down = d.ask(foo()).await;
+    check.response(
         "different-domain foo=bar with Redis down",
-        &exchange,
-        tonic::Code::Unknown,
+        &down,
+        Code::Ok,
+        &[ok(10, Unit::Minute, 8).named("key_name")],
+        &[],
     );
     check.finish();
 }
