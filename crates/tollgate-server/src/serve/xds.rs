@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tollgate_policy::Reloader;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
-use tonic::transport::Endpoint;
+use tonic::transport::{ClientTlsConfig, Endpoint};
 
 use super::health::Health;
 
@@ -55,6 +55,8 @@ pub(crate) struct Settings {
     pub(crate) retry: Duration,
     /// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`, sent with the stream.
     pub(crate) headers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
+    /// `CONFIG_GRPC_XDS_SERVER_USE_TLS`: how to speak TLS to the server.
+    pub(crate) tls: Option<ClientTlsConfig>,
     /// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`; gRPC's 4 MiB when unset.
     pub(crate) max_message: Option<usize>,
     /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: healthy before the first
@@ -170,9 +172,21 @@ async fn session(
     health: &Health,
     acked: &mut Acked,
 ) -> String {
-    let endpoint = match Endpoint::from_shared(format!("http://{}", settings.server)) {
+    let scheme = if settings.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let endpoint = match Endpoint::from_shared(format!("{scheme}://{}", settings.server)) {
         Ok(endpoint) => endpoint.connect_timeout(CONNECT_TIMEOUT),
         Err(e) => return format!("not a server address: {e}"),
+    };
+    let endpoint = match &settings.tls {
+        Some(tls) => match endpoint.tls_config(tls.clone()) {
+            Ok(endpoint) => endpoint,
+            Err(e) => return format!("cannot set up TLS: {}", chain(&e)),
+        },
+        None => endpoint,
     };
     let channel = match endpoint.connect().await {
         Ok(channel) => channel,
@@ -526,6 +540,7 @@ mod tests {
             node_metadata: vec![("zone".into(), "a".into())],
             retry: Duration::from_secs(3),
             headers: Vec::new(),
+            tls: None,
             max_message: None,
             force_start: false,
             healthy_with_config: false,
