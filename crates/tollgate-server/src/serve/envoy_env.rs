@@ -714,14 +714,19 @@ fn read_xds<F: Fn(&str) -> Option<OsString>>(
             anyhow::anyhow!("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES={n}: not a size in bytes")
         })?),
     };
+    let endpoint = xds::endpoint(&server, tls).map_err(|e| {
+        anyhow::Error::new(e).context(format!(
+            "CONFIG_GRPC_XDS_SERVER_USE_TLS=true: cannot set up TLS to {server}"
+        ))
+    })?;
     Ok(xds::Settings {
+        endpoint,
         server,
         node_id: env.string("CONFIG_GRPC_XDS_NODE_ID", "default")?,
         node_metadata,
         retry,
         headers: headers(&env.string("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "")?)?,
         max_message,
-        tls,
         force_start: env.bool("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?,
         healthy_with_config: env.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)?,
     })
