@@ -632,7 +632,8 @@ fn rule(
         shadow: d.shadow_mode == Some(true),
         detailed_metric: d.detailed_metric == Some(true),
         value_to_metric: level.value_to_metric.clone(),
-        envoy_path: level.path.clone(),
+        path: level.path.clone(),
+        envoy_format: true,
         quota_mode: d.quota_mode == Some(true),
         metadata: d.metadata.as_ref().and_then(|m| m.0.clone()).map(Arc::new),
         // Only envoyproxy/ratelimit's own windows report its whole seconds

@@ -160,17 +160,7 @@ pub(crate) fn compile(file: File<'_>, root: NativeFile) -> Result<(String, Domai
                 }
             }
         }
-        let path: Vec<(String, Pattern)> = r
-            .matches
-            .iter()
-            .map(|m| {
-                (
-                    m.value.key.clone(),
-                    Pattern::parse(m.value.value.as_deref()),
-                )
-            })
-            .collect();
-        if let Err(existing) = domain.tree.insert(&path, Arc::clone(&rule)) {
+        if let Err(existing) = domain.tree.insert(&rule.path, Arc::clone(&rule)) {
             return Err(file.at(
                 spanned,
                 format!("{field}.match"),
@@ -360,7 +350,17 @@ fn rule(
         shadow: r.shadow,
         detailed_metric: false,
         value_to_metric: Vec::new(),
-        envoy_path: Vec::new(),
+        path: r
+            .matches
+            .iter()
+            .map(|m| {
+                (
+                    m.value.key.clone(),
+                    Pattern::parse(m.value.value.as_deref()),
+                )
+            })
+            .collect(),
+        envoy_format: false,
         quota_mode: false,
         metadata: None,
         action,

@@ -149,6 +149,50 @@ impl Policy {
         Ok(policy)
     }
 
+    /// Every error [`Policy::load_files`] can find in `path`, rather than
+    /// only the first: the first error of each file, each file read on its
+    /// own, then what the files that read well refuse together (a domain
+    /// defined twice, a merged descriptor repeated, a second `store`
+    /// section), files in name order. Empty exactly when
+    /// [`Policy::load_files`] loads the path. For `tollgate check-config`.
+    pub fn load_errors(path: &Path, files: ConfigFiles) -> Vec<ConfigError> {
+        let io_error = |path: &Path, e: std::io::Error| ConfigError {
+            path: path.to_owned(),
+            line: 0,
+            column: 0,
+            field: "file".into(),
+            reason: e.to_string(),
+        };
+        let merge = files.merge_domains;
+        let list = match config_files(path, files) {
+            Ok(list) => list,
+            Err(e) => return vec![io_error(path, e)],
+        };
+        let mut errors = Vec::new();
+        let mut good = Vec::new();
+        for file in list {
+            let read = std::fs::read_to_string(&file)
+                .map_err(|e| io_error(&file, e))
+                .and_then(|text| {
+                    Policy::default().add_file(&file, &text, merge)?;
+                    Ok(text)
+                });
+            match read {
+                Ok(text) => good.push((file, text)),
+                Err(e) => errors.push(e),
+            }
+        }
+        // A refused file leaves the policy as it was, so every later
+        // clash is still found.
+        let mut together = Policy::default();
+        for (file, text) in good {
+            if let Err(e) = together.add_file(&file, &text, merge) {
+                errors.push(e);
+            }
+        }
+        errors
+    }
+
     /// Reads one config file's text; `name` is how errors name the file.
     pub fn parse(name: impl AsRef<Path>, text: &str) -> Result<Self, ConfigError> {
         let mut policy = Policy::default();
@@ -242,6 +286,12 @@ impl Policy {
     /// ([`Counting`](crate::Counting)).
     pub fn is_envoy(&self, domain: &str) -> bool {
         self.domains.get(domain).is_some_and(|d| d.envoy)
+    }
+
+    /// The file that defined `domain` (the first of them, when files were
+    /// merged into it).
+    pub fn domain_file(&self, domain: &str) -> Option<&str> {
+        self.domains.get(domain).map(|d| d.source.as_str())
     }
 
     /// The rules of `domain`, in the order they were defined.
@@ -451,7 +501,8 @@ fn override_limit(
             shadow: false,
             detailed_metric: false,
             value_to_metric: Vec::new(),
-            envoy_path: Vec::new(),
+            path: Vec::new(),
+            envoy_format: false,
             quota_mode: false,
             metadata: None,
             action,

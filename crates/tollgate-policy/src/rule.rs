@@ -62,10 +62,12 @@ pub struct Rule {
     pub(crate) shadow: bool,
     pub(crate) detailed_metric: bool,
     pub(crate) value_to_metric: Vec<bool>,
-    /// envoyproxy/ratelimit's descriptor path, level by level: what
-    /// [`Rule::envoy_stat_key`] names the stats by. Empty for native rules and
-    /// overrides.
-    pub(crate) envoy_path: Vec<(String, Pattern)>,
+    /// What the rule matches, level by level (the native `match` list, or
+    /// envoyproxy/ratelimit's descriptor path, by which
+    /// [`Rule::envoy_stat_key`] names the stats). Empty for overrides.
+    pub(crate) path: Vec<(String, Pattern)>,
+    /// Written in envoyproxy/ratelimit's format.
+    pub(crate) envoy_format: bool,
     pub(crate) quota_mode: bool,
     /// envoyproxy/ratelimit's descriptor `metadata`, when not empty.
     pub(crate) metadata: Option<Arc<Metadata>>,
@@ -95,7 +97,7 @@ impl Rule {
     /// windows count denied hits under its counting (see
     /// [`Counting`](crate::Counting)).
     pub fn is_envoy(&self) -> bool {
-        !self.envoy_path.is_empty() || self.envoy_window.is_some()
+        self.envoy_format || self.envoy_window.is_some()
     }
 
     /// The window of one `unit`, aligned to the Unix epoch, that the rule
@@ -176,6 +178,49 @@ impl Rule {
     /// The name of the shared bucket this rule spends, if any.
     pub fn bucket(&self) -> Option<&str> {
         self.limited().and_then(|l| l.bucket.as_deref())
+    }
+
+    /// What the rule matches, level by level: each level's key and its value
+    /// as written, `None` for any value (one budget per distinct value); a
+    /// value with a `*` is a wildcard. Empty for a request's limit override.
+    pub fn matches(&self) -> impl Iterator<Item = (&str, Option<String>)> {
+        self.path.iter().map(|(key, pattern)| {
+            let value = match pattern {
+                Pattern::Exact(v) => Some(v.clone()),
+                Pattern::Prefix(p) => Some(format!("{p}*")),
+                Pattern::Glob(g) => Some(g.to_string()),
+                Pattern::Any => None,
+            };
+            (key.as_str(), value)
+        })
+    }
+
+    /// The names of the rules this one replaces when both match a request
+    /// (envoyproxy/ratelimit's `replaces`).
+    pub fn replaces(&self) -> &[String] {
+        &self.replaces
+    }
+
+    /// What decides a check of this rule when the store cannot answer,
+    /// unless the rule counts nothing (unlimited, or blocking everything).
+    pub fn failure(&self) -> Option<FailurePolicy> {
+        self.limited().map(|l| l.failure)
+    }
+
+    /// The descriptor key whose value picks the quota, when the rule has
+    /// tiers; [`Rule::quota`] is then the default tier's.
+    pub fn tiered_by(&self) -> Option<&str> {
+        self.limited()
+            .and_then(|l| l.tiers.as_ref())
+            .map(|t| t.by.as_str())
+    }
+
+    /// The descriptor key whose value picks the priority class, when the rule
+    /// has priority reserves.
+    pub fn priority_by(&self) -> Option<&str> {
+        self.limited()
+            .and_then(|l| l.priority.as_ref())
+            .map(|p| p.by.as_str())
     }
 }
 

@@ -30,14 +30,14 @@ impl Rule {
             let parts: Vec<String> = entries.iter().map(|e| joined(&e.key, &e.value)).collect();
             return Some(Cow::Owned(parts.join(".")));
         }
-        if self.envoy_path.is_empty() {
+        if !self.envoy_format {
             return None;
         }
         let varies = self.detailed_metric || self.value_to_metric.contains(&true);
-        if !varies || entries.len() != self.envoy_path.len() {
+        if !varies || entries.len() != self.path.len() {
             return Some(Cow::Borrowed(&self.id));
         }
-        let levels = self.envoy_path.iter().zip(&self.value_to_metric);
+        let levels = self.path.iter().zip(&self.value_to_metric);
         let parts: Vec<String> = levels
             .zip(entries)
             .map(|(((key, pattern), &to_metric), entry)| {
@@ -59,7 +59,7 @@ impl Rule {
 
     /// Whether a level is a `share_threshold` wildcard.
     fn has_shared_level(&self) -> bool {
-        self.envoy_path
+        self.path
             .iter()
             .any(|(_, p)| matches!(p, Pattern::Glob(g) if g.shares()))
     }

@@ -856,3 +856,42 @@ rules:
         );
     }
 }
+
+/// `Policy::load_errors` finds what `Policy::load_files` refuses, every
+/// file's first error rather than the first file's, then what the files that
+/// read well refuse together; and nothing when the path loads.
+#[test]
+fn load_errors_gives_every_files_first_error_then_the_clashes() {
+    use tollgate_policy::ConfigFiles;
+    let rule = |domain: &str, per: &str| {
+        format!(
+            "domain: {domain}\nrules:\n  - name: r\n    match: [{{ key: k }}]\n    limit: {{ requests: 1, per: {per} }}\n"
+        )
+    };
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let files = [
+        ("a.yaml", rule("a", "1 sec")),
+        ("b.yaml", rule("b", "1s")),
+        ("c.yaml", rule("b", "1s")),
+        ("d.yaml", rule("d", "fortnight")),
+    ];
+    for (name, text) in &files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    let first = Policy::load(dir.path()).expect_err("refused");
+    let errors = Policy::load_errors(dir.path(), ConfigFiles::default());
+    assert_eq!(errors[0], first, "the loader's own error comes first");
+    let alone = |name: &str| Policy::load(&dir.path().join(name)).expect_err("refused");
+    let clash = errors.last().unwrap();
+    assert_eq!(errors[..2], [alone("a.yaml"), alone("d.yaml")]);
+    assert_eq!(errors.len(), 3);
+    assert!(clash.path.ends_with("c.yaml"), "{clash}");
+    assert_eq!((clash.line, clash.field.as_str()), (1, "domain"));
+    assert!(clash.reason.contains("b.yaml"), "{clash}");
+
+    for name in ["a.yaml", "c.yaml", "d.yaml"] {
+        std::fs::remove_file(dir.path().join(name)).unwrap();
+    }
+    assert!(Policy::load(dir.path()).is_ok());
+    assert_eq!(Policy::load_errors(dir.path(), ConfigFiles::default()), []);
+}

@@ -492,9 +492,23 @@ fn groups_index(groups: &[SmallVec<[usize; 4]>], n: usize) -> Vec<usize> {
     index
 }
 
+impl RedisStore {
+    /// What [`Store::supports`] answers, without a store: whether the Redis
+    /// store holds `quota` exactly (its numbers within 2^52), whatever the
+    /// algorithm. `tollgate check-config` checks a config against it without
+    /// connecting.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Invalid`], saying which number is beyond the bound.
+    pub fn holds(quota: &Quota) -> Result<(), StoreError> {
+        script::check(quota).map_err(StoreError::Invalid)
+    }
+}
+
 impl Store for RedisStore {
     fn supports(&self, _: Algorithm, quota: &Quota) -> Result<(), StoreError> {
-        script::check(quota).map_err(StoreError::Invalid)
+        Self::holds(quota)
     }
 
     fn check(

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Subcommand};
 use tollgate_server::serve;
 
+mod check_config;
 mod simulate;
 
 /// Tollgate, a rate limiter.
@@ -30,6 +31,10 @@ enum Command {
     /// Serve rate limit checks: Envoy's Rate Limit Service over gRPC and an
     /// HTTP API, with metrics, health checks, an admin API and hot reload.
     Serve(Box<serve::Args>),
+    /// Check config files or directories as `serve` would load them, and
+    /// print their rules, or every error with its file, line and field
+    /// (exit status 1). For CI pipelines and pre-commit hooks.
+    CheckConfig(check_config::Args),
 }
 
 /// Whether the error is only that whoever read our output stopped reading
@@ -56,6 +61,11 @@ fn main() -> ExitCode {
                 serve::Args::from_envoy_env(flags, false).and_then(serve::run)
             }
             (Command::Serve(args), None) => serve::run(*args),
+            (Command::CheckConfig(args), _) => match check_config::run(&args) {
+                // Its own status: 1 for an invalid config.
+                Ok(code) => return code,
+                Err(err) => Err(err),
+            },
         }
     };
     match result {
