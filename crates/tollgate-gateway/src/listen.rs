@@ -15,6 +15,15 @@
 //! often: out of file descriptors) is counted in
 //! `tollgate_accept_errors_total`, logged at WARN (at most once a second)
 //! and retried after a short pause, so the loop neither spins nor stops.
+//!
+//! A listener given a TLS config ([`Acceptor::with_tls`]) wraps each
+//! accepted connection in TLS before HTTP: the handshake holds the
+//! connection's slot under the cap and must end within
+//! [`ConnectionLimits::header_read_timeout`] (so a slow or stalled handshake
+//! frees its slot as a slow head does), its time counts towards the idle
+//! timeout, and one that fails or takes too long closes the connection and
+//! is counted in `tollgate_tls_handshake_errors_total`. ALPN offers what the
+//! listener's [`Protocol`] speaks (`h2` only for gRPC).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -30,9 +39,10 @@ use hyper::server::conn::http1;
 use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 
 /// The most bytes an HTTP/1 request's start line and headers may take
 /// (`431` beyond; see [`Builders`] for the HTTP API's), and an HTTP/2
@@ -55,6 +65,8 @@ pub const ACCEPT_ERRORS: &str = "tollgate_accept_errors_total";
 pub const REFUSED_CONNECTIONS: &str = "tollgate_refused_connections_total";
 /// Connections open now, by listener.
 pub const OPEN_CONNECTIONS: &str = "tollgate_open_connections";
+/// TLS handshakes that failed or did not end in time, by listener.
+pub const TLS_HANDSHAKE_ERRORS: &str = "tollgate_tls_handshake_errors_total";
 
 /// What one listener allows its connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,7 +75,7 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// How long an HTTP/1 request's head may take to arrive (hyper also
     /// closes a kept-alive connection that has waited this long for its next
-    /// request).
+    /// request), and a TLS handshake to end.
     pub header_read_timeout: Duration,
     /// How long a connection may stay open with no request in flight.
     pub idle_timeout: Duration,
@@ -89,6 +101,7 @@ pub struct Acceptor {
     limits: ConnectionLimits,
     protocol: Protocol,
     open: Arc<Semaphore>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Acceptor {
@@ -101,7 +114,22 @@ impl Acceptor {
             limits,
             protocol,
             open: Arc::new(Semaphore::new(permits)),
+            tls: None,
         }
+    }
+
+    /// The same policy, serving TLS with `config` on every connection (see
+    /// the module's doc). Its ALPN protocols are replaced by what the
+    /// listener's [`Protocol`] speaks.
+    #[must_use]
+    pub fn with_tls(mut self, mut config: rustls::ServerConfig) -> Self {
+        config.alpn_protocols = match self.protocol {
+            Protocol::Http1 => vec![b"http/1.1".to_vec()],
+            Protocol::Http2 => vec![b"h2".to_vec()],
+            Protocol::Any => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        };
+        self.tls = Some(Arc::new(config));
+        self
     }
 
     /// Serves `listener` until `stopped` changes (or its sender is dropped),
@@ -163,28 +191,33 @@ impl Acceptor {
             };
             let builders = Arc::clone(&builders);
             let (stopped, idle_timeout) = (stopped.clone(), self.limits.idle_timeout);
-            let open = metrics::gauge!(OPEN_CONNECTIONS, "listener" => self.name);
+            let (tls, handshake_timeout) = (self.tls.clone(), self.limits.header_read_timeout);
+            let name = self.name;
+            let open = metrics::gauge!(OPEN_CONNECTIONS, "listener" => name);
             open.increment(1);
+            let mut slot = Some(Slot {
+                _permit: permit,
+                open,
+            });
             tokio::spawn(async move {
-                let io = TokioIo::new(stream);
-                let watch = Watch {
+                let mut watch = Watch {
                     activity: &activity,
                     idle_timeout,
                     stopped,
                     peer,
                 };
-                match &*builders {
-                    Builders::Http1(http1) => {
-                        let connection = http1.serve_connection(io, service);
-                        watch.serve(connection, |c| c.graceful_shutdown()).await;
-                    }
-                    Builders::Auto(auto) => {
-                        let connection = auto.serve_connection(io, service);
-                        watch.serve(connection, |c| c.graceful_shutdown()).await;
+                match tls {
+                    None => builders.serve(TokioIo::new(stream), service, watch).await,
+                    Some(tls) => {
+                        let tls = TlsAcceptor::from(tls);
+                        let handshake =
+                            handshake(&tls, stream, handshake_timeout, &mut watch, name, &mut slot);
+                        if let Some(stream) = handshake.await {
+                            builders.serve(TokioIo::new(stream), service, watch).await;
+                        }
                     }
                 }
-                open.decrement(1);
-                drop(permit);
+                drop(slot);
             });
         }
         drop(listener);
@@ -233,6 +266,81 @@ enum Builders {
     Http1(http1::Builder),
     /// hyper-util's, for HTTP/2 and for either version.
     Auto(auto::Builder<TokioExecutor>),
+}
+
+impl Builders {
+    /// Serves one connection over `io` with `service`, watched by `watch`.
+    async fn serve<I, S, B>(&self, io: I, service: S, watch: Watch<'_>)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+        S: Service<Request<Incoming>, Response = Response<B>> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        B: Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        match self {
+            Builders::Http1(http1) => {
+                let connection = http1.serve_connection(io, service);
+                watch.serve(connection, |c| c.graceful_shutdown()).await;
+            }
+            Builders::Auto(auto) => {
+                let connection = auto.serve_connection(io, service);
+                watch.serve(connection, |c| c.graceful_shutdown()).await;
+            }
+        }
+    }
+}
+
+/// A connection's place under its listener's cap, given back when dropped.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    open: metrics::Gauge,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.decrement(1);
+    }
+}
+
+/// The TLS handshake of `stream`, within `timeout`; `None` (the connection
+/// closed) when it fails, takes longer, or the service stops meanwhile. A
+/// failed handshake gives its `slot` back before its connection closes, so
+/// that a client seeing the close finds the slot free.
+async fn handshake(
+    tls: &TlsAcceptor,
+    stream: TcpStream,
+    timeout: Duration,
+    watch: &mut Watch<'_>,
+    listener: &'static str,
+    slot: &mut Option<Slot>,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let peer = watch.peer;
+    let mut failed = |error: &dyn std::fmt::Display| {
+        metrics::counter!(TLS_HANDSHAKE_ERRORS, "listener" => listener).increment(1);
+        // At DEBUG: a client with a wrong certificate, or a scanner, would
+        // otherwise fill the log.
+        tracing::debug!(%peer, listener, %error, "TLS handshake failed");
+        drop(slot.take());
+    };
+    let mut accept = pin!(tls.accept(stream).into_fallible());
+    tokio::select! {
+        done = &mut accept => match done {
+            Ok(stream) => Some(stream),
+            Err((error, stream)) => {
+                failed(&error);
+                drop(stream);
+                None
+            }
+        },
+        () = tokio::time::sleep(timeout) => {
+            failed(&"did not end within the header-read timeout");
+            None
+        }
+        _ = watch.stopped.changed() => None,
+    }
 }
 
 /// What serving one connection needs besides the connection.

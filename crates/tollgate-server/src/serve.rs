@@ -40,6 +40,7 @@ mod listeners;
 mod metrics;
 mod native;
 mod reload;
+mod tls;
 mod xds;
 
 pub use envoy_env::{ENVOY_VARIABLES, invoked_as_ratelimit, ratelimit_command};
@@ -133,6 +134,9 @@ pub struct Args {
 
     #[command(flatten, next_help_heading = "Listeners")]
     listen: listeners::Args,
+
+    #[command(flatten, next_help_heading = "gRPC TLS")]
+    grpc_tls: tls::Args,
 
     #[command(flatten, next_help_heading = "Store")]
     store: backend::StoreArgs,
@@ -318,6 +322,8 @@ struct Prepared {
     store: Option<(PathBuf, StoreSettings)>,
     /// envoyproxy/ratelimit's debug listener, in its mode.
     debug: Option<TcpListener>,
+    /// The gRPC listener's TLS, when asked for.
+    grpc_tls: Option<rustls::ServerConfig>,
 }
 
 /// Loads the policy and binds the gateway: what `tollgate serve` does before
@@ -342,6 +348,11 @@ async fn prepare(args: Args) -> anyhow::Result<Prepared> {
         (None, None) => "built-in default".to_owned(),
     };
     tracing::info!(?domains, %source, "policy loaded");
+    let grpc_tls = match args.envoy.as_ref().and_then(|e| e.grpc_tls.clone()) {
+        Some(files) => Some(files),
+        None => tls::ServerFiles::from_flags(&args.grpc_tls)?,
+    };
+    let grpc_tls = grpc_tls.map(|files| files.config()).transpose()?;
 
     let gateway = tollgate_gateway::Settings::resolve(args.gateway.clone())?;
     let caps = listeners::fit(
@@ -402,6 +413,7 @@ async fn prepare(args: Args) -> anyhow::Result<Prepared> {
         max_connections: caps.api,
         store,
         debug,
+        grpc_tls,
     })
 }
 
@@ -420,6 +432,7 @@ async fn launch(
         max_connections,
         store,
         debug,
+        grpc_tls,
     } = prepared;
     let http_addr = local_addr("HTTP", &listeners.http)?;
     let grpc_addr = local_addr("gRPC", &listeners.grpc)?;
@@ -497,12 +510,13 @@ async fn launch(
             Arc::clone(&reply),
         )))
         .prepare();
-    let grpc_task = serve_on(
-        Acceptor::new("grpc", limits, Protocol::Http2),
-        listeners.grpc,
-        stopped.clone(),
-        move |_| TowerToHyperService::new(routes.clone()),
-    );
+    let mut grpc_acceptor = Acceptor::new("grpc", limits, Protocol::Http2);
+    if let Some(config) = grpc_tls {
+        grpc_acceptor = grpc_acceptor.with_tls(config);
+    }
+    let grpc_task = serve_on(grpc_acceptor, listeners.grpc, stopped.clone(), move |_| {
+        TowerToHyperService::new(routes.clone())
+    });
 
     let store_metrics: Option<Box<dyn Fn() + Send + Sync>> = {
         let enforcer = Arc::clone(&enforcer);

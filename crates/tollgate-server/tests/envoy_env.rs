@@ -229,3 +229,75 @@ fn serve_reads_the_env_only_when_asked() {
     );
     assert_eq!(server.http.ip(), std::net::Ipv4Addr::LOCALHOST);
 }
+
+#[test]
+fn a_tls_file_that_cannot_be_used_stops_the_start_naming_it() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = common::pki::Ca::new("CA");
+    let server = ca.issue(
+        dir.path(),
+        "server",
+        &["localhost"],
+        common::pki::Role::Server,
+    );
+    let other = ca.issue(
+        dir.path(),
+        "other",
+        &["localhost"],
+        common::pki::Role::Server,
+    );
+    std::fs::create_dir_all(dir.path().join("config")).expect("writable");
+    std::fs::write(dir.path().join("config").join("config.yaml"), config(5)).expect("writable");
+    let missing = dir.path().join("missing.pem");
+    let not_pem = dir.path().join("notes.txt");
+    std::fs::write(&not_pem, "not a certificate").expect("writable");
+    let path = |p: &Path| p.to_str().expect("UTF-8").to_owned();
+    for (vars, needle) in [
+        (
+            vec![
+                ("GRPC_SERVER_TLS_CERT", path(&missing)),
+                ("GRPC_SERVER_TLS_KEY", path(&server.key)),
+            ],
+            format!("GRPC_SERVER_TLS_CERT: cannot read {}", missing.display()),
+        ),
+        (
+            vec![
+                ("GRPC_SERVER_TLS_CERT", path(&server.cert)),
+                ("GRPC_SERVER_TLS_KEY", path(&not_pem)),
+            ],
+            format!(
+                "GRPC_SERVER_TLS_KEY: {}: no PEM private key",
+                not_pem.display()
+            ),
+        ),
+        (
+            vec![
+                ("GRPC_SERVER_TLS_CERT", path(&server.cert)),
+                ("GRPC_SERVER_TLS_KEY", path(&other.key)),
+            ],
+            "not a certificate and its key".to_owned(),
+        ),
+        (
+            vec![
+                ("GRPC_SERVER_TLS_CERT", path(&server.cert)),
+                ("GRPC_SERVER_TLS_KEY", path(&server.key)),
+                ("GRPC_CLIENT_TLS_CACERT", path(&not_pem)),
+            ],
+            format!(
+                "GRPC_CLIENT_TLS_CACERT: {}: no PEM certificate",
+                not_pem.display()
+            ),
+        ),
+    ] {
+        let mut command = ratelimit(dir.path());
+        command
+            .env("GRPC_SERVER_USE_TLS", "true")
+            .env("RUNTIME_ROOT", dir.path())
+            .env("REDIS_SOCKET_TYPE", "tcp")
+            .env("REDIS_URL", "127.0.0.1:1")
+            .envs(vars.iter().map(|(k, v)| (*k, v.as_str())));
+        let (success, stderr) = exit_of(command);
+        assert!(!success, "{vars:?} started");
+        assert!(stderr.contains(&needle), "{needle}: {stderr}");
+    }
+}

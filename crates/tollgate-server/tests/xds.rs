@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::pki::{Ca, Issued, Role};
 use common::{Redis, Server, free_port, ratelimit, rls_request};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
@@ -32,6 +33,7 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
 use prost::{Message, Name};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 /// How long the client may take to send what a test waits for.
@@ -152,8 +154,13 @@ struct XdsServer {
 }
 
 impl XdsServer {
-    /// Starts it on `addr` (port 0 for a free one) with `snapshot`.
-    async fn start(addr: SocketAddr, snapshot: Option<Snapshot>) -> XdsServer {
+    /// Starts it on `addr` (port 0 for a free one) with `snapshot`, over
+    /// `tls` when given.
+    async fn start(
+        addr: SocketAddr,
+        snapshot: Option<Snapshot>,
+        tls: Option<ServerTlsConfig>,
+    ) -> XdsServer {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .expect("a loopback port");
@@ -170,7 +177,11 @@ impl XdsServer {
         };
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let task = tokio::spawn(async move {
-            tonic::transport::Server::builder()
+            let mut builder = tonic::transport::Server::builder();
+            if let Some(tls) = tls {
+                builder = builder.tls_config(tls).expect("a TLS config");
+            }
+            builder
                 .add_service(AggregatedDiscoveryServiceServer::new(ads))
                 .serve_with_incoming(incoming)
                 .await
@@ -396,7 +407,7 @@ async fn answer(xds: &mut XdsServer) -> Seen {
 async fn config_over_xds_is_followed_acked_and_nacked() {
     let redis = Redis::start();
     let bin = tempfile::tempdir().expect("a temp dir");
-    let mut xds = XdsServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), None).await;
+    let mut xds = XdsServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), None, None).await;
     let server = start(&redis, xds.addr, bin.path(), &[]);
 
     // Before any config: listening and nothing is limited, but unhealthy,
@@ -588,7 +599,7 @@ async fn config_over_xds_is_followed_acked_and_nacked() {
 async fn the_client_reconnects_after_the_server_restarts() {
     let redis = Redis::start();
     let bin = tempfile::tempdir().expect("a temp dir");
-    let mut xds = XdsServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), None).await;
+    let mut xds = XdsServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), None, None).await;
     xds.set("1", &initial());
     let server = start(&redis, xds.addr, bin.path(), &[]);
     let ack = answer(&mut xds).await;
@@ -616,7 +627,7 @@ async fn the_client_reconnects_after_the_server_restarts() {
         "the config stays in force"
     );
 
-    let mut xds = XdsServer::start(addr, None).await;
+    let mut xds = XdsServer::start(addr, None, None).await;
     let reopened = xds.next().await;
     assert_eq!(reopened.stream, 1, "a new server's first stream");
     assert_eq!(
@@ -639,7 +650,7 @@ async fn the_client_reconnects_after_the_server_restarts() {
 async fn health_follows_force_start_and_healthy_with_a_config() {
     let redis = Redis::start();
     let bin = tempfile::tempdir().expect("a temp dir");
-    let mut xds = XdsServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), None).await;
+    let mut xds = XdsServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), None, None).await;
 
     // FORCE_START_WITHOUT_INITIAL_CONFIG: serving, healthy, before a config.
     let forced = [("FORCE_START_WITHOUT_INITIAL_CONFIG", "true")];
@@ -670,4 +681,83 @@ async fn health_follows_force_start_and_healthy_with_a_config() {
         "an empty snapshot is put in force"
     );
     assert_eq!(healthcheck(&server).await, 500, "no domain");
+}
+
+/// The xDS server's TLS: `identity`, and client certificates required and
+/// verified against `clients`.
+fn server_tls(identity: &Issued, clients: &Ca) -> ServerTlsConfig {
+    let (cert, key) = identity.pem();
+    ServerTlsConfig::new()
+        .identity(Identity::from_pem(cert, key))
+        .client_ca_root(Certificate::from_pem(clients.pem()))
+}
+
+/// The client's TLS variables: its certificate `client`, the server's CA
+/// file `ca` and the name `xds.test`, which the server's certificate must
+/// carry (the URL names 127.0.0.1).
+fn client_tls<'a>(client: &'a Issued, ca: &'a std::path::Path) -> [(&'a str, &'a str); 5] {
+    let path = |p: &'a std::path::Path| p.to_str().expect("UTF-8");
+    [
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", path(&client.cert)),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", path(&client.key)),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", path(ca)),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xds.test"),
+    ]
+}
+
+#[tokio::test]
+async fn the_client_speaks_mutual_tls_to_the_server() {
+    let redis = Redis::start();
+    let bin = tempfile::tempdir().expect("a temp dir");
+    let pki = tempfile::tempdir().expect("a temp dir");
+    let ca = Ca::new("xDS CA");
+    let server_cert = ca.issue(pki.path(), "xds", &["xds.test"], Role::Server);
+    let client = ca.issue(pki.path(), "ratelimit", &["ratelimit.test"], Role::Client);
+    let ca_file = ca.write(pki.path(), "ca.pem");
+    let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut xds = XdsServer::start(addr, None, Some(server_tls(&server_cert, &ca))).await;
+    xds.set("1", &initial());
+    let server = start(&redis, xds.addr, bin.path(), &client_tls(&client, &ca_file));
+    let ack = answer(&mut xds).await;
+    assert_eq!(
+        (ack.request.version_info.as_str(), ack.request.error_detail),
+        ("1", None)
+    );
+    let answer = check(&server, "basic", &[&[("key1", "a")]]).await;
+    assert_eq!(
+        status(&answer.statuses[0]),
+        (Code::Ok, Some((50, Unit::Second)), 49),
+        "the config came over TLS"
+    );
+}
+
+#[tokio::test]
+async fn a_server_certificate_of_another_ca_is_refused_and_retried() {
+    let redis = Redis::start();
+    let bin = tempfile::tempdir().expect("a temp dir");
+    let pki = tempfile::tempdir().expect("a temp dir");
+    let ca = Ca::new("xDS CA");
+    let client = ca.issue(pki.path(), "ratelimit", &["ratelimit.test"], Role::Client);
+    let ca_file = ca.write(pki.path(), "ca.pem");
+    let impostor_ca = Ca::new("another CA");
+    let impostor = impostor_ca.issue(pki.path(), "impostor", &["xds.test"], Role::Server);
+    let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut xds = XdsServer::start(addr, None, Some(server_tls(&impostor, &ca))).await;
+    xds.set("1", &initial());
+    let server = start(&redis, xds.addr, bin.path(), &client_tls(&client, &ca_file));
+    let retried = server
+        .wait_until(WITHIN, |log| {
+            log.lines()
+                .filter(|line| line.contains("xDS stream ended, reconnecting"))
+                .filter(|line| line.contains("UnknownIssuer"))
+                .count()
+                >= 2
+        })
+        .await;
+    assert!(retried, "{}", server.log());
+    assert!(
+        xds.seen.try_recv().is_err(),
+        "the impostor heard no request"
+    );
 }

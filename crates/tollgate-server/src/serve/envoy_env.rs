@@ -40,7 +40,7 @@ use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tracing_subscriber::EnvFilter;
 
 use super::envoy::{DEFAULT_NAMES, HeaderFamily};
-use super::{Args, RedisUrl, ServeFlags, xds};
+use super::{Args, RedisUrl, ServeFlags, tls, xds};
 
 /// Every variable envoyproxy/ratelimit's `settings.go` reads (at commit
 /// f2fb157). Each is either read here or in [`IGNORED`].
@@ -163,18 +163,36 @@ pub const ENVOY_VARIABLES: &[&str] = &[
 
 const GRPC_TUNING: &str =
     "Tollgate closes idle connections (--idle-timeout) and sets no maximum connection age";
-const NO_GRPC_TLS: &str = "used with GRPC_SERVER_USE_TLS only, which Tollgate refuses";
-const NO_XDS_TLS: &str = "used with CONFIG_GRPC_XDS_SERVER_USE_TLS only, which Tollgate refuses";
+const NO_GRPC_TLS: &str = "used with GRPC_SERVER_USE_TLS=true only";
+const NO_XDS_TLS: &str = "used with CONFIG_GRPC_XDS_SERVER_USE_TLS=true only";
+/// The gRPC listener's TLS files, read with `GRPC_SERVER_USE_TLS=true`.
+const GRPC_TLS_VARIABLES: [&str; 4] = [
+    "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY",
+    "GRPC_CLIENT_TLS_CACERT",
+    "GRPC_CLIENT_TLS_SAN",
+];
+/// The xDS client's TLS files, read with `CONFIG_GRPC_XDS_SERVER_USE_TLS=true`.
+const XDS_TLS_VARIABLES: [&str; 4] = [
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+];
 const XDS_RETRY: &str =
     "Tollgate reconnects to the xDS server every CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL";
 /// The variables of `CONFIG_TYPE=GRPC_XDS_SOTW`, ignored with `FILE`.
-const XDS_VARIABLES: [&str; 7] = [
+const XDS_VARIABLES: [&str; 11] = [
     "CONFIG_GRPC_XDS_NODE_ID",
     "CONFIG_GRPC_XDS_NODE_METADATA",
     "CONFIG_GRPC_XDS_SERVER_URL",
     "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
     "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
     "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
     "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
 ];
 const NO_STATSD: &str =
@@ -192,14 +210,6 @@ const NO_TRACING: &str = "Tollgate exports no OpenTelemetry traces";
 const IGNORED: &[(&str, &str)] = &[
     ("GRPC_MAX_CONNECTION_AGE", GRPC_TUNING),
     ("GRPC_MAX_CONNECTION_AGE_GRACE", GRPC_TUNING),
-    ("GRPC_SERVER_TLS_CERT", NO_GRPC_TLS),
-    ("GRPC_SERVER_TLS_KEY", NO_GRPC_TLS),
-    ("GRPC_CLIENT_TLS_CACERT", NO_GRPC_TLS),
-    ("GRPC_CLIENT_TLS_SAN", NO_GRPC_TLS),
-    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", NO_XDS_TLS),
-    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", NO_XDS_TLS),
-    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", NO_XDS_TLS),
-    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", NO_XDS_TLS),
     ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", XDS_RETRY),
     ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", XDS_RETRY),
     ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", XDS_RETRY),
@@ -349,6 +359,8 @@ pub(crate) struct Envoy {
     /// `CONFIG_TYPE=GRPC_XDS_SOTW`: where the config comes from instead of
     /// files.
     pub(crate) xds: Option<xds::Settings>,
+    /// `GRPC_SERVER_USE_TLS=true`: the gRPC listener's TLS files.
+    pub(crate) grpc_tls: Option<tls::ServerFiles>,
     /// The log level when `RUST_LOG` does not say (`LOG_LEVEL`).
     log_level: &'static str,
     /// `LOG_FORMAT=json`.
@@ -516,10 +528,13 @@ fn read<F: Fn(&str) -> Option<OsString>>(
         );
     }
     if env.bool("GRPC_SERVER_USE_TLS", false)? {
-        bail!(
-            "GRPC_SERVER_USE_TLS=true: Tollgate's gRPC listener does not speak TLS; \
-             refusing to serve in clear what was asked to be encrypted"
-        );
+        envoy.grpc_tls = Some(read_grpc_tls(env, args, matches, &mut envoy)?);
+    } else {
+        for name in GRPC_TLS_VARIABLES {
+            if let Some(value) = env.get(name)? {
+                envoy.ignored(name, &value, NO_GRPC_TLS);
+            }
+        }
     }
 
     envoy.log_level = log_level(&env.string("LOG_LEVEL", "WARN")?)?;
@@ -558,7 +573,7 @@ fn read<F: Fn(&str) -> Option<OsString>>(
                      either over xDS or from files; unset one"
                 );
             }
-            envoy.xds = Some(read_xds(env)?);
+            envoy.xds = Some(read_xds(env, &mut envoy)?);
         }
         other => bail!("CONFIG_TYPE={other:?}: expected FILE or GRPC_XDS_SOTW"),
     }
@@ -631,13 +646,48 @@ fn read<F: Fn(&str) -> Option<OsString>>(
 
 /// The settings of `CONFIG_TYPE=GRPC_XDS_SOTW`, with
 /// envoyproxy/ratelimit's defaults.
-fn read_xds<F: Fn(&str) -> Option<OsString>>(env: &Env<F>) -> anyhow::Result<xds::Settings> {
-    if env.bool("CONFIG_GRPC_XDS_SERVER_USE_TLS", false)? {
-        bail!(
-            "CONFIG_GRPC_XDS_SERVER_USE_TLS=true: this build of Tollgate connects to the xDS \
-             server without TLS; refusing to connect in clear"
-        );
-    }
+fn read_xds<F: Fn(&str) -> Option<OsString>>(
+    env: &Env<F>,
+    envoy: &mut Envoy,
+) -> anyhow::Result<xds::Settings> {
+    let tls = if env.bool("CONFIG_GRPC_XDS_SERVER_USE_TLS", false)? {
+        // As `utils.TlsConfigFromFiles` takes them: the client certificate
+        // when both files are named, the CA when named, the SAN when set.
+        let file = |name: &'static str| -> anyhow::Result<Option<tls::Named>> {
+            Ok(env
+                .get(name)?
+                .filter(|path| !path.is_empty())
+                .map(|path| tls::Named::new(name, path)))
+        };
+        let identity = match (
+            file("CONFIG_GRPC_XDS_CLIENT_TLS_CERT")?,
+            file("CONFIG_GRPC_XDS_CLIENT_TLS_KEY")?,
+        ) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => bail!(
+                "CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY: \
+                 a client certificate needs both"
+            ),
+        };
+        let ca = file("CONFIG_GRPC_XDS_SERVER_TLS_CACERT")?;
+        let san = env
+            .get("CONFIG_GRPC_XDS_SERVER_TLS_SAN")?
+            .filter(|san| !san.is_empty());
+        if let Some(san) = &san {
+            tracing::info!(
+                "ServerName used for xDS Management Service hostname verification is {san}"
+            );
+        }
+        Some(tls::xds_client(identity, ca, san)?)
+    } else {
+        for name in XDS_TLS_VARIABLES {
+            if let Some(value) = env.get(name)? {
+                envoy.ignored(name, &value, NO_XDS_TLS);
+            }
+        }
+        None
+    };
     let url = env.string("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000")?;
     // gRPC's name resolver schemes for a plain address.
     let server = ["dns:///", "passthrough:///"]
@@ -664,7 +714,13 @@ fn read_xds<F: Fn(&str) -> Option<OsString>>(env: &Env<F>) -> anyhow::Result<xds
             anyhow::anyhow!("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES={n}: not a size in bytes")
         })?),
     };
+    let endpoint = xds::endpoint(&server, tls).map_err(|e| {
+        anyhow::Error::new(e).context(format!(
+            "CONFIG_GRPC_XDS_SERVER_USE_TLS=true: cannot set up TLS to {server}"
+        ))
+    })?;
     Ok(xds::Settings {
+        endpoint,
         server,
         node_id: env.string("CONFIG_GRPC_XDS_NODE_ID", "default")?,
         node_metadata,
@@ -673,6 +729,75 @@ fn read_xds<F: Fn(&str) -> Option<OsString>>(env: &Env<F>) -> anyhow::Result<xds
         max_message,
         force_start: env.bool("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?,
         healthy_with_config: env.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)?,
+    })
+}
+
+/// The gRPC listener's TLS with `GRPC_SERVER_USE_TLS=true`: each file from
+/// its variable unless its Tollgate flag names one.
+fn read_grpc_tls<F: Fn(&str) -> Option<OsString>>(
+    env: &Env<F>,
+    args: &Args,
+    matches: &ArgMatches,
+    envoy: &mut Envoy,
+) -> anyhow::Result<tls::ServerFiles> {
+    let flags = &args.grpc_tls;
+    let file = |id: &str,
+                flag: &'static str,
+                given: &Option<PathBuf>,
+                name: &'static str|
+     -> anyhow::Result<Option<tls::Named>> {
+        if explicit(matches, id)
+            && let Some(path) = given
+        {
+            return Ok(Some(tls::Named::new(flag, path)));
+        }
+        Ok(env
+            .get(name)?
+            .filter(|path| !path.is_empty())
+            .map(|path| tls::Named::new(name, path)))
+    };
+    let cert = file(
+        "grpc_tls_cert",
+        "--grpc-tls-cert",
+        &flags.grpc_tls_cert,
+        "GRPC_SERVER_TLS_CERT",
+    )?;
+    let key = file(
+        "grpc_tls_key",
+        "--grpc-tls-key",
+        &flags.grpc_tls_key,
+        "GRPC_SERVER_TLS_KEY",
+    )?;
+    let (Some(cert), Some(key)) = (cert, key) else {
+        bail!("GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY");
+    };
+    let client_ca = file(
+        "grpc_client_ca",
+        "--grpc-client-ca",
+        &flags.grpc_client_ca,
+        "GRPC_CLIENT_TLS_CACERT",
+    )?;
+    let client_san = match (&flags.grpc_client_san, explicit(matches, "grpc_client_san")) {
+        (Some(san), true) => Some(("--grpc-client-san", san.clone())),
+        _ => env
+            .get("GRPC_CLIENT_TLS_SAN")?
+            .filter(|san| !san.is_empty())
+            .map(|san| ("GRPC_CLIENT_TLS_SAN", san)),
+    };
+    // envoyproxy/ratelimit checks the SAN of verified client certificates,
+    // and asks for none without a CA.
+    let client_san = match (client_san, &client_ca) {
+        (Some((name, san)), None) => {
+            envoy.ignored(name, &san, "used with GRPC_CLIENT_TLS_CACERT only");
+            None
+        }
+        (san, _) => san,
+    };
+    Ok(tls::ServerFiles {
+        cert,
+        key,
+        client_ca,
+        client_san,
     })
 }
 
@@ -1207,6 +1332,54 @@ mod tests {
     }
 
     #[test]
+    fn grpc_tls_files_come_from_flags_then_variables() {
+        let vars = [
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
+            ("GRPC_SERVER_TLS_KEY", "/tls/key.pem"),
+            ("GRPC_CLIENT_TLS_CACERT", "/tls/ca.pem"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy.example"),
+        ];
+        let (_, envoy) = read_env(&vars, &["--grpc-tls-cert", "/mine/cert.pem"]).expect("valid");
+        let tls = envoy.grpc_tls.expect("TLS asked for");
+        let setting = |named: &tls::Named| (named.setting, named.path.display().to_string());
+        assert_eq!(
+            setting(&tls.cert),
+            ("--grpc-tls-cert", "/mine/cert.pem".into())
+        );
+        assert_eq!(
+            setting(&tls.key),
+            ("GRPC_SERVER_TLS_KEY", "/tls/key.pem".into())
+        );
+        assert_eq!(
+            tls.client_ca.as_ref().map(setting),
+            Some(("GRPC_CLIENT_TLS_CACERT", "/tls/ca.pem".into()))
+        );
+        assert_eq!(
+            tls.client_san,
+            Some(("GRPC_CLIENT_TLS_SAN", "envoy.example".into()))
+        );
+
+        // settings.go asks for no client certificate without a CA, so the
+        // SAN has nothing to check.
+        let (_, envoy) = read_env(&[vars[0], vars[1], vars[2], vars[4]], &[]).expect("valid");
+        assert_eq!(envoy.grpc_tls.expect("TLS asked for").client_san, None);
+        assert!(
+            envoy
+                .notes
+                .iter()
+                .any(|n| n.starts_with("GRPC_CLIENT_TLS_SAN=envoy.example is ignored")),
+            "{:?}",
+            envoy.notes
+        );
+
+        // Without GRPC_SERVER_USE_TLS the files are not read.
+        let (_, envoy) = read_env(&vars[1..], &[]).expect("valid");
+        assert!(envoy.grpc_tls.is_none());
+        assert_eq!(envoy.notes.len(), 4, "{:?}", envoy.notes);
+    }
+
+    #[test]
     fn flags_and_tollgate_variables_win() {
         let (args, _) = read_env(
             &[
@@ -1279,8 +1452,11 @@ mod tests {
                 "GRPC_UDS=\"/tmp/rl.sock\"",
             ),
             (
-                vec![("GRPC_SERVER_USE_TLS", "true")],
-                "GRPC_SERVER_USE_TLS=true",
+                vec![
+                    ("GRPC_SERVER_USE_TLS", "true"),
+                    ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
+                ],
+                "GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
             ),
             (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
             (vec![("CONFIG_TYPE", "XDS")], "CONFIG_TYPE=\"XDS\""),
@@ -1288,8 +1464,17 @@ mod tests {
                 vec![
                     ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
                     ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+                    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/tls/key.pem"),
                 ],
-                "CONFIG_GRPC_XDS_SERVER_USE_TLS=true: ",
+                "a client certificate needs both",
+            ),
+            (
+                vec![
+                    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+                    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/nowhere/ca.pem"),
+                ],
+                "CONFIG_GRPC_XDS_SERVER_TLS_CACERT: cannot read /nowhere/ca.pem",
             ),
             (
                 vec![

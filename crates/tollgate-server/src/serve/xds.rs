@@ -13,7 +13,9 @@
 //! its nonce and an `error_detail`), and the last good config stays in
 //! force. When the stream cannot be opened or breaks, the client tries again
 //! every `CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL`, sending the
-//! version it last ACKed.
+//! version it last ACKed. With `CONFIG_GRPC_XDS_SERVER_USE_TLS` it speaks
+//! TLS, set up at start-up (`super::tls::xds_client`); a server that fails
+//! verification ends the attempt like an unreachable one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +34,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tollgate_policy::Reloader;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
-use tonic::transport::Endpoint;
+use tonic::transport::{ClientTlsConfig, Endpoint};
 
 use super::health::Health;
 
@@ -55,6 +57,9 @@ pub(crate) struct Settings {
     pub(crate) retry: Duration,
     /// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`, sent with the stream.
     pub(crate) headers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
+    /// How to reach `server`: [`endpoint`]'s, TLS (with
+    /// `CONFIG_GRPC_XDS_SERVER_USE_TLS`) set up once, at start-up.
+    pub(crate) endpoint: Endpoint,
     /// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`; gRPC's 4 MiB when unset.
     pub(crate) max_message: Option<usize>,
     /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: healthy before the first
@@ -162,6 +167,25 @@ pub(crate) async fn follow(
     }
 }
 
+/// The endpoint of the management server `server` (`host:port`): over TLS
+/// with `tls`, whose certificates (and the system's roots) are loaded now.
+///
+/// # Errors
+///
+/// An address that is not one, or a TLS config rustls refuses.
+pub(crate) fn endpoint(
+    server: &str,
+    tls: Option<ClientTlsConfig>,
+) -> Result<Endpoint, tonic::transport::Error> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let endpoint =
+        Endpoint::from_shared(format!("{scheme}://{server}"))?.connect_timeout(CONNECT_TIMEOUT);
+    match tls {
+        Some(tls) => endpoint.tls_config(tls),
+        None => Ok(endpoint),
+    }
+}
+
 /// One stream, from connecting to its end; why it ended.
 async fn session(
     settings: &Settings,
@@ -170,11 +194,7 @@ async fn session(
     health: &Health,
     acked: &mut Acked,
 ) -> String {
-    let endpoint = match Endpoint::from_shared(format!("http://{}", settings.server)) {
-        Ok(endpoint) => endpoint.connect_timeout(CONNECT_TIMEOUT),
-        Err(e) => return format!("not a server address: {e}"),
-    };
-    let channel = match endpoint.connect().await {
+    let channel = match settings.endpoint.connect().await {
         Ok(channel) => channel,
         Err(e) => return format!("cannot connect: {}", chain(&e)),
     };
@@ -526,6 +546,7 @@ mod tests {
             node_metadata: vec![("zone".into(), "a".into())],
             retry: Duration::from_secs(3),
             headers: Vec::new(),
+            endpoint: Endpoint::from_static("http://localhost:18000"),
             max_message: None,
             force_start: false,
             healthy_with_config: false,

@@ -3,6 +3,8 @@
 //! Shared by the integration test binaries; each uses a different subset.
 #![allow(dead_code)]
 
+pub(crate) mod pki;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
