@@ -527,17 +527,6 @@ impl Check {
         );
     }
 
-    /// The call failed with `code`, as envoyproxy/ratelimit's plain Go
-    /// errors reach gRPC clients.
-    fn error(&mut self, case: &str, exchange: &Exchange, code: tonic::Code) {
-        match &exchange.response {
-            Err(status) if status.code() == code => {}
-            other => self.failures.push(format!(
-                "{case}:\n    observed {other:?}\n    expected an error with the code {code:?}"
-            )),
-        }
-    }
-
     fn merge(&mut self, other: Check) {
         self.failures.extend(other.failures);
     }
