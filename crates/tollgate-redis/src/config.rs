@@ -52,6 +52,59 @@ pub struct RedisConfig {
     /// (each still all-or-nothing on its own). 1 sends every check alone.
     /// Default 64. A cluster sends every check alone.
     pub max_batch: usize,
+    /// The CA, client certificate and hostname check of a `rediss://` or
+    /// `rediss+cluster://` URL's TLS. Default: the system's roots, no client
+    /// certificate, hostnames checked. Refused with a URL without TLS.
+    pub tls: RedisTls,
+}
+
+/// TLS settings for `rediss://` and `rediss+cluster://` URLs (rustls).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// The PEM certificates of the CAs that sign the servers' certificates,
+    /// in place of the system's roots.
+    pub ca: Option<Vec<u8>>,
+    /// The PEM certificate chain and private key the client presents, for
+    /// servers that require client certificates (`tls-auth-clients yes`).
+    pub client_identity: Option<ClientIdentity>,
+    /// Accepts a server certificate that does not name the host connected to;
+    /// its chain is still verified against the roots.
+    pub skip_hostname_verification: bool,
+}
+
+impl RedisTls {
+    /// Whether anything differs from the default.
+    pub(crate) fn is_set(&self) -> bool {
+        *self != RedisTls::default()
+    }
+}
+
+impl fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.as_ref().map(|_| ".."))
+            .field("client_identity", &self.client_identity)
+            .field(
+                "skip_hostname_verification",
+                &self.skip_hostname_verification,
+            )
+            .finish()
+    }
+}
+
+/// A client certificate chain and its key, PEM. Its `Debug` shows neither.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientIdentity {
+    /// The certificate chain, PEM.
+    pub cert: Vec<u8>,
+    /// The private key, PEM.
+    pub key: Vec<u8>,
+}
+
+impl fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ClientIdentity(..)")
+    }
 }
 
 impl Default for RedisConfig {
@@ -62,6 +115,7 @@ impl Default for RedisConfig {
             time: TimeSource::Redis,
             extra_ttl: Duration::ZERO,
             max_batch: 64,
+            tls: RedisTls::default(),
         }
     }
 }

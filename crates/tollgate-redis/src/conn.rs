@@ -9,13 +9,16 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{FromRedisValue, RedisResult, ScriptInvocation};
+use redis::{ClientTlsConfig, FromRedisValue, RedisResult, ScriptInvocation, TlsCertificates};
+
+use crate::config::RedisTls;
 
 /// Why the store could not connect.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectError {
-    /// The URL is not one of `redis://host:port/db` or `redis+cluster://host:port,host:port`.
+    /// The URL is not one of `redis://host:port/db` or
+    /// `redis+cluster://host:port,host:port` (or their `rediss` forms).
     #[error("invalid Redis URL {url:?}: {reason}")]
     InvalidUrl {
         /// The URL given.
@@ -71,15 +74,28 @@ impl Conn {
     }
 }
 
-/// Connects to `redis://host:port/db` (one server; `rediss` is not built in)
-/// or `redis+cluster://host:port,host:port,...` (a cluster, from any of its
-/// nodes, optionally `redis+cluster://user:password@host:port,...`).
-pub(crate) async fn connect(url: &str) -> Result<Conn, ConnectError> {
+/// Connects to `redis://host:port/db` (one server) or
+/// `redis+cluster://host:port,host:port,...` (a cluster, from any of its
+/// nodes, optionally `redis+cluster://user:password@host:port,...`);
+/// `rediss://` and `rediss+cluster://` are the same over TLS with `tls`.
+pub(crate) async fn connect(url: &str, tls: &RedisTls) -> Result<Conn, ConnectError> {
     let invalid = |reason: &str| ConnectError::InvalidUrl {
         url: url.to_owned(),
         reason: reason.to_owned(),
     };
-    if let Some(rest) = url.strip_prefix("redis+cluster://") {
+    let cluster = [
+        ("redis+cluster://", "redis"),
+        ("rediss+cluster://", "rediss"),
+    ]
+    .into_iter()
+    .find_map(|(prefix, node)| url.strip_prefix(prefix).map(|rest| (rest, node)));
+    let secure = url.starts_with("rediss://") || url.starts_with("rediss+cluster://");
+    if tls.is_set() && !secure {
+        return Err(ConnectError::Config(
+            "TLS settings are given but the URL is not rediss:// or rediss+cluster://".into(),
+        ));
+    }
+    if let Some((rest, scheme)) = cluster {
         let (auth, hosts) = match rest.rsplit_once('@') {
             Some((auth, hosts)) => (Some(auth), hosts),
             None => (None, rest),
@@ -89,28 +105,44 @@ pub(crate) async fn connect(url: &str) -> Result<Conn, ConnectError> {
             .split(',')
             .filter(|h| !h.is_empty())
             .map(|h| match auth {
-                Some(auth) => format!("redis://{auth}@{h}"),
-                None => format!("redis://{h}"),
+                Some(auth) => format!("{scheme}://{auth}@{h}"),
+                None => format!("{scheme}://{h}"),
             })
             .collect();
         if nodes.is_empty() {
             return Err(invalid("no cluster node given"));
         }
-        let client = ClusterClientBuilder::new(nodes)
+        let mut builder = ClusterClientBuilder::new(nodes)
             .connection_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(1))
             .retries(3)
             .min_retry_wait(10)
-            .max_retry_wait(200)
-            .build()?;
+            .max_retry_wait(200);
+        if secure {
+            builder = builder
+                .certs(certificates(tls))
+                .danger_accept_invalid_hostnames(tls.skip_hostname_verification);
+        }
+        let client = builder.build()?;
         return Ok(Conn::Cluster(client.get_async_connection().await?));
     }
-    if !url.starts_with("redis://") && !url.starts_with("unix://") {
+    if !url.starts_with("redis://") && !url.starts_with("unix://") && !secure {
         return Err(invalid(
-            "expected redis://host:port/db or redis+cluster://host:port,host:port",
+            "expected redis://host:port/db, rediss://host:port/db, \
+             redis+cluster://host:port,host:port or rediss+cluster://host:port,host:port",
         ));
     }
-    let client = redis::Client::open(url)?;
+    let client = if secure {
+        // `build_with_tls` sets the address's TLS parameters afresh, so the
+        // hostname check is turned off on the address it returns.
+        let client = redis::Client::build_with_tls(url, certificates(tls))?;
+        let info = client.get_connection_info().clone();
+        let mut addr = info.addr().clone();
+        addr.set_danger_accept_invalid_hostnames(tls.skip_hostname_verification);
+        redis::Client::open(info.set_addr(addr))?
+    } else {
+        redis::Client::open(url)?
+    };
     // Reconnects quickly and briefly: the store's own timeout and breaker
     // decide how long to wait for Redis, not the connection's retries.
     let config = ConnectionManagerConfig::new()
@@ -122,4 +154,15 @@ pub(crate) async fn connect(url: &str) -> Result<Conn, ConnectError> {
     Ok(Conn::Single(
         ConnectionManager::new_with_config(client, config).await?,
     ))
+}
+
+/// The redis crate's form of `tls`'s PEM files.
+fn certificates(tls: &RedisTls) -> TlsCertificates {
+    TlsCertificates {
+        client_tls: tls.client_identity.as_ref().map(|id| ClientTlsConfig {
+            client_cert: id.cert.clone(),
+            client_key: id.key.clone(),
+        }),
+        root_cert: tls.ca.clone(),
+    }
 }

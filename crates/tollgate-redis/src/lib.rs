@@ -35,6 +35,9 @@
 //!   [`StoreError::Backend`] saying whether a retry could help. The `Fallback`
 //!   wrapper turns them into each limit's [`FailurePolicy`].
 //!   [`RedisStore::stats`] counts calls, errors, timeouts and refunds.
+//! - **TLS.** `rediss://` (one server) and `rediss+cluster://` (a cluster)
+//!   connect over TLS (rustls), with [`RedisConfig::tls`]'s CA, client
+//!   certificate and hostname check.
 //! - **Hybrid mode.** The store gives units back ([`Store::give_back`]) at the
 //!   script's time ([`Store::check_stamped`]), which the `Hybrid` wrapper needs
 //!   to lease slices of hot keys' budgets.
@@ -71,7 +74,7 @@ mod script;
 mod stats;
 mod store;
 
-pub use config::{RedisConfig, TimeSource};
+pub use config::{ClientIdentity, RedisConfig, RedisTls, TimeSource};
 pub use conn::ConnectError;
 pub use stats::RedisStats;
 pub use store::RedisStore;

@@ -69,7 +69,9 @@ struct GroupReply {
 
 impl RedisStore {
     /// Connects to `redis://host:port/db` (one server) or
-    /// `redis+cluster://host:port,host:port` (a cluster, from any of its nodes).
+    /// `redis+cluster://host:port,host:port` (a cluster, from any of its nodes);
+    /// `rediss://` and `rediss+cluster://` do the same over TLS, with
+    /// [`RedisConfig::tls`].
     pub async fn connect(url: &str, config: RedisConfig) -> Result<Self, ConnectError> {
         if config.prefix.contains(['{', '}']) {
             return Err(ConnectError::Config(format!(
@@ -77,7 +79,7 @@ impl RedisStore {
                 config.prefix
             )));
         }
-        let conn = connect(url).await?;
+        let conn = connect(url, &config.tls).await?;
         let clock = match &config.time {
             TimeSource::Redis => None,
             TimeSource::Clock(clock) => Some(Arc::clone(clock)),

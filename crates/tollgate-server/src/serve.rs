@@ -92,7 +92,8 @@ pub struct Args {
     grpc: String,
 
     /// A Redis store: `redis://host:port` for one server,
-    /// `redis+cluster://host:port,host:port` for a cluster. Without it (and
+    /// `redis+cluster://host:port,host:port` for a cluster; `rediss://` and
+    /// `rediss+cluster://` over TLS (see `--redis-tls-ca`). Without it (and
     /// without `redis` in the config's `store:` section), the in-memory store.
     #[arg(long, env = "TOLLGATE_REDIS", value_name = "URL")]
     redis: Option<RedisUrl>,
@@ -247,10 +248,18 @@ impl FromStr for RedisUrl {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let rest = s
-            .strip_prefix("redis://")
-            .or_else(|| s.strip_prefix("redis+cluster://"))
-            .ok_or("expected redis://host:port or redis+cluster://host:port,host:port")?;
+        let rest = [
+            "redis://",
+            "rediss://",
+            "redis+cluster://",
+            "rediss+cluster://",
+        ]
+        .into_iter()
+        .find_map(|scheme| s.strip_prefix(scheme))
+        .ok_or(
+            "expected redis://host:port or redis+cluster://host:port,host:port \
+                 (rediss:// and rediss+cluster:// for TLS)",
+        )?;
         // Whatever precedes the host (user:password@) is not checked here.
         let hosts = rest.rsplit('@').next().unwrap_or(rest);
         let hosts = hosts.split('/').next().unwrap_or(hosts);
@@ -898,6 +907,8 @@ mod tests {
             "redis://localhost:6379",
             "redis://:pw@h:1/0",
             "redis+cluster://a:1,b:2",
+            "rediss://:pw@h:1/0",
+            "rediss+cluster://a:1,b:2",
         ] {
             let url: RedisUrl = good.parse().expect(good);
             assert!(!format!("{url:?}").contains("pw"));
@@ -907,6 +918,7 @@ mod tests {
             "http://h:1",
             "redis://",
             "redis+cluster://a:1,,b:2",
+            "rediss://",
         ] {
             assert!(bad.parse::<RedisUrl>().is_err(), "{bad}");
         }

@@ -165,7 +165,11 @@ fn a_bad_value_is_an_error_naming_the_variable() {
     for (var, value, needle) in [
         ("PORT", "x", "error: PORT=\"x\": not an integer"),
         ("REDIS_TYPE", "sentinel", "error: REDIS_TYPE=sentinel: "),
-        ("REDIS_TLS", "true", "error: REDIS_TLS=true: "),
+        (
+            "REDIS_TLS",
+            "true",
+            "error: REDIS_TLS=true with REDIS_SOCKET_TYPE=unix",
+        ),
         // envconfig's float32 (`strconv.ParseFloat(value, 32)`) refuses
         // these two.
         (

@@ -8,3 +8,4 @@ mod hybrid;
 mod single;
 mod stack;
 mod support;
+mod tls;

@@ -5,10 +5,11 @@
 //! DenyCache → Fallback (timeout, breaker, failure policies, local store) → [Hybrid] → Redis
 //! ```
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::tls;
 use tollgate_core::{Algorithm, Clock, Lease, Limit, Outcome, Quota, Stamped, Store, StoreError};
 use tollgate_policy::StoreSettings;
 use tollgate_redis::{RedisConfig, RedisStats, RedisStore};
@@ -114,6 +115,32 @@ pub(crate) struct StoreArgs {
         value_parser = fraction
     )]
     fallback_share: Option<f64>,
+
+    /// With a `rediss://` or `rediss+cluster://` Redis URL: the CA
+    /// certificates (PEM) that sign Redis's certificates, in place of the
+    /// system's roots. Read at start-up.
+    #[arg(long, env = "TOLLGATE_REDIS_TLS_CA", value_name = "PATH")]
+    pub(crate) redis_tls_ca: Option<PathBuf>,
+
+    /// With a `rediss` URL: the client certificate chain (PEM) shown to a
+    /// Redis that requires one (`tls-auth-clients yes`); needs
+    /// `--redis-tls-key`.
+    #[arg(long, env = "TOLLGATE_REDIS_TLS_CERT", value_name = "PATH")]
+    pub(crate) redis_tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of `--redis-tls-cert`.
+    #[arg(long, env = "TOLLGATE_REDIS_TLS_KEY", value_name = "PATH")]
+    pub(crate) redis_tls_key: Option<PathBuf>,
+
+    /// With a `rediss` URL: accept a Redis certificate that does not name the
+    /// host connected to (its chain is still verified).
+    #[arg(long, env = "TOLLGATE_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")]
+    pub(crate) redis_tls_skip_hostname_verification: bool,
+
+    /// The TLS files as envoyproxy/ratelimit's `REDIS_TLS_*` variables name
+    /// them (under the flags), so errors name the variable.
+    #[arg(skip)]
+    pub(crate) redis_tls: Option<tls::RedisFiles>,
 }
 
 /// The settings in force: each flag, else the config's `store:` section,
@@ -345,8 +372,13 @@ impl Backend {
         let Some(url) = args.redis.as_deref() else {
             return Ok(Backend::Memory(MemoryStore::with_clock(memory, clock)));
         };
+        let tls = match &flags.redis_tls {
+            Some(files) => files.clone(),
+            None => tls::RedisFiles::from_flags(flags),
+        };
         let mut config = RedisConfig {
             timeout,
+            tls: tls.read()?,
             ..RedisConfig::default()
         };
         if let Some(prefix) = &flags.key_prefix {

@@ -15,7 +15,7 @@
 //!
 //! A variable that makes no sense for Tollgate is accepted and logged once
 //! at start-up with the reason; one Tollgate cannot honour
-//! safely (TLS to Redis, a gRPC unix socket, Sentinel) stops the start with
+//! safely (a gRPC unix socket, Sentinel) stops the start with
 //! an error naming it. The variables read by envoyproxy/ratelimit's Go
 //! `envconfig` are parsed as it parses them (Go's `ParseBool`,
 //! `ParseDuration`), which is not clap's syntax: hence this reader rather
@@ -197,7 +197,14 @@ const XDS_VARIABLES: [&str; 11] = [
 ];
 const NO_STATSD: &str =
     "Tollgate exports Prometheus metrics only (/metrics, or PROMETHEUS_ADDR with USE_PROMETHEUS)";
-const NO_REDIS_TLS: &str = "used with REDIS_TLS only, which Tollgate refuses";
+const NO_REDIS_TLS: &str = "used with REDIS_TLS=true only";
+/// The Redis TLS settings, read with `REDIS_TLS=true`.
+const REDIS_TLS_VARIABLES: [&str; 4] = [
+    "REDIS_TLS_CLIENT_CERT",
+    "REDIS_TLS_CLIENT_KEY",
+    "REDIS_TLS_CACERT",
+    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+];
 const REDIS_POOL: &str =
     "Tollgate multiplexes one connection per Redis node and batches checks itself";
 const PER_SECOND: &str = "per-second limits are kept in REDIS_URL's Redis with all others";
@@ -245,10 +252,6 @@ const IGNORED: &[(&str, &str)] = &[
         "Tollgate's Redis keys expire when their state is back to full",
     ),
     ("REDIS_POOL_SIZE", REDIS_POOL),
-    ("REDIS_TLS_CLIENT_CERT", NO_REDIS_TLS),
-    ("REDIS_TLS_CLIENT_KEY", NO_REDIS_TLS),
-    ("REDIS_TLS_CACERT", NO_REDIS_TLS),
-    ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", NO_REDIS_TLS),
     ("REDIS_PIPELINE_WINDOW", REDIS_POOL),
     ("REDIS_PIPELINE_LIMIT", REDIS_POOL),
     ("REDIS_CLUSTER_PIPELINE_PARALLELISM", REDIS_POOL),
@@ -842,17 +845,21 @@ fn read_redis<F: Fn(&str) -> Option<OsString>>(
         ),
         other => bail!("BACKEND_TYPE={other:?}: expected redis"),
     }
-    if env.bool("REDIS_TLS", false)? {
-        bail!(
-            "REDIS_TLS=true: this build of Tollgate connects to Redis without TLS; \
-             refusing to connect in clear"
-        );
-    }
+    let use_tls = env.bool("REDIS_TLS", false)?;
     let socket = env.string("REDIS_SOCKET_TYPE", "unix")?;
     let kind = env.string("REDIS_TYPE", "SINGLE")?.to_ascii_lowercase();
     let url = env.string("REDIS_URL", "/var/run/nutcracker/ratelimit.sock")?;
     let auth = env.string("REDIS_AUTH", "")?;
-    let redis = redis_url(&socket, &kind, &url, &auth)?;
+    let redis = redis_url(&socket, &kind, &url, &auth, use_tls)?;
+    if use_tls {
+        args.store.redis_tls = Some(read_redis_tls(env, args, matches)?);
+    } else {
+        for name in REDIS_TLS_VARIABLES {
+            if let Some(value) = env.get(name)? {
+                envoy.ignored(name, &value, NO_REDIS_TLS);
+            }
+        }
+    }
     if !explicit(matches, "redis") {
         args.redis = Some(RedisUrl(redis));
     }
@@ -891,10 +898,68 @@ fn read_redis<F: Fn(&str) -> Option<OsString>>(
     Ok(())
 }
 
+/// Redis's TLS with `REDIS_TLS=true`: each file from its variable unless
+/// its Tollgate flag names one, as envoyproxy/ratelimit's
+/// `utils.TlsConfigFromFiles` reads them for Redis.
+fn read_redis_tls<F: Fn(&str) -> Option<OsString>>(
+    env: &Env<F>,
+    args: &Args,
+    matches: &ArgMatches,
+) -> anyhow::Result<tls::RedisFiles> {
+    let flags = &args.store;
+    let file = |id: &str,
+                flag: &'static str,
+                given: &Option<PathBuf>,
+                name: &'static str|
+     -> anyhow::Result<Option<tls::Named>> {
+        if explicit(matches, id)
+            && let Some(path) = given
+        {
+            return Ok(Some(tls::Named::new(flag, path)));
+        }
+        Ok(env
+            .get(name)?
+            .filter(|path| !path.is_empty())
+            .map(|path| tls::Named::new(name, path)))
+    };
+    let skip_hostname_verification = if explicit(matches, "redis_tls_skip_hostname_verification") {
+        flags.redis_tls_skip_hostname_verification
+    } else {
+        env.bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)?
+    };
+    Ok(tls::RedisFiles {
+        ca: file(
+            "redis_tls_ca",
+            "--redis-tls-ca",
+            &flags.redis_tls_ca,
+            "REDIS_TLS_CACERT",
+        )?,
+        cert: file(
+            "redis_tls_cert",
+            "--redis-tls-cert",
+            &flags.redis_tls_cert,
+            "REDIS_TLS_CLIENT_CERT",
+        )?,
+        key: file(
+            "redis_tls_key",
+            "--redis-tls-key",
+            &flags.redis_tls_key,
+            "REDIS_TLS_CLIENT_KEY",
+        )?,
+        skip_hostname_verification,
+    })
+}
+
 /// The URL Tollgate's Redis store takes for envoyproxy/ratelimit's
-/// `REDIS_SOCKET_TYPE`, `REDIS_TYPE`, `REDIS_URL` and `REDIS_AUTH`
-/// (`password` or `user:password`).
-fn redis_url(socket: &str, kind: &str, url: &str, auth: &str) -> anyhow::Result<String> {
+/// `REDIS_SOCKET_TYPE`, `REDIS_TYPE`, `REDIS_URL`, `REDIS_AUTH` (`password`
+/// or `user:password`) and `REDIS_TLS` (`rediss`).
+fn redis_url(
+    socket: &str,
+    kind: &str,
+    url: &str,
+    auth: &str,
+    use_tls: bool,
+) -> anyhow::Result<String> {
     let encode = |s: &str| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string();
     let (user, password) = match auth.split_once(':') {
         Some((user, password)) => (encode(user), encode(password)),
@@ -905,17 +970,25 @@ fn redis_url(socket: &str, kind: &str, url: &str, auth: &str) -> anyhow::Result<
     } else {
         format!("{user}:{password}@")
     };
-    if url.starts_with("rediss://") {
-        bail!("REDIS_URL=rediss://...: this build of Tollgate connects to Redis without TLS");
+    let scheme = if use_tls { "rediss" } else { "redis" };
+    if url.starts_with("rediss://") && !use_tls {
+        bail!("REDIS_URL=rediss://...: set REDIS_TLS=true (and its REDIS_TLS_* files) for TLS");
     }
     match kind {
-        "single" if url.starts_with("redis://") => Ok(if url.contains('@') {
-            url.to_owned()
-        } else {
-            url.replacen("redis://", &format!("redis://{userinfo}"), 1)
-        }),
+        "single" if url.starts_with("redis://") || url.starts_with("rediss://") => {
+            let (_, rest) = url.split_once("://").unwrap_or_default();
+            Ok(if rest.contains('@') {
+                format!("{scheme}://{rest}")
+            } else {
+                format!("{scheme}://{userinfo}{rest}")
+            })
+        }
         "single" => match socket {
-            "tcp" | "tcp4" | "tcp6" => Ok(format!("redis://{userinfo}{url}")),
+            "tcp" | "tcp4" | "tcp6" => Ok(format!("{scheme}://{userinfo}{url}")),
+            "unix" if use_tls => bail!(
+                "REDIS_TLS=true with REDIS_SOCKET_TYPE=unix: Tollgate speaks TLS to Redis \
+                 over TCP only; set REDIS_SOCKET_TYPE=tcp"
+            ),
             "unix" => {
                 let mut query = Vec::new();
                 if !user.is_empty() {
@@ -933,7 +1006,7 @@ fn redis_url(socket: &str, kind: &str, url: &str, auth: &str) -> anyhow::Result<
             }
             other => bail!("REDIS_SOCKET_TYPE={other:?}: expected tcp or unix"),
         },
-        "cluster" => Ok(format!("redis+cluster://{userinfo}{url}")),
+        "cluster" => Ok(format!("{scheme}+cluster://{userinfo}{url}")),
         "sentinel" => bail!(
             "REDIS_TYPE=sentinel: Tollgate does not talk to Redis Sentinel; \
              use REDIS_TYPE=single (the master's address, or a proxy) or cluster"
@@ -1408,7 +1481,9 @@ mod tests {
 
     #[test]
     fn redis_urls_follow_type_socket_and_auth() {
-        let url = |socket, kind, url, auth| redis_url(socket, kind, url, auth).expect("valid");
+        let url =
+            |socket, kind, url, auth| redis_url(socket, kind, url, auth, false).expect("valid");
+        let tls = |socket, kind, url| redis_url(socket, kind, url, "pw", true).expect("valid");
         assert_eq!(url("tcp", "single", "h:6379", ""), "redis://h:6379");
         assert_eq!(url("tcp", "single", "h:6379", "pw"), "redis://:pw@h:6379");
         assert_eq!(
@@ -1423,8 +1498,17 @@ mod tests {
             url("tcp", "single", "redis://h:1/2", "pw"),
             "redis://:pw@h:1/2"
         );
-        assert!(redis_url("udp", "single", "h:1", "").is_err());
-        assert!(redis_url("tcp", "single", "rediss://h:1", "").is_err());
+        assert!(redis_url("udp", "single", "h:1", "", false).is_err());
+        // REDIS_TLS=true: rediss, over TCP only.
+        assert_eq!(tls("tcp", "single", "h:1"), "rediss://:pw@h:1");
+        assert_eq!(tls("tcp", "single", "redis://h:1/2"), "rediss://:pw@h:1/2");
+        assert_eq!(tls("tcp", "single", "rediss://h:1/2"), "rediss://:pw@h:1/2");
+        assert_eq!(
+            tls("tcp", "cluster", "a:1,b:2"),
+            "rediss+cluster://:pw@a:1,b:2"
+        );
+        assert!(redis_url("unix", "single", "/run/r.sock", "", true).is_err());
+        assert!(redis_url("tcp", "single", "rediss://h:1", "", false).is_err());
     }
 
     #[test]
@@ -1446,7 +1530,10 @@ mod tests {
             ),
             (vec![("REDIS_TYPE", "sentinel")], "REDIS_TYPE=sentinel: "),
             (vec![("REDIS_TYPE", "ring")], "REDIS_TYPE=\"ring\""),
-            (vec![("REDIS_TLS", "true")], "REDIS_TLS=true: "),
+            (
+                vec![("REDIS_TLS", "true")],
+                "REDIS_TLS=true with REDIS_SOCKET_TYPE=unix",
+            ),
             (
                 vec![("GRPC_UDS", "/tmp/rl.sock")],
                 "GRPC_UDS=\"/tmp/rl.sock\"",

@@ -84,6 +84,65 @@ impl Named {
     }
 }
 
+/// The TLS files of a `rediss` Redis URL, each named by its setting.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RedisFiles {
+    pub(crate) ca: Option<Named>,
+    pub(crate) cert: Option<Named>,
+    pub(crate) key: Option<Named>,
+    pub(crate) skip_hostname_verification: bool,
+}
+
+impl RedisFiles {
+    /// The files `--redis-tls-*` name.
+    pub(crate) fn from_flags(args: &super::backend::StoreArgs) -> Self {
+        let named = |setting, path: &Option<PathBuf>| path.as_ref().map(|p| Named::new(setting, p));
+        Self {
+            ca: named("--redis-tls-ca", &args.redis_tls_ca),
+            cert: named("--redis-tls-cert", &args.redis_tls_cert),
+            key: named("--redis-tls-key", &args.redis_tls_key),
+            skip_hostname_verification: args.redis_tls_skip_hostname_verification,
+        }
+    }
+
+    /// The store's TLS settings, the files read and checked now.
+    ///
+    /// # Errors
+    ///
+    /// A file that cannot be read or holds no usable PEM (naming its
+    /// setting), or a certificate without its key or a key without its
+    /// certificate.
+    pub(crate) fn read(&self) -> anyhow::Result<tollgate_redis::RedisTls> {
+        let ca = match &self.ca {
+            Some(ca) => {
+                ca.certificates()?;
+                Some(ca.read()?)
+            }
+            None => None,
+        };
+        let client_identity = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => {
+                cert.certificates()?;
+                key.private_key()?;
+                Some(tollgate_redis::ClientIdentity {
+                    cert: cert.read()?,
+                    key: key.read()?,
+                })
+            }
+            (None, None) => None,
+            (Some(one), None) | (None, Some(one)) => bail!(
+                "{}: a client certificate to Redis needs both its certificate and its key",
+                one.setting
+            ),
+        };
+        Ok(tollgate_redis::RedisTls {
+            ca,
+            client_identity,
+            skip_hostname_verification: self.skip_hostname_verification,
+        })
+    }
+}
+
 /// What the gRPC listener serves TLS with.
 #[derive(Debug, Clone)]
 pub(crate) struct ServerFiles {

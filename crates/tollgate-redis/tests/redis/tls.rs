@@ -1,0 +1,257 @@
+//! TLS to a real `redis-server` started with `--tls-port` (Debian's is built
+//! with TLS): the store decides over `rediss://` with a test CA and a client
+//! certificate, and refuses a server its CA did not sign.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use tollgate_redis::{ClientIdentity, ConnectError, RedisConfig, RedisStore, RedisTls};
+use tollgate_store::conformance;
+
+use crate::support::{free_port, manual_store_with, wait_until};
+
+/// A test CA.
+struct Ca {
+    pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("no names");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = KeyPair::generate().expect("a key");
+        let cert = params.self_signed(&key).expect("self-signed");
+        Ca {
+            pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// A certificate for `names`, its PEM and its key's PEM.
+    fn issue(&self, names: &[&str], purpose: ExtendedKeyUsagePurpose) -> (String, String) {
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let mut params = CertificateParams::new(names).expect("valid names");
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![purpose];
+        let key = KeyPair::generate().expect("a key");
+        let cert = params.signed_by(&key, &self.issuer).expect("signed");
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// A `redis-server` that speaks TLS only and requires client certificates
+/// signed by its CA.
+struct TlsRedis {
+    port: u16,
+    ca: Ca,
+    client: ClientIdentity,
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl TlsRedis {
+    /// Starts one whose certificate names `server_names`.
+    fn start(server_names: &[&str]) -> TlsRedis {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca = Ca::new("redis test CA");
+        let (cert, key) = ca.issue(server_names, ExtendedKeyUsagePurpose::ServerAuth);
+        let (client_cert, client_key) = ca.issue(&[], ExtendedKeyUsagePurpose::ClientAuth);
+        let write = |name: &str, pem: &str| -> PathBuf {
+            let path = dir.path().join(name);
+            std::fs::write(&path, pem).expect("a writable temp dir");
+            path
+        };
+        let files = [
+            write("ca.pem", &ca.pem),
+            write("server.pem", &cert),
+            write("server.key", &key),
+            write("client.pem", &client_cert),
+            write("client.key", &client_key),
+        ];
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", "0"])
+            .args(["--tls-port", &port.to_string()])
+            .arg("--tls-ca-cert-file")
+            .arg(&files[0])
+            .arg("--tls-cert-file")
+            .arg(&files[1])
+            .arg("--tls-key-file")
+            .arg(&files[2])
+            .args(["--tls-auth-clients", "yes"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(["--protected-mode", "no", "--loglevel", "warning"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (apt-get install redis-server)");
+        let server = TlsRedis {
+            port,
+            ca,
+            client: ClientIdentity {
+                cert: client_cert.into_bytes(),
+                key: client_key.into_bytes(),
+            },
+            dir,
+            child,
+        };
+        wait_until(
+            "the TLS redis-server to answer PING",
+            Duration::from_secs(10),
+            || server.cli(&["PING"]).trim() == "PONG",
+        );
+        server
+    }
+
+    /// `redis-cli` over TLS with the client certificate.
+    fn cli(&self, args: &[&str]) -> String {
+        let file = |name: &str| self.dir.path().join(name);
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "--tls"])
+            .arg("--cacert")
+            .arg(file("ca.pem"))
+            .arg("--cert")
+            .arg(file("client.pem"))
+            .arg("--key")
+            .arg(file("client.key"))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli (apt-get install redis-tools)");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Its CA and the client certificate.
+    fn tls(&self) -> RedisTls {
+        RedisTls {
+            ca: Some(self.ca.pem.clone().into_bytes()),
+            client_identity: Some(self.client.clone()),
+            skip_hostname_verification: false,
+        }
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn connect(url: &str, tls: RedisTls) -> Result<RedisStore, ConnectError> {
+    RedisStore::connect(
+        url,
+        RedisConfig {
+            timeout: Duration::from_secs(5),
+            tls,
+            ..RedisConfig::default()
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn the_store_decides_over_tls_with_a_client_certificate() {
+    let server = TlsRedis::start(&["127.0.0.1"]);
+    let clock = conformance::clock();
+    let tls = server.tls();
+    let redis = manual_store_with(&server.url(), &clock, |c| c.tls = tls).await;
+    conformance::assert_reset_forgets(&redis, "single over TLS").await;
+    // The decisions were this server's: the keys beside the reset ones are in it.
+    let keys = server.cli(&["KEYS", "*kept-*"]);
+    assert!(keys.contains("kept-"), "keys: {keys:?}");
+    assert_eq!(redis.stats().errors, 0);
+}
+
+#[tokio::test]
+async fn a_server_signed_by_another_ca_is_refused_at_connect() {
+    let server = TlsRedis::start(&["127.0.0.1"]);
+    let other = Ca::new("another CA");
+    let tls = RedisTls {
+        ca: Some(other.pem.into_bytes()),
+        ..server.tls()
+    };
+    let Err(err) = connect(&server.url(), tls).await else {
+        panic!("refused");
+    };
+    assert!(matches!(err, ConnectError::Redis(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("cannot connect to Redis"), "{text}");
+    assert!(text.to_ascii_lowercase().contains("certificate"), "{text}");
+}
+
+#[tokio::test]
+async fn a_certificate_for_another_host_needs_the_hostname_check_skipped() {
+    let server = TlsRedis::start(&["redis.example"]);
+    let Err(err) = connect(&server.url(), server.tls()).await else {
+        panic!("refused");
+    };
+    let text = err.to_string();
+    assert!(text.to_ascii_lowercase().contains("certificate"), "{text}");
+    let tls = RedisTls {
+        skip_hostname_verification: true,
+        ..server.tls()
+    };
+    let store = connect(&server.url(), tls)
+        .await
+        .expect("the chain is valid");
+    assert!(store.reachable().await);
+}
+
+#[tokio::test]
+async fn a_server_that_requires_a_client_certificate_refuses_none() {
+    let server = TlsRedis::start(&["127.0.0.1"]);
+    let tls = RedisTls {
+        client_identity: None,
+        ..server.tls()
+    };
+    // The handshake may complete before the server checks the certificate,
+    // so the refusal shows at connect or on the first command.
+    match connect(&server.url(), tls).await {
+        Err(err) => assert!(matches!(err, ConnectError::Redis(_)), "{err:?}"),
+        Ok(store) => assert!(!store.reachable().await),
+    }
+}
+
+#[tokio::test]
+async fn tls_settings_with_a_plain_url_are_refused() {
+    let tls = RedisTls {
+        ca: Some(b"unused".to_vec()),
+        ..RedisTls::default()
+    };
+    let Err(err) = connect("redis://127.0.0.1:1/0", tls).await else {
+        panic!("refused");
+    };
+    assert!(matches!(err, ConnectError::Config(_)), "{err:?}");
+    assert!(err.to_string().contains("rediss://"), "{err}");
+}
+
+#[tokio::test]
+async fn an_unreadable_ca_is_a_connect_error() {
+    let tls = RedisTls {
+        ca: Some(b"not a certificate".to_vec()),
+        ..RedisTls::default()
+    };
+    let Err(err) = connect("rediss://127.0.0.1:1/0", tls).await else {
+        panic!("refused");
+    };
+    assert!(matches!(err, ConnectError::Redis(_)), "{err:?}");
+}
