@@ -40,10 +40,20 @@ impl Ca {
 
     /// A certificate for `names`, its PEM and its key's PEM.
     fn issue(&self, names: &[&str], purpose: ExtendedKeyUsagePurpose) -> (String, String) {
+        self.issue_for(names, vec![purpose])
+    }
+
+    /// [`Ca::issue`] for several purposes (a cluster node is the server of
+    /// its clients and the client of its peers' cluster bus).
+    fn issue_for(
+        &self,
+        names: &[&str],
+        purposes: Vec<ExtendedKeyUsagePurpose>,
+    ) -> (String, String) {
         let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
         let mut params = CertificateParams::new(names).expect("valid names");
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![purpose];
+        params.extended_key_usages = purposes;
         let key = KeyPair::generate().expect("a key");
         let cert = params.signed_by(&key, &self.issuer).expect("signed");
         (cert.pem(), key.serialize_pem())
@@ -254,4 +264,167 @@ async fn an_unreadable_ca_is_a_connect_error() {
         panic!("refused");
     };
     assert!(matches!(err, ConnectError::Redis(_)), "{err:?}");
+}
+
+/// A 3-master Redis Cluster speaking TLS only, clients and cluster bus alike,
+/// requiring client certificates signed by its CA.
+struct TlsCluster {
+    ports: Vec<u16>,
+    ca: Ca,
+    client: ClientIdentity,
+    dir: tempfile::TempDir,
+    children: Vec<Child>,
+}
+
+impl TlsCluster {
+    fn start() -> TlsCluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca = Ca::new("redis cluster test CA");
+        // The node's certificate is also its client certificate on the
+        // cluster bus: without ClientAuth, the peers refuse it and the
+        // cluster never forms.
+        let (cert, key) = ca.issue_for(
+            &["127.0.0.1"],
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        );
+        let (client_cert, client_key) = ca.issue(&[], ExtendedKeyUsagePurpose::ClientAuth);
+        for (name, pem) in [
+            ("ca.pem", &ca.pem),
+            ("node.pem", &cert),
+            ("node.key", &key),
+            ("client.pem", &client_cert),
+            ("client.key", &client_key),
+        ] {
+            std::fs::write(dir.path().join(name), pem).expect("a writable temp dir");
+        }
+        let file = |name: &str| dir.path().join(name);
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let children = ports
+            .iter()
+            .map(|port| {
+                let node = dir.path().join(port.to_string());
+                std::fs::create_dir_all(&node).expect("a node dir");
+                Command::new("redis-server")
+                    .args(["--bind", "127.0.0.1", "--port", "0"])
+                    .args(["--tls-port", &port.to_string()])
+                    .arg("--tls-ca-cert-file")
+                    .arg(file("ca.pem"))
+                    .arg("--tls-cert-file")
+                    .arg(file("node.pem"))
+                    .arg("--tls-key-file")
+                    .arg(file("node.key"))
+                    .args(["--tls-auth-clients", "yes", "--tls-cluster", "yes"])
+                    .args(["--cluster-enabled", "yes"])
+                    .args(["--save", "", "--appendonly", "no"])
+                    .arg("--dir")
+                    .arg(&node)
+                    .args(["--protected-mode", "no", "--loglevel", "warning"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("redis-server (apt-get install redis-server)")
+            })
+            .collect();
+        let cluster = TlsCluster {
+            ports,
+            ca,
+            client: ClientIdentity {
+                cert: client_cert.into_bytes(),
+                key: client_key.into_bytes(),
+            },
+            dir,
+            children,
+        };
+        for port in &cluster.ports {
+            wait_until(
+                "a TLS cluster node to answer PING",
+                Duration::from_secs(10),
+                || cluster.cli(*port, &["PING"]).trim() == "PONG",
+            );
+        }
+        let nodes: Vec<String> = cluster
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let mut create = vec!["--cluster", "create"];
+        create.extend(nodes.iter().map(String::as_str));
+        create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        cluster.cli(cluster.ports[0], &create);
+        wait_until(
+            "the TLS cluster to be ok on every node",
+            Duration::from_secs(20),
+            || {
+                cluster.ports.iter().all(|p| {
+                    let info = cluster.cli(*p, &["CLUSTER", "INFO"]);
+                    info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+                })
+            },
+        );
+        cluster
+    }
+
+    /// `redis-cli` over TLS with the client certificate, to the node on `port`.
+    fn cli(&self, port: u16, args: &[&str]) -> String {
+        let file = |name: &str| self.dir.path().join(name);
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--tls"])
+            .arg("--cacert")
+            .arg(file("ca.pem"))
+            .arg("--cert")
+            .arg(file("client.pem"))
+            .arg("--key")
+            .arg(file("client.key"))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli (apt-get install redis-tools)");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for TlsCluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_store_decides_over_a_tls_cluster() {
+    let cluster = TlsCluster::start();
+    let nodes: Vec<String> = cluster
+        .ports
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let url = format!("rediss+cluster://{}", nodes.join(","));
+    let tls = RedisTls {
+        ca: Some(cluster.ca.pem.clone().into_bytes()),
+        client_identity: Some(cluster.client.clone()),
+        skip_hostname_verification: false,
+    };
+    let clock = conformance::clock();
+    let redis = manual_store_with(&url, &clock, |c| c.tls = tls).await;
+    assert!(redis.is_cluster());
+    conformance::assert_reset_forgets(&redis, "cluster over TLS").await;
+    let keys: usize = cluster
+        .ports
+        .iter()
+        .map(|p| {
+            cluster
+                .cli(*p, &["DBSIZE"])
+                .trim()
+                .parse::<usize>()
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(keys > 0, "the decisions were the cluster's");
+    assert_eq!(redis.stats().errors, 0);
 }
