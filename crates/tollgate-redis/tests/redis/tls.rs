@@ -129,20 +129,7 @@ impl TlsRedis {
 
     /// `redis-cli` over TLS with the client certificate.
     fn cli(&self, args: &[&str]) -> String {
-        let file = |name: &str| self.dir.path().join(name);
-        let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "--tls"])
-            .arg("--cacert")
-            .arg(file("ca.pem"))
-            .arg("--cert")
-            .arg(file("client.pem"))
-            .arg("--key")
-            .arg(file("client.key"))
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("redis-cli (apt-get install redis-tools)");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        tls_cli(self.dir.path(), self.port, args)
     }
 
     fn url(&self) -> String {
@@ -157,6 +144,24 @@ impl TlsRedis {
             skip_hostname_verification: false,
         }
     }
+}
+
+/// `redis-cli` to the TLS server on `port`, with the CA and the client
+/// certificate that `dir` holds (`ca.pem`, `client.pem`, `client.key`).
+fn tls_cli(dir: &std::path::Path, port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--tls"])
+        .arg("--cacert")
+        .arg(dir.join("ca.pem"))
+        .arg("--cert")
+        .arg(dir.join("client.pem"))
+        .arg("--key")
+        .arg(dir.join("client.key"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("redis-cli (apt-get install redis-tools)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 impl Drop for TlsRedis {
@@ -370,20 +375,7 @@ impl TlsCluster {
 
     /// `redis-cli` over TLS with the client certificate, to the node on `port`.
     fn cli(&self, port: u16, args: &[&str]) -> String {
-        let file = |name: &str| self.dir.path().join(name);
-        let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--tls"])
-            .arg("--cacert")
-            .arg(file("ca.pem"))
-            .arg("--cert")
-            .arg(file("client.pem"))
-            .arg("--key")
-            .arg(file("client.key"))
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("redis-cli (apt-get install redis-tools)");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        tls_cli(self.dir.path(), port, args)
     }
 }
 

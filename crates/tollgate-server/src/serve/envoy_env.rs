@@ -744,20 +744,8 @@ fn read_grpc_tls<F: Fn(&str) -> Option<OsString>>(
     envoy: &mut Envoy,
 ) -> anyhow::Result<tls::ServerFiles> {
     let flags = &args.grpc_tls;
-    let file = |id: &str,
-                flag: &'static str,
-                given: &Option<PathBuf>,
-                name: &'static str|
-     -> anyhow::Result<Option<tls::Named>> {
-        if explicit(matches, id)
-            && let Some(path) = given
-        {
-            return Ok(Some(tls::Named::new(flag, path)));
-        }
-        Ok(env
-            .get(name)?
-            .filter(|path| !path.is_empty())
-            .map(|path| tls::Named::new(name, path)))
+    let file = |id: &str, flag: &'static str, given: &Option<PathBuf>, name: &'static str| {
+        tls_file(env, matches, (id, flag, given), name)
     };
     let cert = file(
         "grpc_tls_cert",
@@ -898,6 +886,25 @@ fn read_redis<F: Fn(&str) -> Option<OsString>>(
     Ok(())
 }
 
+/// A certificate file: the flag `id` (named `flag` in errors) when given,
+/// else envoyproxy/ratelimit's variable `name` when set and not empty.
+fn tls_file<F: Fn(&str) -> Option<OsString>>(
+    env: &Env<F>,
+    matches: &ArgMatches,
+    (id, flag, given): (&str, &'static str, &Option<PathBuf>),
+    name: &'static str,
+) -> anyhow::Result<Option<tls::Named>> {
+    if explicit(matches, id)
+        && let Some(path) = given
+    {
+        return Ok(Some(tls::Named::new(flag, path)));
+    }
+    Ok(env
+        .get(name)?
+        .filter(|path| !path.is_empty())
+        .map(|path| tls::Named::new(name, path)))
+}
+
 /// Redis's TLS with `REDIS_TLS=true`: each file from its variable unless
 /// its Tollgate flag names one, as envoyproxy/ratelimit's
 /// `utils.TlsConfigFromFiles` reads them for Redis.
@@ -907,20 +914,8 @@ fn read_redis_tls<F: Fn(&str) -> Option<OsString>>(
     matches: &ArgMatches,
 ) -> anyhow::Result<tls::RedisFiles> {
     let flags = &args.store;
-    let file = |id: &str,
-                flag: &'static str,
-                given: &Option<PathBuf>,
-                name: &'static str|
-     -> anyhow::Result<Option<tls::Named>> {
-        if explicit(matches, id)
-            && let Some(path) = given
-        {
-            return Ok(Some(tls::Named::new(flag, path)));
-        }
-        Ok(env
-            .get(name)?
-            .filter(|path| !path.is_empty())
-            .map(|path| tls::Named::new(name, path)))
+    let file = |id: &str, flag: &'static str, given: &Option<PathBuf>, name: &'static str| {
+        tls_file(env, matches, (id, flag, given), name)
     };
     let skip_hostname_verification = if explicit(matches, "redis_tls_skip_hostname_verification") {
         flags.redis_tls_skip_hostname_verification
