@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use crate::code::Code;
 use crate::conn::Conn;
 
 /// Script calls of batches on the wire at once.
@@ -49,7 +50,7 @@ impl Batcher {
     /// batcher (the store) is dropped.
     pub(crate) fn start(
         conn: Conn,
-        script: Arc<redis::Script>,
+        code: Arc<Code>,
         max: usize,
         timeout: Duration,
         extra_ms: u64,
@@ -69,9 +70,9 @@ impl Batcher {
                         Err(_) => break,
                     }
                 }
-                let (conn, script) = (conn.clone(), Arc::clone(&script));
+                let (conn, code) = (conn.clone(), Arc::clone(&code));
                 tokio::spawn(async move {
-                    send(&conn, &script, jobs, timeout, extra_ms).await;
+                    send(&conn, &code, jobs, timeout, extra_ms).await;
                     drop(permit);
                 });
             }
@@ -85,32 +86,21 @@ impl Batcher {
     }
 }
 
-async fn send(
-    conn: &Conn,
-    script: &redis::Script,
-    jobs: Vec<Job>,
-    timeout: Duration,
-    extra_ms: u64,
-) {
-    let mut invocation = script.prepare_invoke();
+async fn send(conn: &Conn, code: &Code, jobs: Vec<Job>, timeout: Duration, extra_ms: u64) {
+    let mut call = code.call(jobs.iter().map(|job| job.keys.len()).sum());
     for job in &jobs {
         for key in &job.keys {
-            invocation.key(key);
+            call.arg(key);
         }
     }
-    invocation
-        .arg("b")
-        .arg("")
-        .arg(extra_ms)
-        .arg("")
-        .arg(jobs.len());
+    call.arg("b").arg("").arg(extra_ms).arg("").arg(jobs.len());
     for job in &jobs {
-        invocation.arg(&job.now).arg(&job.lease).arg(job.limits);
+        call.arg(&job.now).arg(&job.lease).arg(job.limits);
         for a in &job.args {
-            invocation.arg(&a[..]);
+            call.arg(&a[..]);
         }
     }
-    let result = tokio::time::timeout(timeout, conn.invoke::<Vec<u8>>(&invocation)).await;
+    let result = tokio::time::timeout(timeout, code.run::<Vec<u8>>(conn, &call)).await;
     let mut replies = match result {
         Err(_) => return fail(jobs, BatchError::Timeout),
         Ok(Err(e)) => {

@@ -52,6 +52,12 @@ pub struct RedisConfig {
     /// (each still all-or-nothing on its own). 1 sends every check alone.
     /// Default 64. A cluster sends every check alone.
     pub max_batch: usize,
+    /// Load the store's code as a Redis Function (`FUNCTION LOAD`, `FCALL`)
+    /// where the server has functions (Redis ≥ 7.0) and allows them; else,
+    /// or when false, as a script (`EVALSHA`). A function survives a
+    /// failover and a restart with persistence; a script is reloaded by the
+    /// first call that misses it. Default true.
+    pub functions: bool,
     /// The CA, client certificate and hostname check of a `rediss://` or
     /// `rediss+cluster://` URL's TLS. Default: the system's roots, no client
     /// certificate, hostnames checked. Refused with a URL without TLS.
@@ -115,6 +121,7 @@ impl Default for RedisConfig {
             time: TimeSource::Redis,
             extra_ttl: Duration::ZERO,
             max_batch: 64,
+            functions: true,
             tls: RedisTls::default(),
         }
     }

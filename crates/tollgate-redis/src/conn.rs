@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{ClientTlsConfig, FromRedisValue, RedisResult, ScriptInvocation, TlsCertificates};
+use redis::{ClientTlsConfig, FromRedisValue, RedisResult, TlsCertificates};
 
 use crate::config::RedisTls;
 
@@ -45,20 +45,6 @@ impl Conn {
         matches!(self, Conn::Cluster(_))
     }
 
-    /// Runs a script with EVALSHA, loading it on NOSCRIPT (a fresh server,
-    /// a failover, `SCRIPT FLUSH`) and retrying once.
-    pub(crate) async fn invoke<T: FromRedisValue>(
-        &self,
-        invocation: &ScriptInvocation<'_>,
-    ) -> RedisResult<T> {
-        match self {
-            Conn::Single(c) => invocation.invoke_async(&mut c.clone()).await,
-            Conn::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
-        }
-    }
-}
-
-impl Conn {
     /// `PING`: whether the server (or, for a cluster, the node the client
     /// routes it to) answers.
     pub(crate) async fn ping(&self) -> RedisResult<()> {

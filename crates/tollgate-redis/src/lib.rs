@@ -67,6 +67,7 @@
 //! that differs from the memory store.
 
 mod batch;
+mod code;
 mod config;
 mod conn;
 mod keys;

@@ -5,9 +5,6 @@ use std::time::Duration;
 
 use tollgate_core::{Algorithm, Decision, Limit, Quota, StoreError};
 
-/// The script's source: every algorithm, check, dry run, refund and release.
-pub(crate) const SOURCE: &str = include_str!("tollgate.lua");
-
 /// The largest count (limit, burst, cost) the script handles: 2^52, so that a
 /// sum of two is still exact in a double.
 pub(crate) const MAX_COUNT: u64 = 1 << 52;

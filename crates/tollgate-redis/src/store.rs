@@ -10,9 +10,10 @@ use tollgate_core::{
 };
 
 use crate::batch::{BatchError, Batcher, Job};
+use crate::code::{Code, Kind};
 use crate::conn::{Conn, ConnectError, connect};
 use crate::keys::{redis_keys, slot};
-use crate::script::{self, MAX_MICROS, Params, SOURCE, decode, parse_check};
+use crate::script::{self, MAX_MICROS, Params, decode, parse_check};
 use crate::stats::{Counters, bump};
 use crate::{RedisConfig, RedisStats, TimeSource};
 
@@ -27,7 +28,7 @@ struct Prepared {
 /// The Redis and Redis Cluster store; see the crate documentation.
 pub struct RedisStore {
     conn: Conn,
-    script: Arc<redis::Script>,
+    code: Arc<Code>,
     batcher: Option<Batcher>,
     config: RedisConfig,
     /// The injected clock, if checks do not read Redis's.
@@ -84,11 +85,11 @@ impl RedisStore {
             TimeSource::Redis => None,
             TimeSource::Clock(clock) => Some(Arc::clone(clock)),
         };
-        let script = Arc::new(redis::Script::new(SOURCE));
+        let code = Arc::new(Code::detect(&conn, config.functions).await?);
         let batcher = (!conn.is_cluster() && config.max_batch > 1).then(|| {
             Batcher::start(
                 conn.clone(),
-                Arc::clone(&script),
+                Arc::clone(&code),
                 config.max_batch,
                 config.timeout,
                 u64::try_from(config.extra_ttl.as_millis()).unwrap_or(u64::MAX),
@@ -96,7 +97,7 @@ impl RedisStore {
         });
         Ok(Self {
             conn,
-            script,
+            code,
             batcher,
             counters: Counters::default(),
             clock,
@@ -125,6 +126,12 @@ impl RedisStore {
     /// Whether the store talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         self.conn.is_cluster()
+    }
+
+    /// Whether the store's code runs as a Redis Function (`FCALL`), else as
+    /// a script (`EVALSHA`); see [`RedisConfig::functions`].
+    pub fn uses_functions(&self) -> bool {
+        self.code.kind() == Kind::Function
     }
 
     fn prepare(&self, limits: &[Limit<'_>]) -> Result<SmallVec<[Prepared; 4]>, StoreError> {
@@ -165,9 +172,9 @@ impl RedisStore {
         members: &[usize],
         prepared: &[Prepared],
     ) -> Result<Vec<i64>, StoreError> {
-        let mut invocation = self.script.prepare_invoke();
+        let mut call = self.code.call(2 * members.len());
         for &i in members {
-            invocation.key(&prepared[i].key).key(&prepared[i].aux);
+            call.arg(&prepared[i].key).arg(&prepared[i].aux);
         }
         let extra_ms = u64::try_from(self.config.extra_ttl.as_millis()).unwrap_or(u64::MAX);
         let op = match op {
@@ -175,23 +182,18 @@ impl RedisStore {
             Op::Dry => "d",
             Op::Refund => "r",
         };
-        invocation.arg(op).arg(now).arg(extra_ms).arg(lease);
-        let blobs: SmallVec<[[u8; 56]; 4]> =
-            members.iter().map(|&i| prepared[i].params.blob()).collect();
-        for blob in &blobs {
-            invocation.arg(&blob[..]);
+        call.arg(op).arg(now).arg(extra_ms).arg(lease);
+        for &i in members {
+            call.arg(&prepared[i].params.blob()[..]);
         }
         if op == "r" {
-            return self.run::<Vec<i64>>(&invocation).await;
+            return self.run::<Vec<i64>>(&call).await;
         }
-        Ok(decode(&self.run::<Vec<u8>>(&invocation).await?))
+        Ok(decode(&self.run::<Vec<u8>>(&call).await?))
     }
 
-    async fn run<T: redis::FromRedisValue>(
-        &self,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<T, StoreError> {
-        self.timed(self.conn.invoke(invocation)).await
+    async fn run<T: redis::FromRedisValue>(&self, call: &redis::Cmd) -> Result<T, StoreError> {
+        self.timed(self.code.run(&self.conn, call)).await
     }
 
     /// Waits for `call` at most the timeout, counting what goes wrong.
@@ -465,16 +467,15 @@ impl RedisStore {
         for lease in leases {
             let (key, aux) = redis_keys(&self.config.prefix, Algorithm::Concurrency, &lease.key);
             let member = format!("{}|{}", lease.cost, lease.id);
-            let mut invocation = self.script.prepare_invoke();
-            invocation
-                .key(&key)
-                .key(&aux)
+            let mut call = self.code.call(2);
+            call.arg(&key)
+                .arg(&aux)
                 .arg("l")
                 .arg("0")
                 .arg(0)
                 .arg("")
                 .arg(&member);
-            if let Err(e) = self.run::<Vec<i64>>(&invocation).await {
+            if let Err(e) = self.run::<Vec<i64>>(&call).await {
                 tracing::debug!(error = %e, "lease release failed; it expires after its period");
                 first_error.get_or_insert(e);
             }

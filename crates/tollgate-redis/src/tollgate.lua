@@ -1,4 +1,4 @@
--- Tollgate's one script: every algorithm of tollgate-core, stepped atomically
+-- Tollgate's Lua code: every algorithm of tollgate-core, stepped atomically
 -- for all the limits of one request (one hash slot), all-or-nothing (a hit
 -- counter checked alone also counts what it denies).
 --
@@ -8,6 +8,9 @@
 -- 2^52, times and durations below 2^53: the Rust side validates this, so every
 -- sum and comparison below is exact. Products of a count and a duration (the
 -- sliding counter's weighting) go through `mul` / `muldiv`, exact on limbs.
+--
+-- Loaded as a function library (its callback is `run`) or as a script ending
+-- in `return run(KEYS, ARGV)`: see code.rs.
 --
 -- KEYS: two per limit, (state, aux). aux holds the running total of a sliding
 -- log or the in-flight count of a concurrency limiter; other algorithms ignore it.
@@ -30,7 +33,9 @@
 
 local END = 9007199254740992 -- 2^53 us: the end of time on this side
 local B = 16777216 -- 2^24, the limb base
-local floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
+-- Set by `run`: a function library's top level runs where only `redis` is
+-- defined, so Lua's libraries are reached at call time.
+local floor, max, min, ceil
 
 -- Integers print exactly with %d (a C long: 64 bits on every Redis platform),
 -- and faster than with %.0f.
@@ -527,9 +532,12 @@ local function write(key, s, ttl, extra)
   end
 end
 
-local op = ARGV[1]
-local redis_now = nil
--- A request's time: its own argument, or Redis's TIME (read once per call).
+-- The call's keys and arguments, its TTL padding and Redis's time (read at
+-- most once per call): set by `run` on every call, since a function library's
+-- upvalues outlive a call.
+local keys, args, extra, redis_now
+
+-- A request's time: its own argument, or Redis's TIME.
 local function time_of(arg)
   if arg ~= '' then
     return tonumber(arg)
@@ -540,17 +548,13 @@ local function time_of(arg)
   end
   return redis_now
 end
-local now = time_of(ARGV[2])
-local extra = tonumber(ARGV[3])
-local lease_base = ARGV[4]
-local n = #KEYS / 2
 
--- The i-th limit after ARGV[at]: one argument of seven little-endian doubles
+-- The i-th limit after args[at]: one argument of seven little-endian doubles
 -- (algorithm, limit, period, burst, emission, cost, delay_after). Returns the
 -- algorithm, the quota and the cost; the quota table is reused (no step keeps it).
 local Q = {}
 local function quota(at, i)
-  local alg, limit, period, burst, emission, cost, delay_after = struct.unpack('<ddddddd', ARGV[at + i])
+  local alg, limit, period, burst, emission, cost, delay_after = struct.unpack('<ddddddd', args[at + i])
   Q.limit, Q.period, Q.burst, Q.emission, Q.delay_after = limit, period, burst, emission, delay_after
   return alg, Q, cost
 end
@@ -565,8 +569,8 @@ local function packed(out)
   return table.concat(parts)
 end
 
--- Checks one request of `count` limits (keys from KEYS[keys_at + 1], limit
--- arguments after ARGV[args_at]) at `t`, appending {t, all_allowed, 5 per
+-- Checks one request of `count` limits (keys from keys[keys_at + 1], limit
+-- arguments after args[args_at]) at `t`, appending {t, all_allowed, 5 per
 -- limit} to `reply`; writes only when every limit admits and `commit`.
 local function check_request(reply, keys_at, args_at, count, commit, t, lease)
   states = {}
@@ -578,7 +582,7 @@ local function check_request(reply, keys_at, args_at, count, commit, t, lease)
   local all = true
   for i = 1, count do
     local alg, q, cost = quota(args_at, i)
-    local key, aux = KEYS[keys_at + 2 * i - 1], KEYS[keys_at + 2 * i]
+    local key, aux = keys[keys_at + 2 * i - 1], keys[keys_at + 2 * i]
     local ttl, a, r, reset, retry, delay = step(alg, q, key, aux, t, cost, all and commit, lease, i)
     if a == 0 then
       all = false
@@ -604,112 +608,124 @@ local function check_request(reply, keys_at, args_at, count, commit, t, lease)
   end
 end
 
-if op == 'c' or op == 'd' then
-  local reply = {}
-  check_request(reply, 0, 4, n, op == 'c', now, lease_base)
-  return packed(reply)
-elseif op == 'b' then
-  -- A batch of independent requests, each all-or-nothing on its own:
-  -- ARGV[5] = number of requests, then per request: now, lease id base, its
-  -- number of limits, and one argument per limit. KEYS hold every request's
-  -- keys in order.
-  local reply = {}
-  -- Prefetch every string state of the batch in one MGET.
-  local simple, seen = {}, {}
-  local pos, keys_at = 6, 0
-  for _ = 1, tonumber(ARGV[5]) do
-    local count = tonumber(ARGV[pos + 2])
-    for i = 1, count do
-      local alg = struct.unpack('<d', ARGV[pos + 2 + i])
-      local key = KEYS[keys_at + 2 * i - 1]
-      if alg ~= 5 and alg ~= 7 and not seen[key] then
-        seen[key] = true
-        simple[#simple + 1] = key
-      end
-    end
-    keys_at = keys_at + 2 * count
-    pos = pos + 3 + count
-  end
-  for from = 1, #simple, 500 do
-    local upto = min(from + 499, #simple)
-    local values = redis.call('MGET', unpack(simple, from, upto))
-    for i = from, upto do
-      committed[simple[i]] = values[i - from + 1]
-    end
-  end
-  pos, keys_at = 6, 0
-  for _ = 1, tonumber(ARGV[5]) do
-    local count = tonumber(ARGV[pos + 2])
-    check_request(reply, keys_at, pos + 2, count, true, time_of(ARGV[pos]), ARGV[pos + 1])
-    keys_at = keys_at + 2 * count
-    pos = pos + 3 + count
-  end
-  return packed(reply)
-elseif op == 'r' then
-  -- Gives back what a committed check at `now` took (a later group of a
-  -- cross-slot request denied). Never touches a TTL.
-  for i = 1, n do
-    local alg, q, cost = quota(4, i)
-    local key, aux = KEYS[2 * i - 1], KEYS[2 * i]
-    local v = nil
-    if alg ~= 5 and alg ~= 7 then
-      v = redis.call('GET', key) or nil
-    end
-    if alg == 0 and v then
-      local tokens, last = parse2(v, 0, 0)
-      local capacity = q.burst * q.emission
-      tokens = min(tokens + cost * q.emission, capacity)
-      redis.call('SET', key, pack(tokens, last), 'KEEPTTL')
-    elseif (alg == 1 or alg == 3) and v then
-      redis.call('SET', key, pack(max(parse1(v, 0) - cost * q.emission, 0)), 'KEEPTTL')
-    elseif alg == 2 and v then
-      local level, last = parse2(v, 0, 0)
-      redis.call('SET', key, pack(max(level - cost * q.emission, 0), last), 'KEEPTTL')
-    elseif (alg == 4 or alg == 8) and v then
-      local last, count = parse2(v, 0, 0)
-      if floor(last / q.period) == floor(now / q.period) then
-        redis.call('SET', key, pack(last, max(count - cost, 0)), 'KEEPTTL')
-      end
-    elseif alg == 6 and v then
-      local last, prev, cur = parse3(v)
-      local ahead = floor(last / q.period) - floor(now / q.period)
-      if ahead == 0 then
-        cur = max(cur - cost, 0)
-      elseif ahead == 1 then
-        prev = max(prev - cost, 0)
-      end
-      redis.call('SET', key, pack(last, prev, cur), 'KEEPTTL')
-    elseif alg == 5 then
-      local member = redis.call('ZRANGEBYSCORE', key, fmt(now), fmt(now))
-      if member[1] then
-        local c = tonumber(string.match(member[1], ':(%d+)$'))
-        redis.call('ZREM', key, member[1])
-        local taken = min(c, cost)
-        if c > taken then
-          redis.call('ZADD', key, fmt(now), fmt(now) .. ':' .. fmt(c - taken))
+-- The entry point: `run(KEYS, ARGV)`, as a script's last line or a function's
+-- callback (see the module docs of script.rs).
+local function run(call_keys, call_args)
+  keys, args, redis_now = call_keys, call_args, nil
+  floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
+  states, committed = {}, {}
+  local op = args[1]
+  local now = time_of(args[2])
+  extra = tonumber(args[3])
+  local lease_base = args[4]
+  local n = #keys / 2
+  if op == 'c' or op == 'd' then
+    local reply = {}
+    check_request(reply, 0, 4, n, op == 'c', now, lease_base)
+    return packed(reply)
+  elseif op == 'b' then
+    -- A batch of independent requests, each all-or-nothing on its own:
+    -- args[5] = number of requests, then per request: now, lease id base, its
+    -- number of limits, and one argument per limit. KEYS hold every request's
+    -- keys in order.
+    local reply = {}
+    -- Prefetch every string state of the batch in one MGET.
+    local simple, seen = {}, {}
+    local pos, keys_at = 6, 0
+    for _ = 1, tonumber(args[5]) do
+      local count = tonumber(args[pos + 2])
+      for i = 1, count do
+        local alg = struct.unpack('<d', args[pos + 2 + i])
+        local key = keys[keys_at + 2 * i - 1]
+        if alg ~= 5 and alg ~= 7 and not seen[key] then
+          seen[key] = true
+          simple[#simple + 1] = key
         end
-        local total = tonumber(redis.call('GET', aux) or '0')
-        redis.call('SET', aux, fmt(max(total - taken, 0)), 'KEEPTTL')
       end
-    elseif alg == 7 then
-      local member = fmt(cost) .. '|' .. lease_base .. '_' .. i
+      keys_at = keys_at + 2 * count
+      pos = pos + 3 + count
+    end
+    for from = 1, #simple, 500 do
+      local upto = min(from + 499, #simple)
+      local values = redis.call('MGET', unpack(simple, from, upto))
+      for i = from, upto do
+        committed[simple[i]] = values[i - from + 1]
+      end
+    end
+    pos, keys_at = 6, 0
+    for _ = 1, tonumber(args[5]) do
+      local count = tonumber(args[pos + 2])
+      check_request(reply, keys_at, pos + 2, count, true, time_of(args[pos]), args[pos + 1])
+      keys_at = keys_at + 2 * count
+      pos = pos + 3 + count
+    end
+    return packed(reply)
+  elseif op == 'r' then
+    -- Gives back what a committed check at `now` took (a later group of a
+    -- cross-slot request denied). Never touches a TTL.
+    for i = 1, n do
+      local alg, q, cost = quota(4, i)
+      local key, aux = keys[2 * i - 1], keys[2 * i]
+      local v = nil
+      if alg ~= 5 and alg ~= 7 then
+        v = redis.call('GET', key) or nil
+      end
+      if alg == 0 and v then
+        local tokens, last = parse2(v, 0, 0)
+        local capacity = q.burst * q.emission
+        tokens = min(tokens + cost * q.emission, capacity)
+        redis.call('SET', key, pack(tokens, last), 'KEEPTTL')
+      elseif (alg == 1 or alg == 3) and v then
+        redis.call('SET', key, pack(max(parse1(v, 0) - cost * q.emission, 0)), 'KEEPTTL')
+      elseif alg == 2 and v then
+        local level, last = parse2(v, 0, 0)
+        redis.call('SET', key, pack(max(level - cost * q.emission, 0), last), 'KEEPTTL')
+      elseif (alg == 4 or alg == 8) and v then
+        local last, count = parse2(v, 0, 0)
+        if floor(last / q.period) == floor(now / q.period) then
+          redis.call('SET', key, pack(last, max(count - cost, 0)), 'KEEPTTL')
+        end
+      elseif alg == 6 and v then
+        local last, prev, cur = parse3(v)
+        local ahead = floor(last / q.period) - floor(now / q.period)
+        if ahead == 0 then
+          cur = max(cur - cost, 0)
+        elseif ahead == 1 then
+          prev = max(prev - cost, 0)
+        end
+        redis.call('SET', key, pack(last, prev, cur), 'KEEPTTL')
+      elseif alg == 5 then
+        local member = redis.call('ZRANGEBYSCORE', key, fmt(now), fmt(now))
+        if member[1] then
+          local c = tonumber(string.match(member[1], ':(%d+)$'))
+          redis.call('ZREM', key, member[1])
+          local taken = min(c, cost)
+          if c > taken then
+            redis.call('ZADD', key, fmt(now), fmt(now) .. ':' .. fmt(c - taken))
+          end
+          local total = tonumber(redis.call('GET', aux) or '0')
+          redis.call('SET', aux, fmt(max(total - taken, 0)), 'KEEPTTL')
+        end
+      elseif alg == 7 then
+        local member = fmt(cost) .. '|' .. lease_base .. '_' .. i
+        if redis.call('ZREM', key, member) == 1 then
+          local count = tonumber(redis.call('GET', aux) or '0')
+          redis.call('SET', aux, fmt(max(count - cost, 0)), 'KEEPTTL')
+        end
+      end
+    end
+    return { now }
+  elseif op == 'l' then
+    -- Releases leases: args[4 + i] is the i-th lease's full member.
+    for i = 1, n do
+      local key, aux = keys[2 * i - 1], keys[2 * i]
+      local member = args[4 + i]
       if redis.call('ZREM', key, member) == 1 then
         local count = tonumber(redis.call('GET', aux) or '0')
-        redis.call('SET', aux, fmt(max(count - cost, 0)), 'KEEPTTL')
+        redis.call('SET', aux, fmt(max(count - cost_of(member), 0)), 'KEEPTTL')
       end
     end
+    return { now }
   end
-  return { now }
-elseif op == 'l' then
-  -- Releases leases: ARGV[4 + i] is the i-th lease's full member.
-  for i = 1, n do
-    local key, aux = KEYS[2 * i - 1], KEYS[2 * i]
-    local member = ARGV[4 + i]
-    if redis.call('ZREM', key, member) == 1 then
-      local count = tonumber(redis.call('GET', aux) or '0')
-      redis.call('SET', aux, fmt(max(count - cost_of(member), 0)), 'KEEPTTL')
-    end
-  end
-  return { now }
+  return redis.error_reply('unknown op ' .. tostring(op))
 end
-return redis.error_reply('unknown op ' .. tostring(op))

@@ -7,7 +7,7 @@ use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota};
 use tollgate_store::MemoryStore;
 use tollgate_store::conformance::{self, assert_same, reference, run, scenarios};
 
-use crate::support::{RedisCluster, cli, manual_store};
+use crate::support::{RedisCluster, cli, manual_store, manual_store_with};
 
 #[tokio::test]
 async fn cluster_conformance_tags_cross_slot_refunds_and_script_reloads() {
@@ -62,28 +62,34 @@ async fn cluster_conformance_tags_cross_slot_refunds_and_script_reloads() {
         cross_slot(&url, algorithm, &slot).await;
     }
 
-    // 4. SCRIPT FLUSH on every node: checks reload the script and go on.
-    let clock = conformance::clock();
-    let store = manual_store(&url, &clock).await;
-    let keys: Vec<String> = (0..12).map(|i| format!("flush-{i}")).collect();
-    let check = |key: &str| Limit {
-        key: key.to_owned().leak(),
-        quota: Quota::per_second(1000).unwrap(),
-        algorithm: Algorithm::TokenBucket,
-        cost: 1,
-        failure: FailurePolicy::Local,
-    };
-    for key in &keys {
-        assert!(store.check_limits(&[check(key)]).await.unwrap().allowed());
+    // 4. The code flushed on every node (`FUNCTION FLUSH`, or `SCRIPT FLUSH`
+    // for a store told to use scripts): checks load it again and go on.
+    for functions in [true, false] {
+        let clock = conformance::clock();
+        let store = manual_store_with(&url, &clock, |c| c.functions = functions).await;
+        assert_eq!(store.uses_functions(), functions);
+        let keys: Vec<String> = (0..12).map(|i| format!("flush-{functions}-{i}")).collect();
+        let check = |key: &str| Limit {
+            key: key.to_owned().leak(),
+            quota: Quota::per_second(1000).unwrap(),
+            algorithm: Algorithm::TokenBucket,
+            cost: 1,
+            failure: FailurePolicy::Local,
+        };
+        for key in &keys {
+            assert!(store.check_limits(&[check(key)]).await.unwrap().allowed());
+        }
+        let flush = if functions { "FUNCTION" } else { "SCRIPT" };
+        for node in &cluster.nodes {
+            assert_eq!(node.cli(&[flush, "FLUSH"]).trim(), "OK");
+        }
+        for key in &keys {
+            let outcome = store.check_limits(&[check(key)]).await.unwrap();
+            assert_eq!(outcome.decisions[0].remaining, 998, "{key}");
+        }
+        let stats = store.stats();
+        assert_eq!((stats.timeouts, stats.errors), (0, 0), "{stats:?}");
     }
-    for node in &cluster.nodes {
-        assert_eq!(node.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
-    }
-    for key in &keys {
-        assert!(store.check_limits(&[check(key)]).await.unwrap().allowed());
-    }
-    let stats = store.stats();
-    assert_eq!((stats.timeouts, stats.errors), (0, 0), "{stats:?}");
 }
 
 /// A narrow per-user limit and a wider global one on different slots. The

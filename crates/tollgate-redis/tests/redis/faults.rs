@@ -1,5 +1,5 @@
 //! Faults, each bounded to seconds: Redis killed while checks run and brought
-//! back, `SCRIPT FLUSH` under load, a slow Redis behind a delaying proxy, a
+//! back, `FUNCTION FLUSH` and `SCRIPT FLUSH` under load, a slow Redis behind a delaying proxy, a
 //! cluster master killed, and the fail-open / fail-closed policies.
 //!
 //! The store is the Redis store under the `Fallback` wrapper, as a service
@@ -169,11 +169,20 @@ async fn redis_killed_while_checks_run_falls_back_and_returns() {
     assert!(admitted[0] <= 3 * BURST, "{admitted:?} exceeds 3 × burst");
 }
 
+/// The code flushed from Redis under load, five times, loses no decision:
+/// a function library (`FUNCTION FLUSH`) and a script (`SCRIPT FLUSH`) alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn script_flush_mid_run_loses_no_decision() {
+async fn a_flush_of_the_code_mid_run_loses_no_decision() {
+    for functions in [true, false] {
+        code_flush_mid_run(functions).await;
+    }
+}
+
+async fn code_flush_mid_run(functions: bool) {
     let server = RedisServer::start();
     let clock = conformance::clock();
-    let redis = manual_store_with(&server.url(), &clock, |_| {}).await;
+    let redis = manual_store_with(&server.url(), &clock, |c| c.functions = functions).await;
+    assert_eq!(redis.uses_functions(), functions);
     let config = FallbackConfig {
         timeout: Duration::from_secs(5),
         ..FallbackConfig::default()
@@ -181,10 +190,14 @@ async fn script_flush_mid_run_loses_no_decision() {
     let store = Arc::new(Fallback::with_clock(redis, config, Arc::clone(&clock) as _));
     let keys: Vec<String> = (0..4).map(|i| format!("flush-{i}")).collect();
     let load = Load::start(&store, &keys, 4);
+    let flush = if functions { "FUNCTION" } else { "SCRIPT" };
     for _ in 0..5 {
-        eventually("checks", Duration::from_secs(5), || stats(&store).1 > 0).await;
-        assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        let before = stats(&store).1;
+        eventually("checks", Duration::from_secs(5), || {
+            stats(&store).1 > before
+        })
+        .await;
+        assert_eq!(server.cli(&[flush, "FLUSH"]).trim(), "OK");
     }
     let before = stats(&store).1;
     eventually("checks after the flushes", Duration::from_secs(5), || {
@@ -199,7 +212,7 @@ async fn script_flush_mid_run_loses_no_decision() {
         "{stats:?}"
     );
     // Exactly the burst of each key, as if nothing had happened.
-    assert_eq!(admitted, vec![BURST; 4]);
+    assert_eq!(admitted, vec![BURST; 4], "functions: {functions}");
 }
 
 /// A TCP proxy in front of Redis that, when `slow` is set, holds every chunk

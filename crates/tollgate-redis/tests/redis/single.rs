@@ -9,7 +9,7 @@ use tollgate_redis::{ConnectError, RedisConfig, RedisStore};
 use tollgate_store::conformance::{self, assert_same, reference, run, scenarios};
 use tollgate_store::{DenyCache, MemoryStore};
 
-use crate::support::{RedisServer, manual_store};
+use crate::support::{RedisServer, manual_store, manual_store_with};
 
 fn limit(key: &str, quota: Quota, algorithm: Algorithm, cost: u64) -> Limit<'_> {
     Limit {
@@ -288,31 +288,53 @@ async fn quotas_beyond_exact_doubles_are_invalid_input_not_backend_errors() {
     }
 }
 
+/// Where the server has functions (Redis ≥ 7.0, as on every machine the
+/// suite runs on), the code is a function library; a flush of it (or of the
+/// script cache, for a store told to use scripts) is survived by loading it
+/// again, with no check lost or failed.
 #[tokio::test]
-async fn script_flush_is_survived_by_reloading_on_noscript() {
+async fn the_code_is_a_function_and_either_kind_survives_a_flush() {
     let server = RedisServer::start();
+    let version = server.cli(&["INFO", "server"]);
+    let major: u32 = version
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .and_then(|v| v.split('.').next())
+        .and_then(|v| v.trim().parse().ok())
+        .expect("INFO server gives redis_version");
+    assert!(major >= 7, "the suite runs on Redis 7 or later: {version}");
     let clock = conformance::clock();
-    let store = manual_store(&server.url(), &clock).await;
-    let q = Quota::per_second(5).unwrap();
-    let l = limit("flushed", q, Algorithm::TokenBucket, 1);
-    assert!(store.check_limits(&[l]).await.unwrap().allowed());
-    assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
-    assert!(store.check_limits(&[l]).await.unwrap().allowed());
-    assert_eq!(
-        server
-            .cli(&["SCRIPT", "EXISTS", &script_sha(&server)])
-            .trim(),
-        "1"
-    );
-    let stats = store.stats();
-    assert_eq!((stats.timeouts, stats.errors), (0, 0));
-}
-
-/// The SHA1 of the only script the server has loaded.
-fn script_sha(server: &RedisServer) -> String {
-    // SCRIPT LOAD of the same source is idempotent and returns its SHA.
-    let source = include_str!("../../src/tollgate.lua");
-    server.cli(&["SCRIPT", "LOAD", source]).trim().to_owned()
+    for functions in [true, false] {
+        assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).trim(), "OK");
+        let store = manual_store_with(&server.url(), &clock, |c| c.functions = functions).await;
+        assert_eq!(store.uses_functions(), functions);
+        let q = Quota::per_second(5).unwrap();
+        let key = format!("flushed-{functions}");
+        let l = limit(&key, q, Algorithm::TokenBucket, 1);
+        assert_eq!(
+            store.check_limits(&[l]).await.unwrap().decisions[0].remaining,
+            4
+        );
+        let flush = if functions { "FUNCTION" } else { "SCRIPT" };
+        assert_eq!(server.cli(&[flush, "FLUSH"]).trim(), "OK");
+        if functions {
+            assert_eq!(server.cli(&["FUNCTION", "LIST"]).trim(), "");
+        }
+        assert_eq!(
+            store.check_limits(&[l]).await.unwrap().decisions[0].remaining,
+            3
+        );
+        let stats = store.stats();
+        assert_eq!((stats.timeouts, stats.errors), (0, 0));
+        let commands = server.cli(&["INFO", "commandstats"]);
+        let called = |command: &str| commands.contains(&format!("cmdstat_{command}:calls="));
+        assert_eq!(
+            (called("fcall"), called("evalsha")),
+            (functions, !functions),
+            "{commands}"
+        );
+    }
+    assert!(server.cli(&["FUNCTION", "LIST"]).contains("tollgate_"));
 }
 
 #[tokio::test]
