@@ -22,14 +22,12 @@ use crate::conn::Conn;
 /// Script calls of batches on the wire at once.
 const IN_FLIGHT: usize = 4;
 
-/// One request of a batch: its keys, time, lease base and script arguments.
+/// One request of a batch: its keys and its script argument.
 pub(crate) struct Job {
     pub(crate) keys: Vec<String>,
-    pub(crate) now: String,
-    pub(crate) lease: String,
-    /// Its number of limits, and one argument per limit.
+    pub(crate) request: Vec<u8>,
+    /// Its number of limits.
     pub(crate) limits: usize,
-    pub(crate) args: Vec<[u8; 56]>,
     pub(crate) reply: oneshot::Sender<Result<Vec<i64>, BatchError>>,
 }
 
@@ -93,12 +91,9 @@ async fn send(conn: &Conn, code: &Code, jobs: Vec<Job>, timeout: Duration, extra
             call.arg(key);
         }
     }
-    call.arg("b").arg("").arg(extra_ms).arg("").arg(jobs.len());
+    call.arg("c").arg(extra_ms);
     for job in &jobs {
-        call.arg(&job.now).arg(&job.lease).arg(job.limits);
-        for a in &job.args {
-            call.arg(&a[..]);
-        }
+        call.arg(&job.request);
     }
     let result = tokio::time::timeout(timeout, code.run::<Vec<u8>>(conn, &call)).await;
     let mut replies = match result {

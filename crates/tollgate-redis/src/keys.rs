@@ -27,9 +27,11 @@ use tollgate_core::Algorithm;
 pub(crate) fn segment(algorithm: Algorithm) -> (&'static str, &'static str) {
     match algorithm {
         Algorithm::TokenBucket => ("tb", "tb.x"),
-        Algorithm::Gcra => ("gcra", "gcra.x"),
+        // `.i`: the state is a decimal integer (an older Tollgate's was a
+        // packed double at `gcra` and `lbs`; neither reads the other's).
+        Algorithm::Gcra => ("gcra.i", "gcra.x"),
         Algorithm::LeakyBucket => ("lb", "lb.x"),
-        Algorithm::LeakyBucketShaping { .. } => ("lbs", "lbs.x"),
+        Algorithm::LeakyBucketShaping { .. } => ("lbs.i", "lbs.x"),
         Algorithm::FixedWindow => ("fw", "fw.x"),
         Algorithm::HitCounter => ("hc", "hc.x"),
         Algorithm::SlidingLog => ("log", "log.n"),
@@ -126,13 +128,13 @@ mod tests {
     #[test]
     fn keys_are_tagged_escaped_and_distinct() {
         let k = |key| redis_keys("tg", Algorithm::Gcra, key).0;
-        assert_eq!(k("user:1"), "tg:gcra:{user:1}");
-        assert_eq!(k("{u1}api"), "tg:gcra:{u1}:api");
-        assert_eq!(k("{u1}"), "tg:gcra:{u1}:");
-        assert_eq!(k("a}b{c"), "tg:gcra:{a%7Db%7Bc}");
-        assert_eq!(k(""), "tg:gcra:{%}");
-        assert_eq!(k("{}x"), "tg:gcra:{%}:x");
-        assert_eq!(k("{open"), "tg:gcra:{%7Bopen}");
+        assert_eq!(k("user:1"), "tg:gcra.i:{user:1}");
+        assert_eq!(k("{u1}api"), "tg:gcra.i:{u1}:api");
+        assert_eq!(k("{u1}"), "tg:gcra.i:{u1}:");
+        assert_eq!(k("a}b{c"), "tg:gcra.i:{a%7Db%7Bc}");
+        assert_eq!(k(""), "tg:gcra.i:{%}");
+        assert_eq!(k("{}x"), "tg:gcra.i:{%}:x");
+        assert_eq!(k("{open"), "tg:gcra.i:{%7Bopen}");
         let distinct = ["a", "{a}", "{a}b", "%7D", "}", "{}", "", "{a}:b", "{a:}b"];
         let mut seen: Vec<String> = distinct.iter().map(|d| k(d)).collect();
         seen.sort();

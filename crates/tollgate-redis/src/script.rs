@@ -105,11 +105,17 @@ impl Params {
         })
     }
 
-    /// The limit's one script argument: seven little-endian doubles (every
-    /// value is at most 2^52 + 1, so exact).
-    pub(crate) fn blob(&self) -> [u8; 56] {
-        let mut out = [0u8; 56];
-        let values = [
+    /// Whether the script keeps an auxiliary key beside the state (and so
+    /// takes two keys for this limit): a sliding log's total, a concurrency
+    /// limiter's in-flight count.
+    pub(crate) fn has_aux(&self) -> bool {
+        self.code == code(Algorithm::SlidingLog) || self.code == code(Algorithm::Concurrency)
+    }
+
+    /// Appends the limit's part of a request argument: seven little-endian
+    /// doubles (every value is at most 2^52 + 1, so exact).
+    fn write(&self, out: &mut Vec<u8>) {
+        for v in [
             u64::from(self.code),
             self.limit,
             self.period_us,
@@ -117,12 +123,35 @@ impl Params {
             self.emission_us,
             self.cost,
             self.delay_after,
-        ];
-        for (chunk, v) in out.chunks_exact_mut(8).zip(values) {
-            chunk.copy_from_slice(&(v as f64).to_le_bytes());
+        ] {
+            out.extend_from_slice(&(v as f64).to_le_bytes());
         }
-        out
     }
+}
+
+/// One request's script argument: its time in µs (`None`: Redis's `TIME`)
+/// and number of limits as little-endian doubles, each limit's seven, then,
+/// when it has a concurrency limit, the base of the lease ids as text.
+pub(crate) fn request<'a>(
+    now_us: Option<u64>,
+    lease: &str,
+    limits: impl ExactSizeIterator<Item = &'a Params>,
+) -> Vec<u8> {
+    let count = limits.len();
+    let mut out = Vec::with_capacity(16 + 56 * count + lease.len());
+    // Times are below 2^53 µs (checked by the caller): exact.
+    let now = now_us.map_or(-1.0, |us| us as f64);
+    out.extend_from_slice(&now.to_le_bytes());
+    out.extend_from_slice(&(count as f64).to_le_bytes());
+    let mut leases = false;
+    for params in limits {
+        params.write(&mut out);
+        leases |= params.code == code(Algorithm::Concurrency);
+    }
+    if leases {
+        out.extend_from_slice(lease.as_bytes());
+    }
+    out
 }
 
 /// Decodes a packed reply: little-endian doubles, each an integer.
@@ -211,10 +240,21 @@ mod tests {
         let ok = Quota::per_hour(1_000_000_000).unwrap();
         let p = Params::new(&limit(ok, Algorithm::SlidingCounter, u64::MAX), true).unwrap();
         assert_eq!(p.cost, MAX_COUNT + 1);
-        let blob = p.blob();
+        let blob = request(Some(7), "ab-1", [p].iter());
         assert_eq!(
-            decode(&blob),
+            blob.len(),
+            16 + 56,
+            "no lease base without a concurrency limit"
+        );
+        let slots = Params::new(&limit(ok, Algorithm::Concurrency, 1), true).unwrap();
+        let leased = request(None, "ab-1", [p, slots].iter());
+        assert_eq!(decode(&leased[..16]), [-1, 2], "Redis's TIME, two limits");
+        assert_eq!(&leased[16 + 2 * 56..], b"ab-1");
+        assert_eq!(
+            decode(&blob[..16 + 56]),
             [
+                7,
+                1,
                 6,
                 1_000_000_000,
                 3_600_000_000,

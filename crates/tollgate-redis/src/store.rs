@@ -149,10 +149,11 @@ impl RedisStore {
             .collect()
     }
 
-    /// The time argument: empty for Redis's TIME, else the injected clock in µs.
-    fn now_arg(&self) -> Result<String, StoreError> {
+    /// The requests' time: `None` for Redis's `TIME`, else the injected
+    /// clock in µs.
+    fn now_us(&self) -> Result<Option<u64>, StoreError> {
         let Some(clock) = &self.clock else {
-            return Ok(String::new());
+            return Ok(None);
         };
         let now: Nanos = clock.now();
         let us = now / 1000;
@@ -161,20 +162,33 @@ impl RedisStore {
                 "time {us} µs is past the Redis store's end of time (2^53 µs)"
             )));
         }
-        Ok(us.to_string())
+        Ok(Some(us))
+    }
+
+    /// The keys of `members` in the script's order: each limit's state key,
+    /// and its auxiliary key when it keeps one.
+    fn keys_of<'p>(
+        members: &'p [usize],
+        prepared: &'p [Prepared],
+    ) -> impl Iterator<Item = &'p str> + 'p {
+        members.iter().flat_map(move |&i| {
+            let p = &prepared[i];
+            std::iter::once(p.key.as_str()).chain(p.params.has_aux().then_some(p.aux.as_str()))
+        })
     }
 
     async fn call(
         &self,
         op: Op,
-        now: &str,
+        now_us: Option<u64>,
         lease: &str,
         members: &[usize],
         prepared: &[Prepared],
     ) -> Result<Vec<i64>, StoreError> {
-        let mut call = self.code.call(2 * members.len());
-        for &i in members {
-            call.arg(&prepared[i].key).arg(&prepared[i].aux);
+        let keys: SmallVec<[&str; 8]> = Self::keys_of(members, prepared).collect();
+        let mut call = self.code.call(keys.len());
+        for key in keys {
+            call.arg(key);
         }
         let extra_ms = u64::try_from(self.config.extra_ttl.as_millis()).unwrap_or(u64::MAX);
         let op = match op {
@@ -182,10 +196,11 @@ impl RedisStore {
             Op::Dry => "d",
             Op::Refund => "r",
         };
-        call.arg(op).arg(now).arg(extra_ms).arg(lease);
-        for &i in members {
-            call.arg(&prepared[i].params.blob()[..]);
-        }
+        call.arg(op).arg(extra_ms).arg(script::request(
+            now_us,
+            lease,
+            members.iter().map(|&i| &prepared[i].params),
+        ));
         if op == "r" {
             return self.run::<Vec<i64>>(&call).await;
         }
@@ -226,25 +241,18 @@ impl RedisStore {
     async fn batched(
         &self,
         batcher: &Batcher,
-        now: &str,
+        now_us: Option<u64>,
         lease: &str,
         members: &[usize],
         prepared: &[Prepared],
     ) -> Result<Vec<i64>, StoreError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let mut args = Vec::with_capacity(members.len());
-        let mut keys = Vec::with_capacity(2 * members.len());
-        for &i in members {
-            args.push(prepared[i].params.blob());
-            keys.push(prepared[i].key.clone());
-            keys.push(prepared[i].aux.clone());
-        }
         let job = Job {
-            keys,
-            now: now.to_owned(),
-            lease: lease.to_owned(),
+            keys: Self::keys_of(members, prepared)
+                .map(str::to_owned)
+                .collect(),
+            request: script::request(now_us, lease, members.iter().map(|&i| &prepared[i].params)),
             limits: members.len(),
-            args,
             reply: tx,
         };
         let gone = || StoreError::Backend {
@@ -278,7 +286,7 @@ impl RedisStore {
     async fn check_group(
         &self,
         op: Op,
-        now: &str,
+        now_us: Option<u64>,
         lease: &str,
         members: &[usize],
         limits: &[Limit<'_>],
@@ -286,9 +294,10 @@ impl RedisStore {
     ) -> Result<GroupReply, StoreError> {
         let reply = match &self.batcher {
             Some(batcher) if op == Op::Check => {
-                self.batched(batcher, now, lease, members, prepared).await?
+                self.batched(batcher, now_us, lease, members, prepared)
+                    .await?
             }
-            _ => self.call(op, now, lease, members, prepared).await?,
+            _ => self.call(op, now_us, lease, members, prepared).await?,
         };
         let (now_us, allowed, mut decisions) = parse_check(&reply, members.len())?;
         for (d, &i) in decisions.iter_mut().zip(members) {
@@ -328,7 +337,7 @@ impl RedisStore {
         limits: &[Limit<'_>],
         prepared: &[Prepared],
     ) -> Result<Stamped, StoreError> {
-        let now_arg = self.now_arg()?;
+        let now_us = self.now_us()?;
         // The base of the lease members this check adds: unique per store,
         // and per store secret.
         let count = self.next_lease.fetch_add(1, Ordering::Relaxed);
@@ -341,7 +350,7 @@ impl RedisStore {
         for (g, members) in groups.iter().enumerate() {
             let op = if denied { Op::Dry } else { Op::Check };
             let reply = match self
-                .check_group(op, &now_arg, &lease, members, limits, prepared)
+                .check_group(op, now_us, &lease, members, limits, prepared)
                 .await
             {
                 Ok(reply) => reply,
@@ -405,8 +414,10 @@ impl RedisStore {
     ) {
         for &(g, now_us) in committed {
             let members = &groups[g];
-            let now = now_us.to_string();
-            if let Err(e) = self.call(Op::Refund, &now, lease, members, prepared).await {
+            if let Err(e) = self
+                .call(Op::Refund, Some(now_us), lease, members, prepared)
+                .await
+            {
                 tracing::warn!(error = %e, "refund of a cross-slot check failed");
             }
         }
@@ -440,8 +451,8 @@ impl RedisStore {
         taken_at: u64,
     ) -> Result<(), StoreError> {
         let prepared = self.prepare(std::slice::from_ref(limit))?;
-        let now = taken_at.to_string();
-        self.call(Op::Refund, &now, "", &[0], &prepared).await?;
+        self.call(Op::Refund, Some(taken_at), "", &[0], &prepared)
+            .await?;
         Ok(())
     }
 
@@ -468,13 +479,7 @@ impl RedisStore {
             let (key, aux) = redis_keys(&self.config.prefix, Algorithm::Concurrency, &lease.key);
             let member = format!("{}|{}", lease.cost, lease.id);
             let mut call = self.code.call(2);
-            call.arg(&key)
-                .arg(&aux)
-                .arg("l")
-                .arg("0")
-                .arg(0)
-                .arg("")
-                .arg(&member);
+            call.arg(&key).arg(&aux).arg("l").arg(0).arg(&member);
             if let Err(e) = self.run::<Vec<i64>>(&call).await {
                 tracing::debug!(error = %e, "lease release failed; it expires after its period");
                 first_error.get_or_insert(e);

@@ -10,26 +10,10 @@
 -- sliding counter's weighting) go through `mul` / `muldiv`, exact on limbs.
 --
 -- Loaded as a function library (its callback is `run`) or as a script ending
--- in `return run(KEYS, ARGV)`: see code.rs.
---
--- KEYS: two per limit, (state, aux). aux holds the running total of a sliding
--- log or the in-flight count of a concurrency limiter; other algorithms ignore it.
--- ARGV[1]  op: "c" check (write when every limit admits), "d" dry (never write),
---              "b" a batch of checks (see below), "r" refund a committed
---              check, "l" release leases
--- ARGV[2]  now in microseconds, or "" to read Redis's TIME
--- ARGV[3]  extra TTL in milliseconds added to every TTL
--- ARGV[4]  lease id base (concurrency members are "<cost>|<base>_<index>";
---          all after the cost is the lease id the store hands out)
--- then one argument per limit: seven little-endian doubles (algorithm, limit,
--- period, burst, emission, cost, delay_after), so nothing is parsed from text
--- (algorithm codes: 0 token bucket, 1 gcra, 2 leaky, 3 shaping, 4 fixed window,
---  5 sliding log, 6 sliding counter, 7 concurrency, 8 hit counter).
---
--- Reply for "c"/"d": {now, all_allowed, then per limit: allowed, remaining,
--- reset_after, retry_after (-1: never), delay}, packed as little-endian
--- doubles in one string; for "b", that for each request in turn. For "r"/"l":
--- {now} as an array.
+-- in `return run(KEYS, ARGV)`: see code.rs. Arguments and replies are
+-- described at `run`, at the end. Algorithm codes: 0 token bucket, 1 gcra,
+-- 2 leaky, 3 shaping, 4 fixed window, 5 sliding log, 6 sliding counter,
+-- 7 concurrency, 8 hit counter.
 
 local END = 9007199254740992 -- 2^53 us: the end of time on this side
 local B = 16777216 -- 2^24, the limb base
@@ -139,14 +123,13 @@ local function meter(q, now, used, cost)
   return nil, decision(false, floor(max(top - used, 0) / t), used, used - room)
 end
 
--- String states are one, two or three little-endian doubles (struct.pack
--- '<d'): exact for every integer below 2^53, and several times cheaper to read
--- and write than decimal text.
-local function parse1(v, d1)
-  if not v then
-    return d1
-  end
-  return (struct.unpack('<d', v))
+-- Other string states are two or three little-endian doubles (struct.pack
+-- '<dd'): exact for every integer below 2^53, and several times cheaper to
+-- read and write than decimal text.
+-- GCRA's and shaping's one time is a decimal integer, which Redis stores in
+-- the value's pointer (no allocation: the smallest key there is).
+local function parse_int(v)
+  return tonumber(v) or 0
 end
 
 local function parse2(v, d1, d2)
@@ -168,10 +151,8 @@ end
 local function pack(a, b, c)
   if c then
     return struct.pack('<ddd', a, b, c)
-  elseif b then
-    return struct.pack('<dd', a, b)
   end
-  return struct.pack('<d', a)
+  return struct.pack('<dd', a, b)
 end
 
 -- State of every key touched by this call, loaded once: two limits of one
@@ -182,6 +163,11 @@ local states = {}
 -- a batch prefetches them with one MGET and keeps them up to date as its
 -- requests write, so a key read twice in a call costs one lookup.
 local committed = {}
+
+-- The call's keys, its TTL padding and Redis's time (read at most once per
+-- call): set by `run` on every call, since a function library's upvalues
+-- outlive a call.
+local keys, extra, redis_now
 
 local function load_simple(key, alg, q)
   local s = states[key]
@@ -194,12 +180,13 @@ local function load_simple(key, alg, q)
     committed[key] = v
   end
   v = v or nil
-  s = { kind = 'simple' }
+  -- Every field it will hold, so the table is sized once.
+  s = { kind = 'simple', a = 0, b = 0, c = false, int = false, dirty = false, ttl = 0 }
   if alg == 0 then
     -- A new bucket is full: tokens clamp to the capacity at the first refill.
     s.a, s.b = parse2(v, END, 0)
   elseif alg == 1 or alg == 3 then
-    s.a = parse1(v, 0)
+    s.a, s.int = parse_int(v), true
   elseif alg == 2 or alg == 4 or alg == 8 then
     s.a, s.b = parse2(v, 0, 0)
   elseif alg == 6 then
@@ -501,9 +488,14 @@ local function expire_at_least(key, ttl_us, extra_ms)
   end
 end
 
-local function write(key, s, ttl, extra)
+local function write(key, s, ttl, now)
   if s.kind == 'simple' then
-    local v = pack(s.a, s.b, s.c)
+    local v
+    if s.int then
+      v = fmt(s.a)
+    else
+      v = pack(s.a, s.b, s.c)
+    end
     redis.call('SET', key, v, 'PX', fmt(max(ceil(ttl / 1000), 1) + extra))
     committed[key] = v
   elseif s.kind == 'log' then
@@ -522,7 +514,7 @@ local function write(key, s, ttl, extra)
     expire(key, ttl, extra)
     expire(s.aux, ttl, extra)
   elseif s.kind == 'lease' then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(s.now))
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
     for _, a in ipairs(s.added) do
       redis.call('ZADD', key, fmt(a[2]), a[1])
     end
@@ -532,65 +524,80 @@ local function write(key, s, ttl, extra)
   end
 end
 
--- The call's keys and arguments, its TTL padding and Redis's time (read at
--- most once per call): set by `run` on every call, since a function library's
--- upvalues outlive a call.
-local keys, args, extra, redis_now
-
--- A request's time: its own argument, or Redis's TIME.
-local function time_of(arg)
-  if arg ~= '' then
-    return tonumber(arg)
+-- A request's time: its own, or (when negative) Redis's TIME.
+local function time_of(t)
+  if t >= 0 then
+    return t
   end
   if not redis_now then
-    local t = redis.call('TIME')
-    redis_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local now = redis.call('TIME')
+    redis_now = tonumber(now[1]) * 1000000 + tonumber(now[2])
   end
   return redis_now
 end
 
--- The i-th limit after args[at]: one argument of seven little-endian doubles
--- (algorithm, limit, period, burst, emission, cost, delay_after). Returns the
--- algorithm, the quota and the cost; the quota table is reused (no step keeps it).
+-- A request is one argument of little-endian doubles: its time (-1: Redis's
+-- TIME) and its number of limits, then seven per limit (algorithm, limit,
+-- period, burst, emission, cost, delay_after); then, as text, the base of the
+-- lease ids its concurrency limits add. Its keys are one per limit, two for a
+-- sliding log or a concurrency limit (state, aux), in order from keys[k + 1].
+local HEAD, LIMIT = 16, 56
 local Q = {}
-local function quota(at, i)
-  local alg, limit, period, burst, emission, cost, delay_after = struct.unpack('<ddddddd', args[at + i])
-  Q.limit, Q.period, Q.burst, Q.emission, Q.delay_after = limit, period, burst, emission, delay_after
-  return alg, Q, cost
+
+-- Whether an algorithm keeps an aux key beside its state.
+local function has_aux(alg)
+  return alg == 5 or alg == 7
 end
 
--- Replies are the numbers packed as little-endian doubles in one string.
-local function packed(out)
-  local parts = {}
-  for i = 1, #out, 100 do
-    local j = min(i + 99, #out)
-    parts[#parts + 1] = struct.pack('<' .. string.rep('d', j - i + 1), unpack(out, i, j))
+-- Replies are the numbers packed as little-endian doubles: one string per
+-- request, concatenated. The format of n doubles is made once per library.
+local formats = {}
+local function packed(out, from, to)
+  local n = to - from + 1
+  local f = formats[n]
+  if not f then
+    f = '<' .. string.rep('d', n)
+    formats[n] = f
   end
-  return table.concat(parts)
+  return struct.pack(f, unpack(out, from, to))
 end
 
--- Checks one request of `count` limits (keys from keys[keys_at + 1], limit
--- arguments after args[args_at]) at `t`, appending {t, all_allowed, 5 per
--- limit} to `reply`; writes only when every limit admits and `commit`.
-local function check_request(reply, keys_at, args_at, count, commit, t, lease)
+-- The numbers of the request being checked; reused, as only its first
+-- `o` entries are packed.
+local nums = {}
+
+-- Checks one request (its argument `blob`, its keys after keys[k]),
+-- appending {t, all_allowed, 5 per limit} packed to `parts`; writes only when
+-- every limit admits and `commit`. Returns the index of its last key.
+local function check_request(parts, blob, k, commit)
   states = {}
-  local o = #reply
-  reply[o + 1] = t
-  reply[o + 2] = 1
-  local first = o + 2
-  o = first
+  local t, count, pos = struct.unpack('<dd', blob)
+  t = time_of(t)
+  nums[1] = t
+  nums[2] = 1
+  local o = 2
   local all = true
   for i = 1, count do
-    local alg, q, cost = quota(args_at, i)
-    local key, aux = keys[keys_at + 2 * i - 1], keys[keys_at + 2 * i]
-    local ttl, a, r, reset, retry, delay = step(alg, q, key, aux, t, cost, all and commit, lease, i)
+    local alg, cost
+    alg, Q.limit, Q.period, Q.burst, Q.emission, cost, Q.delay_after, pos = struct.unpack('<ddddddd', blob, pos)
+    local key, aux = keys[k + 1], nil
+    k = k + 1
+    local lease = nil
+    if has_aux(alg) then
+      k = k + 1
+      aux = keys[k]
+      if alg == 7 then
+        lease = string.sub(blob, HEAD + LIMIT * count + 1)
+      end
+    end
+    local ttl, a, r, reset, retry, delay = step(alg, Q, key, aux, t, cost, all and commit, lease, i)
     if a == 0 then
       all = false
     end
     if ttl then
       states[key].ttl = ttl
     end
-    reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4], reply[o + 5] = a, r, reset, retry, delay
+    nums[o + 1], nums[o + 2], nums[o + 3], nums[o + 4], nums[o + 5] = a, r, reset, retry, delay
     o = o + 5
   end
   -- A hit counter (sent as one only when it is its request's one limit)
@@ -598,134 +605,158 @@ local function check_request(reply, keys_at, args_at, count, commit, t, lease)
   if commit and (all or count == 1) then
     for key, s in pairs(states) do
       if s.dirty then
-        s.now = t
-        write(key, s, s.ttl, extra)
+        write(key, s, s.ttl, t)
       end
     end
   end
   if not all then
-    reply[first] = 0
+    nums[2] = 0
   end
+  parts[#parts + 1] = packed(nums, 1, o)
+  return k
 end
 
--- The entry point: `run(KEYS, ARGV)`, as a script's last line or a function's
--- callback (see the module docs of script.rs).
-local function run(call_keys, call_args)
-  keys, args, redis_now = call_keys, call_args, nil
-  floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
-  states, committed = {}, {}
-  local op = args[1]
-  local now = time_of(args[2])
-  extra = tonumber(args[3])
-  local lease_base = args[4]
-  local n = #keys / 2
-  if op == 'c' or op == 'd' then
-    local reply = {}
-    check_request(reply, 0, 4, n, op == 'c', now, lease_base)
-    return packed(reply)
-  elseif op == 'b' then
-    -- A batch of independent requests, each all-or-nothing on its own:
-    -- args[5] = number of requests, then per request: now, lease id base, its
-    -- number of limits, and one argument per limit. KEYS hold every request's
-    -- keys in order.
-    local reply = {}
-    -- Prefetch every string state of the batch in one MGET.
-    local simple, seen = {}, {}
-    local pos, keys_at = 6, 0
-    for _ = 1, tonumber(args[5]) do
-      local count = tonumber(args[pos + 2])
-      for i = 1, count do
-        local alg = struct.unpack('<d', args[pos + 2 + i])
-        local key = keys[keys_at + 2 * i - 1]
-        if alg ~= 5 and alg ~= 7 and not seen[key] then
+-- Loads every string state of the call's requests (args[3], ...) with one
+-- MGET (in chunks), so a batch reads them in one command. When no limit
+-- keeps an aux key (one key per limit), every key is a string state.
+local function prefetch(args)
+  local limits = 0
+  for r = 3, #args do
+    limits = limits + struct.unpack('<d', args[r], 9)
+  end
+  local simple = keys
+  if limits ~= #keys then
+    simple = {}
+    local seen, k = {}, 0
+    for r = 3, #args do
+      local blob = args[r]
+      for i = 1, struct.unpack('<d', blob, 9) do
+        local alg = struct.unpack('<d', blob, HEAD + LIMIT * (i - 1) + 1)
+        k = k + 1
+        local key = keys[k]
+        if has_aux(alg) then
+          k = k + 1
+        elseif not seen[key] then
           seen[key] = true
           simple[#simple + 1] = key
         end
       end
-      keys_at = keys_at + 2 * count
-      pos = pos + 3 + count
     end
-    for from = 1, #simple, 500 do
-      local upto = min(from + 499, #simple)
-      local values = redis.call('MGET', unpack(simple, from, upto))
-      for i = from, upto do
-        committed[simple[i]] = values[i - from + 1]
+  end
+  for from = 1, #simple, 500 do
+    local upto = min(from + 499, #simple)
+    local values = redis.call('MGET', unpack(simple, from, upto))
+    for i = from, upto do
+      committed[simple[i]] = values[i - from + 1]
+    end
+  end
+end
+
+-- Gives back what a committed check of the request `blob` (its time is the
+-- check's) took: a later group of a cross-slot request denied. Never touches
+-- a TTL.
+local function refund(blob)
+  local now, count, pos = struct.unpack('<dd', blob)
+  local k = 0
+  for i = 1, count do
+    local alg, cost
+    alg, Q.limit, Q.period, Q.burst, Q.emission, cost, Q.delay_after, pos = struct.unpack('<ddddddd', blob, pos)
+    local q = Q
+    k = k + 1
+    local key, aux = keys[k], nil
+    if has_aux(alg) then
+      k = k + 1
+      aux = keys[k]
+    end
+    local v = nil
+    if not aux then
+      v = redis.call('GET', key) or nil
+    end
+    if alg == 0 and v then
+      local tokens, last = parse2(v, 0, 0)
+      local capacity = q.burst * q.emission
+      tokens = min(tokens + cost * q.emission, capacity)
+      redis.call('SET', key, pack(tokens, last), 'KEEPTTL')
+    elseif (alg == 1 or alg == 3) and v then
+      redis.call('SET', key, fmt(max(parse_int(v) - cost * q.emission, 0)), 'KEEPTTL')
+    elseif alg == 2 and v then
+      local level, last = parse2(v, 0, 0)
+      redis.call('SET', key, pack(max(level - cost * q.emission, 0), last), 'KEEPTTL')
+    elseif (alg == 4 or alg == 8) and v then
+      local last, c = parse2(v, 0, 0)
+      if floor(last / q.period) == floor(now / q.period) then
+        redis.call('SET', key, pack(last, max(c - cost, 0)), 'KEEPTTL')
+      end
+    elseif alg == 6 and v then
+      local last, prev, cur = parse3(v)
+      local ahead = floor(last / q.period) - floor(now / q.period)
+      if ahead == 0 then
+        cur = max(cur - cost, 0)
+      elseif ahead == 1 then
+        prev = max(prev - cost, 0)
+      end
+      redis.call('SET', key, pack(last, prev, cur), 'KEEPTTL')
+    elseif alg == 5 then
+      local member = redis.call('ZRANGEBYSCORE', key, fmt(now), fmt(now))
+      if member[1] then
+        local c = tonumber(string.match(member[1], ':(%d+)$'))
+        redis.call('ZREM', key, member[1])
+        local taken = min(c, cost)
+        if c > taken then
+          redis.call('ZADD', key, fmt(now), fmt(now) .. ':' .. fmt(c - taken))
+        end
+        local total = tonumber(redis.call('GET', aux) or '0')
+        redis.call('SET', aux, fmt(max(total - taken, 0)), 'KEEPTTL')
+      end
+    elseif alg == 7 then
+      local member = fmt(cost) .. '|' .. string.sub(blob, HEAD + LIMIT * count + 1) .. '_' .. i
+      if redis.call('ZREM', key, member) == 1 then
+        local c = tonumber(redis.call('GET', aux) or '0')
+        redis.call('SET', aux, fmt(max(c - cost, 0)), 'KEEPTTL')
       end
     end
-    pos, keys_at = 6, 0
-    for _ = 1, tonumber(args[5]) do
-      local count = tonumber(args[pos + 2])
-      check_request(reply, keys_at, pos + 2, count, true, time_of(args[pos]), args[pos + 1])
-      keys_at = keys_at + 2 * count
-      pos = pos + 3 + count
+  end
+  return { now }
+end
+
+-- The entry point: `run(KEYS, ARGV)`, as a script's last line or a
+-- function's callback (see code.rs).
+-- ARGV[1]  op: "c" check each request (write when every limit of it admits),
+--              "d" dry run (never write), "r" refund one committed request,
+--              "l" release leases
+-- ARGV[2]  extra TTL in milliseconds added to every TTL
+-- then, for "c", "d" and "r", one argument per request (see above); for "l",
+-- one per lease: its member "<cost>|<id>", its keys the lease set and aux.
+-- Reply for "c"/"d": {t, all_allowed, then per limit: allowed, remaining,
+-- reset_after, retry_after (-1: never), delay} for each request in turn,
+-- packed as little-endian doubles in one string. For "r": {t}; for "l": {}.
+local function run(call_keys, args)
+  keys, redis_now = call_keys, nil
+  floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
+  states, committed = {}, {}
+  local op = args[1]
+  extra = tonumber(args[2])
+  if op == 'c' or op == 'd' then
+    if #args > 3 then
+      prefetch(args)
     end
-    return packed(reply)
+    local parts, k = {}, 0
+    for r = 3, #args do
+      k = check_request(parts, args[r], k, op == 'c')
+    end
+    return table.concat(parts)
   elseif op == 'r' then
-    -- Gives back what a committed check at `now` took (a later group of a
-    -- cross-slot request denied). Never touches a TTL.
-    for i = 1, n do
-      local alg, q, cost = quota(4, i)
-      local key, aux = keys[2 * i - 1], keys[2 * i]
-      local v = nil
-      if alg ~= 5 and alg ~= 7 then
-        v = redis.call('GET', key) or nil
-      end
-      if alg == 0 and v then
-        local tokens, last = parse2(v, 0, 0)
-        local capacity = q.burst * q.emission
-        tokens = min(tokens + cost * q.emission, capacity)
-        redis.call('SET', key, pack(tokens, last), 'KEEPTTL')
-      elseif (alg == 1 or alg == 3) and v then
-        redis.call('SET', key, pack(max(parse1(v, 0) - cost * q.emission, 0)), 'KEEPTTL')
-      elseif alg == 2 and v then
-        local level, last = parse2(v, 0, 0)
-        redis.call('SET', key, pack(max(level - cost * q.emission, 0), last), 'KEEPTTL')
-      elseif (alg == 4 or alg == 8) and v then
-        local last, count = parse2(v, 0, 0)
-        if floor(last / q.period) == floor(now / q.period) then
-          redis.call('SET', key, pack(last, max(count - cost, 0)), 'KEEPTTL')
-        end
-      elseif alg == 6 and v then
-        local last, prev, cur = parse3(v)
-        local ahead = floor(last / q.period) - floor(now / q.period)
-        if ahead == 0 then
-          cur = max(cur - cost, 0)
-        elseif ahead == 1 then
-          prev = max(prev - cost, 0)
-        end
-        redis.call('SET', key, pack(last, prev, cur), 'KEEPTTL')
-      elseif alg == 5 then
-        local member = redis.call('ZRANGEBYSCORE', key, fmt(now), fmt(now))
-        if member[1] then
-          local c = tonumber(string.match(member[1], ':(%d+)$'))
-          redis.call('ZREM', key, member[1])
-          local taken = min(c, cost)
-          if c > taken then
-            redis.call('ZADD', key, fmt(now), fmt(now) .. ':' .. fmt(c - taken))
-          end
-          local total = tonumber(redis.call('GET', aux) or '0')
-          redis.call('SET', aux, fmt(max(total - taken, 0)), 'KEEPTTL')
-        end
-      elseif alg == 7 then
-        local member = fmt(cost) .. '|' .. lease_base .. '_' .. i
-        if redis.call('ZREM', key, member) == 1 then
-          local count = tonumber(redis.call('GET', aux) or '0')
-          redis.call('SET', aux, fmt(max(count - cost, 0)), 'KEEPTTL')
-        end
-      end
-    end
-    return { now }
+    return refund(args[3])
   elseif op == 'l' then
-    -- Releases leases: args[4 + i] is the i-th lease's full member.
-    for i = 1, n do
-      local key, aux = keys[2 * i - 1], keys[2 * i]
-      local member = args[4 + i]
+    for i = 3, #args do
+      local key, aux = keys[2 * i - 5], keys[2 * i - 4]
+      local member = args[i]
       if redis.call('ZREM', key, member) == 1 then
         local count = tonumber(redis.call('GET', aux) or '0')
         redis.call('SET', aux, fmt(max(count - cost_of(member), 0)), 'KEEPTTL')
       end
     end
-    return { now }
+    return {}
   end
   return redis.error_reply('unknown op ' .. tostring(op))
 end

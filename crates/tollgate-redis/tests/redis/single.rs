@@ -51,16 +51,25 @@ async fn ttls_are_the_time_to_full_and_denies_never_extend_them() {
     .await
     .unwrap();
     let pttl = |key: &str| server.cli(&["PTTL", key]).trim().parse::<i64>().unwrap();
-    // GCRA, 10/s, burst 3: each admission adds 100 ms until full.
-    let q = Quota::per_second(10).unwrap().with_burst(3).unwrap();
+    // GCRA, 3 a minute, burst 3: each admission adds 20 s until full (so
+    // however slow the machine, nothing refills during the test).
+    let q = Quota::per_minute(3).unwrap();
     let gcra = limit("user:7", q, Algorithm::Gcra, 1);
     assert!(store.check_limits(&[gcra]).await.unwrap().allowed());
-    let key = "tollgate:gcra:{user:7}";
+    let key = "tollgate:gcra.i:{user:7}";
+    assert_eq!(
+        server.cli(&["OBJECT", "ENCODING", key]).trim(),
+        "int",
+        "GCRA's state is one integer, held in the value's pointer"
+    );
     let t = pttl(key);
-    assert!((1..=100).contains(&t), "PTTL {t} after one admission");
+    assert!(
+        (10_000..=20_000).contains(&t),
+        "PTTL {t} after one admission"
+    );
     store.check_limits(&[gcra, gcra]).await.unwrap();
     let full = pttl(key);
-    assert!((150..=300).contains(&full), "PTTL {full} after three");
+    assert!((50_000..=60_000).contains(&full), "PTTL {full} after three");
     let denied = store.check_limits(&[gcra]).await.unwrap();
     assert!(!denied.allowed());
     assert!(pttl(key) <= full, "a deny extended the TTL");
@@ -69,7 +78,10 @@ async fn ttls_are_the_time_to_full_and_denies_never_extend_them() {
         .check_limits(&[limit("fresh", q, Algorithm::Gcra, 0)])
         .await
         .unwrap();
-    assert_eq!(server.cli(&["EXISTS", "tollgate:gcra:{fresh}"]).trim(), "0");
+    assert_eq!(
+        server.cli(&["EXISTS", "tollgate:gcra.i:{fresh}"]).trim(),
+        "0"
+    );
     // Sliding log: both keys live one period after an admission.
     let log = limit(
         "{u}log",
@@ -92,11 +104,11 @@ async fn ttls_are_the_time_to_full_and_denies_never_extend_them() {
     store.check_limits(&[slots]).await.unwrap();
     let t = pttl("tollgate:lease:{slots}");
     assert!((59_000..=60_000).contains(&t), "lease PTTL {t}");
-    // Redis's own TIME decides: 3 at once, then a retry of at most 100 ms.
+    // Redis's own TIME decides: 3 at once, then a retry of at most 20 s.
     assert_eq!(denied.decisions[0].limit, 3);
     let retry = denied.decisions[0].retry_after.unwrap();
     assert!(
-        retry <= Duration::from_millis(100) && retry > Duration::ZERO,
+        retry <= Duration::from_secs(20) && retry > Duration::ZERO,
         "{retry:?}"
     );
 }
@@ -394,4 +406,85 @@ async fn the_store_trait_is_implemented() {
             .decisions
             .is_empty()
     );
+}
+
+/// Concurrent checks share script calls (batches), with every algorithm in
+/// one call: string states read by one MGET beside sliding logs' and
+/// concurrency limiters' two keys, several requests on one key, leases with
+/// their own ids. On a frozen clock, each key admits exactly its capacity
+/// however its checks were batched, as the memory store does; every lease
+/// taken is released, after which the limiters admit their capacity again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_checks_of_every_algorithm_decide_as_checked_alone() {
+    let server = RedisServer::start();
+    let clock = conformance::clock();
+    let store = Arc::new(manual_store(&server.url(), &clock).await);
+    let quota = Quota::per_hour(6).unwrap().with_burst(6).unwrap();
+    let algorithms: Vec<Algorithm> = Algorithm::RATE
+        .into_iter()
+        .chain([Algorithm::Concurrency])
+        .collect();
+    const KEYS: usize = 3;
+    const TRIES: usize = 10;
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).trim(), "OK");
+    let round = |round: usize| {
+        let tasks: Vec<_> = (0..TRIES)
+            .flat_map(|_| algorithms.iter().copied())
+            .flat_map(|algorithm| (0..KEYS).map(move |k| (algorithm, k)))
+            .map(|(algorithm, k)| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    let key = format!("batched-{algorithm}-{k}");
+                    let outcome = store
+                        .check_limits(&[limit(&key, quota, algorithm, 1)])
+                        .await
+                        .unwrap();
+                    (algorithm, k, outcome)
+                })
+            })
+            .collect();
+        async move {
+            let mut admitted = std::collections::BTreeMap::new();
+            let mut leases: Vec<Lease> = Vec::new();
+            for task in tasks {
+                let (algorithm, k, outcome) = task.await.unwrap();
+                *admitted.entry((algorithm.to_string(), k)).or_insert(0) +=
+                    usize::from(outcome.allowed());
+                leases.extend(outcome.leases);
+            }
+            for ((algorithm, k), n) in &admitted {
+                assert_eq!(*n, 6, "round {round}: {algorithm} key {k} admitted {n}");
+            }
+            leases
+        }
+    };
+    let leases = round(0).await;
+    assert_eq!(leases.len(), 6 * KEYS, "one lease per admitted permit");
+    let ids: std::collections::HashSet<_> = leases.iter().map(|l| l.id.to_string()).collect();
+    assert_eq!(ids.len(), leases.len(), "lease ids are distinct");
+    let commands = server.cli(&["INFO", "commandstats"]);
+    let calls: usize = commands
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .expect("the checks ran as FCALL");
+    let checks = TRIES * algorithms.len() * KEYS;
+    assert!(
+        calls < checks,
+        "{calls} calls for {checks} checks: no batch"
+    );
+    store.release_leases(&leases).await.unwrap();
+    let slots = |k: usize| format!("batched-{}-{k}", Algorithm::Concurrency);
+    for k in 0..KEYS {
+        let key = slots(k);
+        let read = store
+            .check_limits(&[limit(&key, quota, Algorithm::Concurrency, 0)])
+            .await
+            .unwrap();
+        assert_eq!(
+            read.decisions[0].remaining, 6,
+            "{key}: every lease came back"
+        );
+    }
 }
