@@ -1,11 +1,17 @@
-//! Batching: concurrent checks to a single server share one `EVALSHA`.
+//! Batching: concurrent checks to one server (or one cluster node) share one
+//! call of the code.
 //!
 //! Checks queue on a channel; a dispatcher task sends whatever is queued as one
-//! script call (the script's `b` operation), with at most `IN_FLIGHT` calls on
-//! the wire at once. Nothing waits for a batch to fill: a check that finds the
-//! wire idle goes alone at once, and checks that arrive while calls are in
-//! flight ride together in the next one. Each request in a batch is still
-//! checked all-or-nothing on its own, atomically (the whole script is).
+//! call, with at most `IN_FLIGHT` calls on the wire at once. Nothing waits for
+//! a batch to fill: a check that finds the wire idle goes alone at once, and
+//! checks that arrive while calls are in flight ride together in the next one.
+//! Each request in a batch is still checked all-or-nothing on its own,
+//! atomically (the whole call is).
+//!
+//! On a cluster, each primary has its batcher (see nodes.rs), and a batch
+//! whose checks are on several of its slots declares only its first key: the
+//! function's `allow-cross-slot-keys` flag lets it reach the others, which it
+//! checks are all served there before writing anything.
 //!
 //! This amortizes what a call costs beyond its work — the command's parsing and
 //! dispatch in Redis, the socket writes and reads, the client's encoding — over
@@ -22,9 +28,10 @@ use crate::conn::Conn;
 /// Script calls of batches on the wire at once.
 const IN_FLIGHT: usize = 4;
 
-/// One request of a batch: its keys and its script argument.
+/// One request of a batch: its keys (all on one slot) and its argument.
 pub(crate) struct Job {
     pub(crate) keys: Vec<String>,
+    pub(crate) slot: u16,
     pub(crate) request: Vec<u8>,
     /// Its number of limits.
     pub(crate) limits: usize,
@@ -35,7 +42,13 @@ pub(crate) struct Job {
 #[derive(Debug, Clone)]
 pub(crate) enum BatchError {
     Timeout,
-    Backend { message: String, retryable: bool },
+    /// A key is not served by the node the batch went to (a stale slot
+    /// map); nothing was written.
+    NotLocal,
+    Backend {
+        message: String,
+        retryable: bool,
+    },
 }
 
 #[derive(Clone)]
@@ -52,6 +65,7 @@ impl Batcher {
         max: usize,
         timeout: Duration,
         extra_ms: u64,
+        cluster: bool,
     ) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
         let slots = Arc::new(Semaphore::new(IN_FLIGHT));
@@ -70,7 +84,7 @@ impl Batcher {
                 }
                 let (conn, code) = (conn.clone(), Arc::clone(&code));
                 tokio::spawn(async move {
-                    send(&conn, &code, jobs, timeout, extra_ms).await;
+                    send(&conn, &code, jobs, timeout, extra_ms, cluster).await;
                     drop(permit);
                 });
             }
@@ -84,25 +98,50 @@ impl Batcher {
     }
 }
 
-async fn send(conn: &Conn, code: &Code, jobs: Vec<Job>, timeout: Duration, extra_ms: u64) {
-    let mut call = code.call(jobs.iter().map(|job| job.keys.len()).sum());
-    for job in &jobs {
-        for key in &job.keys {
+async fn send(
+    conn: &Conn,
+    code: &Code,
+    jobs: Vec<Job>,
+    timeout: Duration,
+    extra_ms: u64,
+    cluster: bool,
+) {
+    let cross = cluster && jobs.iter().any(|job| job.slot != jobs[0].slot);
+    let keys = jobs.iter().flat_map(|job| &job.keys);
+    let call = if cross {
+        let mut keys = keys;
+        let mut call = code.call(1);
+        call.arg(keys.next()).arg("x").arg(extra_ms).arg(jobs.len());
+        for job in &jobs {
+            call.arg(&job.request);
+        }
+        for key in keys {
             call.arg(key);
         }
-    }
-    call.arg("c").arg(extra_ms);
-    for job in &jobs {
-        call.arg(&job.request);
-    }
+        call
+    } else {
+        let mut call = code.call(jobs.iter().map(|job| job.keys.len()).sum());
+        for key in keys {
+            call.arg(key);
+        }
+        call.arg("c").arg(extra_ms);
+        for job in &jobs {
+            call.arg(&job.request);
+        }
+        call
+    };
     let result = tokio::time::timeout(timeout, code.run::<Vec<u8>>(conn, &call)).await;
     let mut replies = match result {
         Err(_) => return fail(jobs, BatchError::Timeout),
+        Ok(Err(e)) if e.code() == Some("TOLLGATE_NOT_LOCAL") => {
+            return fail(jobs, BatchError::NotLocal);
+        }
         Ok(Err(e)) => {
             let retryable = e.is_io_error()
                 || e.is_timeout()
                 || e.is_connection_dropped()
-                || e.is_connection_refusal();
+                || e.is_connection_refusal()
+                || e.is_cluster_error();
             return fail(
                 jobs,
                 BatchError::Backend {

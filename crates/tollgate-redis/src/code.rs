@@ -46,8 +46,10 @@ impl Code {
         let script = format!("{BODY}\nreturn run(KEYS, ARGV)\n");
         let sha = redis::Script::new(&script).get_hash().to_owned();
         let function = format!("tollgate_{}", &sha[..16]);
-        let library =
-            format!("#!lua name={function}\n{BODY}\nredis.register_function('{function}', run)\n");
+        let library = format!(
+            "#!lua name={function}\n{BODY}\nredis.register_function{{function_name = '{function}', \
+                 callback = run, flags = {{ 'allow-cross-slot-keys' }}}}\n"
+        );
         Self {
             kind,
             script,

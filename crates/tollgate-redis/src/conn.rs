@@ -98,9 +98,12 @@ pub(crate) async fn connect(url: &str, tls: &RedisTls) -> Result<Conn, ConnectEr
         if nodes.is_empty() {
             return Err(invalid("no cluster node given"));
         }
+        // No response timeout: the client retries a call that timed out,
+        // and a check that Redis ran once would run again (charged twice);
+        // the store bounds its own wait instead. Retries stay for what Redis
+        // refused without running (MOVED, ASK, TRYAGAIN, CLUSTERDOWN).
         let mut builder = ClusterClientBuilder::new(nodes)
             .connection_timeout(Duration::from_secs(1))
-            .response_timeout(Duration::from_secs(1))
             .retries(3)
             .min_retry_wait(10)
             .max_retry_wait(200);

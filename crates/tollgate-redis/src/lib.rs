@@ -6,10 +6,12 @@
 //! and leasing budgets are the wrappers of `tollgate_store` (`Fallback`,
 //! `DenyCache`, `Hybrid`), stacked over it as a service wants:
 //!
-//! - **One atomic script per check.** All the limits of a request whose keys
-//!   share a slot are stepped by one Lua script, run with `EVALSHA` (reloaded on
-//!   `NOSCRIPT`, e.g. after `SCRIPT FLUSH` or a failover), all-or-nothing exactly
-//!   like the memory store: a deny by one limit consumes nothing from the others,
+//! - **One atomic call per check.** All the limits of a request whose keys
+//!   share a slot are stepped by one call of Tollgate's Lua code, a Redis
+//!   Function (`FCALL`) where the server has functions, else a script
+//!   (`EVALSHA`); either is loaded again when a call finds it missing (a
+//!   restart, `FUNCTION FLUSH`, `SCRIPT FLUSH`). All-or-nothing exactly like
+//!   the memory store: a deny by one limit consumes nothing from the others,
 //!   and each decision says what that limit alone says.
 //! - **Redis's clock.** The script reads `TIME`, so app servers' clock skew does
 //!   not matter ([`TimeSource::Clock`] injects a clock for tests).
@@ -27,9 +29,9 @@
 //!   limits of a request on several slots are checked slot group by slot group,
 //!   the narrowest first; a later deny refunds what earlier groups took.
 //! - **Throughput.** One multiplexed connection (or the cluster client's few)
-//!   pipelines every concurrent check; on a single server, checks that arrive
-//!   while calls are in flight share the next script call (each still atomic on
-//!   its own).
+//!   pipelines every concurrent check; checks that arrive while calls are in
+//!   flight share the next call (each still atomic on its own), on a cluster
+//!   across the slots of each node.
 //! - **Failures are typed.** A call that exceeds the timeout (10 ms by
 //!   default) is a [`StoreError::Timeout`]; a Redis error is a
 //!   [`StoreError::Backend`] saying whether a retry could help. The `Fallback`
@@ -71,6 +73,7 @@ mod code;
 mod config;
 mod conn;
 mod keys;
+mod nodes;
 mod script;
 mod stats;
 mod store;

@@ -14,6 +14,10 @@ pub struct RedisStats {
     pub timeouts: u64,
     /// Cross-slot checks whose earlier slot groups were refunded after a later deny.
     pub refunds: u64,
+    /// Checks of a cluster batch sent again on their own because the node
+    /// the batch went to no longer served their slot (a reshard or a
+    /// failover since the store last read the slot map).
+    pub moved: u64,
 }
 
 #[derive(Debug, Default)]
@@ -22,6 +26,7 @@ pub(crate) struct Counters {
     pub(crate) errors: AtomicU64,
     pub(crate) timeouts: AtomicU64,
     pub(crate) refunds: AtomicU64,
+    pub(crate) moved: AtomicU64,
 }
 
 pub(crate) fn bump(counter: &AtomicU64) {
@@ -36,6 +41,7 @@ impl Counters {
             errors: get(&self.errors),
             timeouts: get(&self.timeouts),
             refunds: get(&self.refunds),
+            moved: get(&self.moved),
         }
     }
 }

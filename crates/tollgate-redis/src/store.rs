@@ -13,6 +13,7 @@ use crate::batch::{BatchError, Batcher, Job};
 use crate::code::{Code, Kind};
 use crate::conn::{Conn, ConnectError, connect};
 use crate::keys::{redis_keys, slot};
+use crate::nodes::NodeBatchers;
 use crate::script::{self, MAX_MICROS, Params, decode, parse_check};
 use crate::stats::{Counters, bump};
 use crate::{RedisConfig, RedisStats, TimeSource};
@@ -29,7 +30,7 @@ struct Prepared {
 pub struct RedisStore {
     conn: Conn,
     code: Arc<Code>,
-    batcher: Option<Batcher>,
+    batching: Batching,
     config: RedisConfig,
     /// The injected clock, if checks do not read Redis's.
     clock: Option<Arc<dyn Clock>>,
@@ -48,6 +49,16 @@ impl std::fmt::Debug for RedisStore {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
+}
+
+/// Where concurrent checks share calls.
+enum Batching {
+    /// Every check goes alone (`max_batch` 1, or a cluster without functions).
+    Off,
+    /// One server: one batcher.
+    Server(Batcher),
+    /// A cluster: a batcher per primary.
+    Cluster(Arc<NodeBatchers>),
 }
 
 /// Which script operation to run.
@@ -86,19 +97,37 @@ impl RedisStore {
             TimeSource::Clock(clock) => Some(Arc::clone(clock)),
         };
         let code = Arc::new(Code::detect(&conn, config.functions).await?);
-        let batcher = (!conn.is_cluster() && config.max_batch > 1).then(|| {
-            Batcher::start(
-                conn.clone(),
-                Arc::clone(&code),
-                config.max_batch,
-                config.timeout,
-                u64::try_from(config.extra_ttl.as_millis()).unwrap_or(u64::MAX),
-            )
-        });
+        let extra_ms = u64::try_from(config.extra_ttl.as_millis()).unwrap_or(u64::MAX);
+        let (max, timeout) = (config.max_batch, config.timeout);
+        let start = {
+            let (conn, code) = (conn.clone(), Arc::clone(&code));
+            move || {
+                let cluster = conn.is_cluster();
+                Batcher::start(
+                    conn.clone(),
+                    Arc::clone(&code),
+                    max,
+                    timeout,
+                    extra_ms,
+                    cluster,
+                )
+            }
+        };
+        // Checks on several slots of a node share a call only as a function
+        // (`allow-cross-slot-keys`, Redis 7); scripts on a cluster go alone.
+        let batching = if max <= 1 {
+            Batching::Off
+        } else if !conn.is_cluster() {
+            Batching::Server(start())
+        } else if code.kind() == Kind::Function {
+            Batching::Cluster(Arc::new(NodeBatchers::new(conn.clone(), start).await?))
+        } else {
+            Batching::Off
+        };
         Ok(Self {
             conn,
             code,
-            batcher,
+            batching,
             counters: Counters::default(),
             clock,
             lease_secret: RandomState::new(),
@@ -237,7 +266,9 @@ impl RedisStore {
         }
     }
 
-    /// Sends one check through the batcher and waits for its part of the reply.
+    /// Sends one check through a batcher and waits for its part of the
+    /// reply: `None` when the batch went to a node that does not serve the
+    /// check's slot (nothing was written).
     async fn batched(
         &self,
         batcher: &Batcher,
@@ -245,12 +276,13 @@ impl RedisStore {
         lease: &str,
         members: &[usize],
         prepared: &[Prepared],
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<Option<Vec<i64>>, StoreError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job = Job {
             keys: Self::keys_of(members, prepared)
                 .map(str::to_owned)
                 .collect(),
+            slot: prepared[members[0]].slot,
             request: script::request(now_us, lease, members.iter().map(|&i| &prepared[i].params)),
             limits: members.len(),
             reply: tx,
@@ -264,7 +296,8 @@ impl RedisStore {
             return Err(gone());
         }
         match tokio::time::timeout(self.config.timeout, rx).await {
-            Ok(Ok(Ok(reply))) => Ok(reply),
+            Ok(Ok(Ok(reply))) => Ok(Some(reply)),
+            Ok(Ok(Err(BatchError::NotLocal))) => Ok(None),
             Err(_) | Ok(Ok(Err(BatchError::Timeout))) => {
                 bump(&self.counters.timeouts);
                 Err(StoreError::Timeout(self.config.timeout))
@@ -292,12 +325,30 @@ impl RedisStore {
         limits: &[Limit<'_>],
         prepared: &[Prepared],
     ) -> Result<GroupReply, StoreError> {
-        let reply = match &self.batcher {
-            Some(batcher) if op == Op::Check => {
+        let batcher = match &self.batching {
+            _ if op != Op::Check => None,
+            Batching::Off => None,
+            Batching::Server(batcher) => Some(batcher.clone()),
+            Batching::Cluster(nodes) => nodes.for_slot(prepared[members[0]].slot),
+        };
+        let batched = match &batcher {
+            Some(batcher) => {
                 self.batched(batcher, now_us, lease, members, prepared)
                     .await?
             }
-            _ => self.call(op, now_us, lease, members, prepared).await?,
+            None => None,
+        };
+        let reply = match batched {
+            Some(reply) => reply,
+            None => {
+                if let (Some(_), Batching::Cluster(nodes)) = (&batcher, &self.batching) {
+                    // The slot moved: the map is read again, and this check
+                    // goes alone, declaring its keys (Redis redirects it).
+                    bump(&self.counters.moved);
+                    nodes.refresh();
+                }
+                self.call(op, now_us, lease, members, prepared).await?
+            }
         };
         let (now_us, allowed, mut decisions) = parse_check(&reply, members.len())?;
         for (d, &i) in decisions.iter_mut().zip(members) {

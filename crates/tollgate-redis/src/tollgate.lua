@@ -616,40 +616,65 @@ local function check_request(parts, blob, k, commit)
   return k
 end
 
--- Loads every string state of the call's requests (args[3], ...) with one
--- MGET (in chunks), so a batch reads them in one command. When no limit
--- keeps an aux key (one key per limit), every key is a string state.
-local function prefetch(args)
+-- Loads every string state of the call's requests (args[from..to]) before
+-- any is checked. On one slot, with one MGET (in chunks); when no limit keeps
+-- an aux key (one key per limit), every key is a string state. Across the
+-- slots of a cluster node (`cross`), each command must stay within a slot,
+-- so each key is read on its own, and a key this node does not serve (the
+-- client's slot map was stale) ends the call before anything is written:
+-- returns that error, else nil.
+local function prefetch(args, from, to, cross)
   local limits = 0
-  for r = 3, #args do
+  for r = from, to do
     limits = limits + struct.unpack('<d', args[r], 9)
   end
-  local simple = keys
-  if limits ~= #keys then
-    simple = {}
-    local seen, k = {}, 0
-    for r = 3, #args do
-      local blob = args[r]
-      for i = 1, struct.unpack('<d', blob, 9) do
-        local alg = struct.unpack('<d', blob, HEAD + LIMIT * (i - 1) + 1)
+  if limits == #keys and not cross then
+    for first = 1, #keys, 500 do
+      local last = min(first + 499, #keys)
+      local values = redis.call('MGET', unpack(keys, first, last))
+      for i = first, last do
+        committed[keys[i]] = values[i - first + 1]
+      end
+    end
+    return nil
+  end
+  local simple, seen, k = {}, {}, 0
+  for r = from, to do
+    local blob = args[r]
+    for i = 1, struct.unpack('<d', blob, 9) do
+      local alg = struct.unpack('<d', blob, HEAD + LIMIT * (i - 1) + 1)
+      k = k + 1
+      local key = keys[k]
+      if has_aux(alg) then
         k = k + 1
-        local key = keys[k]
-        if has_aux(alg) then
-          k = k + 1
-        elseif not seen[key] then
-          seen[key] = true
+        if cross then
+          local probe = redis.pcall('EXISTS', key)
+          if type(probe) == 'table' and probe.err then
+            return probe.err
+          end
+        end
+      elseif not seen[key] then
+        seen[key] = true
+        if cross then
+          local v = redis.pcall('GET', key)
+          if type(v) == 'table' and v.err then
+            return v.err
+          end
+          committed[key] = v
+        else
           simple[#simple + 1] = key
         end
       end
     end
   end
-  for from = 1, #simple, 500 do
-    local upto = min(from + 499, #simple)
-    local values = redis.call('MGET', unpack(simple, from, upto))
-    for i = from, upto do
-      committed[simple[i]] = values[i - from + 1]
+  for first = 1, #simple, 500 do
+    local last = min(first + 499, #simple)
+    local values = redis.call('MGET', unpack(simple, first, last))
+    for i = first, last do
+      committed[simple[i]] = values[i - first + 1]
     end
   end
+  return nil
 end
 
 -- Gives back what a committed check of the request `blob` (its time is the
@@ -722,11 +747,14 @@ end
 -- The entry point: `run(KEYS, ARGV)`, as a script's last line or a
 -- function's callback (see code.rs).
 -- ARGV[1]  op: "c" check each request (write when every limit of it admits),
---              "d" dry run (never write), "r" refund one committed request,
---              "l" release leases
+--              "x" the same for requests on several slots of one cluster
+--              node, "d" dry run (never write), "r" refund one committed
+--              request, "l" release leases
 -- ARGV[2]  extra TTL in milliseconds added to every TTL
--- then, for "c", "d" and "r", one argument per request (see above); for "l",
--- one per lease: its member "<cost>|<id>", its keys the lease set and aux.
+-- then, for "c", "d" and "r", one argument per request (see above); for "x",
+-- the number of requests, one argument per request and every key but the
+-- first (which is KEYS[1]); for "l", one per lease: its member
+-- "<cost>|<id>", its keys the lease set and aux.
 -- Reply for "c"/"d": {t, all_allowed, then per limit: allowed, remaining,
 -- reset_after, retry_after (-1: never), delay} for each request in turn,
 -- packed as little-endian doubles in one string. For "r": {t}; for "l": {}.
@@ -736,13 +764,28 @@ local function run(call_keys, args)
   states, committed = {}, {}
   local op = args[1]
   extra = tonumber(args[2])
-  if op == 'c' or op == 'd' then
-    if #args > 3 then
-      prefetch(args)
+  if op == 'c' or op == 'd' or op == 'x' then
+    local from, to = 3, #args
+    if op == 'x' then
+      -- Requests of several slots of this cluster node: only KEYS[1] is
+      -- declared (Redis routes by it); the other keys follow the requests.
+      to = 3 + tonumber(args[3])
+      from = 4
+      local all = { keys[1] }
+      for i = to + 1, #args do
+        all[#all + 1] = args[i]
+      end
+      keys = all
+      local err = prefetch(args, from, to, true)
+      if err then
+        return redis.error_reply('TOLLGATE_NOT_LOCAL ' .. err)
+      end
+    elseif to > from then
+      prefetch(args, from, to, false)
     end
     local parts, k = {}, 0
-    for r = 3, #args do
-      k = check_request(parts, args[r], k, op == 'c')
+    for r = from, to do
+      k = check_request(parts, args[r], k, op ~= 'd')
     end
     return table.concat(parts)
   elseif op == 'r' then

@@ -7,7 +7,9 @@ use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota};
 use tollgate_store::MemoryStore;
 use tollgate_store::conformance::{self, assert_same, reference, run, scenarios};
 
-use crate::support::{RedisCluster, cli, manual_store, manual_store_with};
+use crate::support::{
+    RedisCluster, batched_checks_decide_as_alone, cli, fcalls, manual_store, manual_store_with,
+};
 
 #[tokio::test]
 async fn cluster_conformance_tags_cross_slot_refunds_and_script_reloads() {
@@ -172,4 +174,109 @@ async fn cross_slot(url: &str, algorithm: Algorithm, slot: &impl Fn(&str) -> Str
         store.check_limits(&alone).await.unwrap().decisions,
         memory.check_now(&alone).decisions
     );
+}
+
+/// Concurrent checks on a cluster share calls across the slots of each
+/// node (the function's `allow-cross-slot-keys`); see
+/// `support::batched_checks_decide_as_alone`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_cross_the_slots_of_a_node() {
+    let cluster = RedisCluster::start();
+    for node in &cluster.nodes {
+        assert_eq!(node.cli(&["CONFIG", "RESETSTAT"]).trim(), "OK");
+    }
+    batched_checks_decide_as_alone(&cluster.url(), || cluster.nodes.iter().map(fcalls).sum()).await;
+}
+
+/// A slot moves to another node after the store read the slot map: a batch
+/// sent to the old node finds the key is not served there before writing
+/// anything, its checks go again on their own (Redis redirects them), the
+/// map is read again, and every decision is the one a fresh store gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_finds_its_slot_moved_loses_no_decision() {
+    let cluster = RedisCluster::start();
+    let clock = conformance::clock();
+    let store = Arc::new(manual_store(&cluster.url(), &clock).await);
+    let node_of = |key: &str| {
+        let slot: u16 = cluster.nodes[0]
+            .cli(&["CLUSTER", "KEYSLOT", key])
+            .trim()
+            .parse()
+            .unwrap();
+        let owner = cluster
+            .nodes
+            .iter()
+            .position(|n| {
+                n.cli(&["CLUSTER", "NODES"])
+                    .lines()
+                    .any(|l| l.contains("myself") && owns(l, slot))
+            })
+            .expect("a node serves every slot");
+        (slot, owner)
+    };
+    let (slot, from) = node_of("moving");
+    // Keys on the same node, on other slots, to share its batches.
+    let neighbours: Vec<String> = (0..200)
+        .map(|i| format!("neighbour-{i}"))
+        .filter(|k| {
+            let (s, n) = node_of(k);
+            n == from && s != slot
+        })
+        .take(6)
+        .collect();
+    assert_eq!(neighbours.len(), 6);
+    // The empty slot moves to another node; every node is told at once.
+    let to = (from + 1) % cluster.nodes.len();
+    let id = cluster.nodes[to]
+        .cli(&["CLUSTER", "MYID"])
+        .trim()
+        .to_owned();
+    for node in cluster.nodes.iter().rev() {
+        let answer = node.cli(&["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &id]);
+        assert_eq!(answer.trim(), "OK", "{answer}");
+    }
+    assert_eq!(node_of("moving").1, to);
+
+    let quota = Quota::per_hour(5).unwrap();
+    let keys: Vec<String> = std::iter::once("moving".to_owned())
+        .chain(neighbours)
+        .collect();
+    let tasks: Vec<_> = (0..10)
+        .flat_map(|_| keys.clone())
+        .map(|key| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let limit = Limit {
+                    key: key.clone().leak(),
+                    quota,
+                    algorithm: Algorithm::TokenBucket,
+                    cost: 1,
+                    failure: FailurePolicy::Local,
+                };
+                (key, store.check_limits(&[limit]).await.unwrap().allowed())
+            })
+        })
+        .collect();
+    let mut admitted = std::collections::BTreeMap::new();
+    for task in tasks {
+        let (key, allowed) = task.await.unwrap();
+        *admitted.entry(key).or_insert(0) += usize::from(allowed);
+    }
+    for (key, n) in &admitted {
+        assert_eq!(*n, 5, "{key} admitted {n}");
+    }
+    let stats = store.stats();
+    assert!(stats.moved > 0, "no batch met the moved slot: {stats:?}");
+    assert_eq!((stats.errors, stats.timeouts), (0, 0), "{stats:?}");
+}
+
+/// Whether a `CLUSTER NODES` line lists `slot` among its ranges.
+fn owns(line: &str, slot: u16) -> bool {
+    line.split_whitespace().skip(8).any(|range| {
+        let (first, last) = range.split_once('-').unwrap_or((range, range));
+        match (first.parse::<u16>(), last.parse::<u16>()) {
+            (Ok(first), Ok(last)) => (first..=last).contains(&slot),
+            _ => false,
+        }
+    })
 }

@@ -9,7 +9,9 @@ use tollgate_redis::{ConnectError, RedisConfig, RedisStore};
 use tollgate_store::conformance::{self, assert_same, reference, run, scenarios};
 use tollgate_store::{DenyCache, MemoryStore};
 
-use crate::support::{RedisServer, manual_store, manual_store_with};
+use crate::support::{
+    RedisServer, batched_checks_decide_as_alone, fcalls, manual_store, manual_store_with,
+};
 
 fn limit(key: &str, quota: Quota, algorithm: Algorithm, cost: u64) -> Limit<'_> {
     Limit {
@@ -408,83 +410,11 @@ async fn the_store_trait_is_implemented() {
     );
 }
 
-/// Concurrent checks share script calls (batches), with every algorithm in
-/// one call: string states read by one MGET beside sliding logs' and
-/// concurrency limiters' two keys, several requests on one key, leases with
-/// their own ids. On a frozen clock, each key admits exactly its capacity
-/// however its checks were batched, as the memory store does; every lease
-/// taken is released, after which the limiters admit their capacity again.
+/// Concurrent checks share calls, whatever their algorithms; see
+/// `support::batched_checks_decide_as_alone`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_checks_of_every_algorithm_decide_as_checked_alone() {
     let server = RedisServer::start();
-    let clock = conformance::clock();
-    let store = Arc::new(manual_store(&server.url(), &clock).await);
-    let quota = Quota::per_hour(6).unwrap().with_burst(6).unwrap();
-    let algorithms: Vec<Algorithm> = Algorithm::RATE
-        .into_iter()
-        .chain([Algorithm::Concurrency])
-        .collect();
-    const KEYS: usize = 3;
-    const TRIES: usize = 10;
     assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).trim(), "OK");
-    let round = |round: usize| {
-        let tasks: Vec<_> = (0..TRIES)
-            .flat_map(|_| algorithms.iter().copied())
-            .flat_map(|algorithm| (0..KEYS).map(move |k| (algorithm, k)))
-            .map(|(algorithm, k)| {
-                let store = Arc::clone(&store);
-                tokio::spawn(async move {
-                    let key = format!("batched-{algorithm}-{k}");
-                    let outcome = store
-                        .check_limits(&[limit(&key, quota, algorithm, 1)])
-                        .await
-                        .unwrap();
-                    (algorithm, k, outcome)
-                })
-            })
-            .collect();
-        async move {
-            let mut admitted = std::collections::BTreeMap::new();
-            let mut leases: Vec<Lease> = Vec::new();
-            for task in tasks {
-                let (algorithm, k, outcome) = task.await.unwrap();
-                *admitted.entry((algorithm.to_string(), k)).or_insert(0) +=
-                    usize::from(outcome.allowed());
-                leases.extend(outcome.leases);
-            }
-            for ((algorithm, k), n) in &admitted {
-                assert_eq!(*n, 6, "round {round}: {algorithm} key {k} admitted {n}");
-            }
-            leases
-        }
-    };
-    let leases = round(0).await;
-    assert_eq!(leases.len(), 6 * KEYS, "one lease per admitted permit");
-    let ids: std::collections::HashSet<_> = leases.iter().map(|l| l.id.to_string()).collect();
-    assert_eq!(ids.len(), leases.len(), "lease ids are distinct");
-    let commands = server.cli(&["INFO", "commandstats"]);
-    let calls: usize = commands
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .expect("the checks ran as FCALL");
-    let checks = TRIES * algorithms.len() * KEYS;
-    assert!(
-        calls < checks,
-        "{calls} calls for {checks} checks: no batch"
-    );
-    store.release_leases(&leases).await.unwrap();
-    let slots = |k: usize| format!("batched-{}-{k}", Algorithm::Concurrency);
-    for k in 0..KEYS {
-        let key = slots(k);
-        let read = store
-            .check_limits(&[limit(&key, quota, Algorithm::Concurrency, 0)])
-            .await
-            .unwrap();
-        assert_eq!(
-            read.decisions[0].remaining, 6,
-            "{key}: every lease came back"
-        );
-    }
+    batched_checks_decide_as_alone(&server.url(), || fcalls(&server)).await;
 }

@@ -235,3 +235,88 @@ pub(crate) async fn manual_store_with(
         .await
         .expect("connect to the test Redis")
 }
+
+/// The `FCALL`s a server ran since its stats were last reset.
+pub(crate) fn fcalls(server: &RedisServer) -> usize {
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Concurrent checks share calls (batches; on a cluster, across the slots
+/// of a node), with every algorithm in one call: string states read before
+/// anything is checked, beside sliding logs' and concurrency limiters' two
+/// keys, several requests on one key, leases with their own ids. On a frozen
+/// clock, each key admits exactly its capacity however its checks were
+/// batched, as the memory store does; every lease taken is released, after
+/// which the limiters admit their capacity again. `calls` counts the calls
+/// Redis ran (since its stats were reset): fewer than the checks.
+pub(crate) async fn batched_checks_decide_as_alone(url: &str, calls: impl Fn() -> usize) {
+    use std::collections::{BTreeMap, HashSet};
+    use tollgate_core::{Algorithm, FailurePolicy, Lease, Limit, Quota};
+
+    let clock = tollgate_store::conformance::clock();
+    let store = Arc::new(manual_store(url, &clock).await);
+    let quota = Quota::per_hour(6).unwrap();
+    let limit = |key: &str, algorithm, cost| Limit {
+        key: key.to_owned().leak(),
+        quota,
+        algorithm,
+        cost,
+        failure: FailurePolicy::Local,
+    };
+    let algorithms: Vec<Algorithm> = Algorithm::RATE
+        .into_iter()
+        .chain([Algorithm::Concurrency])
+        .collect();
+    const KEYS: usize = 4;
+    const TRIES: usize = 10;
+    let tasks: Vec<_> = (0..TRIES)
+        .flat_map(|_| algorithms.iter().copied())
+        .flat_map(|algorithm| (0..KEYS).map(move |k| (algorithm, k)))
+        .map(|(algorithm, k)| {
+            let store = Arc::clone(&store);
+            let limit = limit(&format!("batched-{algorithm}-{k}"), algorithm, 1);
+            tokio::spawn(async move { (algorithm, k, store.check_limits(&[limit]).await) })
+        })
+        .collect();
+    let mut admitted = BTreeMap::new();
+    let mut leases: Vec<Lease> = Vec::new();
+    for task in tasks {
+        let (algorithm, k, outcome) = task.await.unwrap();
+        let outcome = outcome.unwrap_or_else(|e| panic!("{algorithm} key {k}: {e}"));
+        *admitted.entry((algorithm.to_string(), k)).or_insert(0) += usize::from(outcome.allowed());
+        leases.extend(outcome.leases);
+    }
+    for ((algorithm, k), n) in &admitted {
+        assert_eq!(*n, 6, "{algorithm} key {k} admitted {n}");
+    }
+    let checks = TRIES * algorithms.len() * KEYS;
+    let calls = calls();
+    assert!(
+        calls < checks,
+        "{calls} calls for {checks} checks: no batch"
+    );
+    assert_eq!(leases.len(), 6 * KEYS, "one lease per admitted permit");
+    let ids: HashSet<_> = leases.iter().map(|l| l.id.to_string()).collect();
+    assert_eq!(ids.len(), leases.len(), "lease ids are distinct");
+    store.release_leases(&leases).await.unwrap();
+    for k in 0..KEYS {
+        let slots = limit(
+            &format!("batched-{}-{k}", Algorithm::Concurrency),
+            Algorithm::Concurrency,
+            0,
+        );
+        let read = store.check_limits(&[slots]).await.unwrap();
+        assert_eq!(
+            read.decisions[0].remaining, 6,
+            "key {k}: every lease came back"
+        );
+    }
+    let stats = store.stats();
+    assert_eq!((stats.errors, stats.timeouts), (0, 0), "{stats:?}");
+}
