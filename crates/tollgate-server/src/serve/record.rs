@@ -22,9 +22,8 @@
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -37,8 +36,9 @@ use super::native::{NativeDescriptor, policy_request_of};
 
 /// Lines written to the recording.
 const RECORDED: &str = "tollgate_record_lines_total";
-/// Checks not recorded, by reason: `overflow` (the writer was behind) or
-/// `full` (the file reached `--record-max-bytes`).
+/// Checks not recorded, by reason: `overflow` (the writer was behind),
+/// `full` (the file reached `--record-max-bytes`) or `error` (a write
+/// failed; recording stopped).
 const DROPPED: &str = "tollgate_record_dropped_total";
 
 /// Checks waiting for the writer at most; past it, checks are dropped.
@@ -46,6 +46,7 @@ const QUEUE: usize = 16_384;
 
 /// Options of `tollgate serve` for recording its requests.
 #[derive(Debug, Clone, clap::Args)]
+#[group(id = "recording")]
 pub(crate) struct Args {
     /// Append every policy check decided (any door) to FILE, one JSON line
     /// each, as `tollgate simulate --requests` reads them (docs/service.md,
@@ -234,9 +235,8 @@ fn days_since_epoch(year: i64, month: i64, day: i64) -> i64 {
 pub(crate) struct Recording<O> {
     inner: O,
     queue: SyncSender<RecordedRequest>,
-    /// Set by the writer once the file is full: checks are then not even
-    /// copied.
-    full: Arc<AtomicBool>,
+    /// Why the writer stopped, once it has: checks are then not even copied.
+    stopped: Arc<OnceLock<&'static str>>,
 }
 
 /// `inner`, recording to `args.record` if it names a file.
@@ -255,20 +255,24 @@ pub(crate) fn observer<O: Observer>(inner: O, args: &Args) -> anyhow::Result<Arc
         .with_context(|| format!("--record {}: cannot open for appending", path.display()))?;
     let written = file.metadata().map_or(0, |m| m.len());
     let (queue, received) = sync_channel(QUEUE);
-    let full = Arc::new(AtomicBool::new(false));
+    let stopped = Arc::new(OnceLock::new());
     let writer = Writer {
         path: path.clone(),
         out: BufWriter::new(file),
         written,
         max: args.record_max_bytes,
-        full: Arc::clone(&full),
+        stopped: Arc::clone(&stopped),
     };
     std::thread::Builder::new()
         .name("tollgate-record".into())
         .spawn(move || writer.run(&received))
         .context("cannot start the recording thread")?;
     tracing::info!(path = %path.display(), max_bytes = args.record_max_bytes, "recording requests");
-    Ok(Arc::new(Recording { inner, queue, full }))
+    Ok(Arc::new(Recording {
+        inner,
+        queue,
+        stopped,
+    }))
 }
 
 impl<O: Observer> Observer for Recording<O> {
@@ -278,8 +282,8 @@ impl<O: Observer> Observer for Recording<O> {
         let Some(domain) = decided.domain else {
             return;
         };
-        if self.full.load(Ordering::Relaxed) {
-            counter!(DROPPED, "reason" => "full").increment(1);
+        if let Some(&reason) = self.stopped.get() {
+            counter!(DROPPED, "reason" => reason).increment(1);
             return;
         }
         let request = RecordedRequest {
@@ -291,9 +295,9 @@ impl<O: Observer> Observer for Recording<O> {
         match self.queue.try_send(request) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => counter!(DROPPED, "reason" => "overflow").increment(1),
-            // The writer stopped on a write error, which it logged.
+            // Only if the writer thread died.
             Err(TrySendError::Disconnected(_)) => {
-                counter!(DROPPED, "reason" => "full").increment(1);
+                counter!(DROPPED, "reason" => "error").increment(1)
             }
         }
     }
@@ -317,55 +321,58 @@ struct Writer {
     out: BufWriter<File>,
     written: u64,
     max: u64,
-    full: Arc<AtomicBool>,
+    stopped: Arc<OnceLock<&'static str>>,
 }
 
 impl Writer {
     /// Writes lines as they come, flushing whenever the queue is empty, so a
     /// reader of the file sees every check decided while the service idles.
+    /// Once stopped, it goes on counting what was queued as dropped, so that
+    /// every check is either written or counted.
     fn run(mut self, received: &Receiver<RecordedRequest>) {
         while let Ok(first) = received.recv() {
             let mut next = Some(first);
             while let Some(request) = next {
-                if !self.write(&request) {
-                    return;
-                }
+                self.write(&request);
                 next = received.try_recv().ok();
             }
-            if let Err(error) = self.out.flush() {
-                self.stop(&error.to_string());
-                return;
+            if self.stopped.get().is_none()
+                && let Err(error) = self.out.flush()
+            {
+                self.stop("error", &error.to_string());
             }
         }
     }
 
-    /// Whether to go on.
-    fn write(&mut self, request: &RecordedRequest) -> bool {
+    fn write(&mut self, request: &RecordedRequest) {
+        if let Some(&reason) = self.stopped.get() {
+            counter!(DROPPED, "reason" => reason).increment(1);
+            return;
+        }
         let line = request.to_line();
         let len = line.len() as u64;
         if self.written.saturating_add(len) > self.max {
-            let _ = self.out.flush();
-            self.full.store(true, Ordering::Relaxed);
             counter!(DROPPED, "reason" => "full").increment(1);
-            tracing::warn!(
-                path = %self.path.display(),
-                bytes = self.written,
-                "the recording reached --record-max-bytes; recording stopped"
-            );
-            return false;
+            match self.out.flush() {
+                Ok(()) => self.stop("full", "the recording reached --record-max-bytes"),
+                Err(error) => self.stop("error", &error.to_string()),
+            }
+            return;
         }
         if let Err(error) = self.out.write_all(line.as_bytes()) {
-            self.stop(&error.to_string());
-            return false;
+            counter!(DROPPED, "reason" => "error").increment(1);
+            self.stop("error", &error.to_string());
+            return;
         }
         self.written += len;
         counter!(RECORDED).increment(1);
-        true
     }
 
-    fn stop(&self, error: &str) {
-        self.full.store(true, Ordering::Relaxed);
-        tracing::error!(path = %self.path.display(), error, "cannot write the recording; recording stopped");
+    /// Stops recording for good, saying why once.
+    fn stop(&self, reason: &'static str, why: &str) {
+        if self.stopped.set(reason).is_ok() {
+            tracing::warn!(path = %self.path.display(), bytes = self.written, "{why}; recording stopped");
+        }
     }
 }
 
@@ -374,7 +381,7 @@ pub(crate) fn describe() {
     metrics::describe_counter!(RECORDED, "Checks written to the --record file.");
     metrics::describe_counter!(
         DROPPED,
-        "Checks not recorded, by reason: overflow (the writer was behind) or full (--record-max-bytes)."
+        "Checks not recorded, by reason: overflow (the writer was behind), full (--record-max-bytes) or error (a write failed)."
     );
 }
 
@@ -486,13 +493,13 @@ mod tests {
             hits_addend: 1,
         };
         let one = request(10).to_line().len() as u64;
-        let full = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::new(OnceLock::new());
         let writer = Writer {
             path: path.clone(),
             out: BufWriter::new(File::create(&path).unwrap()),
             written: 0,
             max: 2 * one + 1,
-            full: Arc::clone(&full),
+            stopped: Arc::clone(&stopped),
         };
         let (queue, received) = sync_channel(8);
         for at in [10, 11, 12, 13] {
@@ -500,7 +507,7 @@ mod tests {
         }
         drop(queue);
         writer.run(&received);
-        assert!(full.load(Ordering::Relaxed));
+        assert_eq!(stopped.get(), Some(&"full"));
         let lines = lines(&path);
         assert_eq!(lines.len(), 2);
         assert_eq!(RecordedRequest::parse(&lines[1]), Ok(request(11)));

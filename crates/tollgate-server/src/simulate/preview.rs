@@ -325,50 +325,57 @@ impl Report {
             "NEWLY ADMITTED",
         ]
         .map(str::to_owned);
-        let rows: Vec<[String; 7]> = std::iter::once(header)
-            .chain(self.rules.iter().map(|r| {
-                [
-                    r.domain.clone(),
-                    r.rule.clone(),
-                    r.requests.to_string(),
-                    r.admitted_baseline.to_string(),
-                    r.admitted_new.to_string(),
-                    r.newly_denied.to_string(),
-                    r.newly_admitted.to_string(),
-                ]
-            }))
-            .collect();
-        let widths: Vec<usize> = (0..7)
-            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-            .collect();
-        for row in &rows {
-            let mut line = String::new();
-            for (c, cell) in row.iter().enumerate() {
-                let width = widths[c];
-                // Names to the left, numbers to the right.
-                if c < 2 {
-                    let _ = write!(line, "{cell:<width$}  ");
-                } else {
-                    let _ = write!(line, "{cell:>width$}  ");
-                }
-            }
-            let _ = writeln!(out, "{}", line.trim_end());
-        }
+        let rows = self.rules.iter().map(|r| {
+            [
+                r.domain.clone(),
+                r.rule.clone(),
+                r.requests.to_string(),
+                r.admitted_baseline.to_string(),
+                r.admitted_new.to_string(),
+                r.newly_denied.to_string(),
+                r.newly_admitted.to_string(),
+            ]
+        });
+        columns(&mut out, "", 2, std::iter::once(header).chain(rows));
         for rule in self.rules.iter().filter(|r| !r.top_keys.is_empty()) {
-            let _ = writeln!(
-                out,
-                "\nTop keys of {} {} (newly denied, newly admitted):",
-                rule.domain, rule.rule
-            );
-            for key in &rule.top_keys {
-                let _ = writeln!(
-                    out,
-                    "  {}  {} {}",
-                    key.key, key.newly_denied, key.newly_admitted
-                );
-            }
+            let _ = writeln!(out, "\nTop keys of {} {}:", rule.domain, rule.rule);
+            let header = ["KEY", "NEWLY DENIED", "NEWLY ADMITTED"].map(str::to_owned);
+            let rows = rule.top_keys.iter().map(|k| {
+                [
+                    k.key.clone(),
+                    k.newly_denied.to_string(),
+                    k.newly_admitted.to_string(),
+                ]
+            });
+            columns(&mut out, "  ", 1, std::iter::once(header).chain(rows));
         }
         out
+    }
+}
+
+/// Writes `rows` as aligned columns, each line after `indent`: the first
+/// `names` columns (names) to the left, the rest (numbers) to the right.
+fn columns<const N: usize>(
+    out: &mut String,
+    indent: &str,
+    names: usize,
+    rows: impl Iterator<Item = [String; N]>,
+) {
+    let rows: Vec<[String; N]> = rows.collect();
+    let widths: Vec<usize> = (0..N)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in &rows {
+        let mut line = indent.to_owned();
+        for (c, cell) in row.iter().enumerate() {
+            let width = widths[c];
+            if c < names {
+                let _ = write!(line, "{cell:<width$}  ");
+            } else {
+                let _ = write!(line, "{cell:>width$}  ");
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
     }
 }
 
