@@ -58,10 +58,13 @@ Previewing a config change (--policy NEW --requests FILE [--baseline OLD]):
   every request admitted), each with its own in-memory store and a clock set
   to each request's time, deciding as `tollgate serve` with the in-memory
   store would. Requests are sorted by time first. Reports per rule (domain
-  and rule id) the requests that matched it under either policy, how many
-  each admitted, how many are newly denied and newly admitted, and the --top
-  keys (default 10) with the most newly denied requests. Concurrency permits
-  are given back at once (a request file has no request lengths).
+  and rule id) the requests that matched it under either policy and how
+  many each admitted (a request counts in every rule it matched); the ones
+  it newly denies (admitted by OLD, denied by NEW with this rule among the
+  denying ones) and newly admits (denied by OLD with this rule among the
+  denying ones, admitted by NEW); and the --top keys (default 10) with the
+  most newly denied requests. Concurrency permits are given back at once (a
+  request file has no request lengths).
 
   FILE has one JSON object per line, as `tollgate serve --record` writes:
   {\"ts_ns\": 1795514400123000000, \"domain\": \"api\", \"descriptors\":

@@ -9,9 +9,14 @@
 //! their file order).
 //!
 //! The report is per rule (domain and rule id) of either policy: the requests
-//! that matched it under either one, how many of those each policy admitted,
-//! and how many changed fate. A request is admitted or denied as a whole, so
-//! one that matched several rules counts in each of their rows.
+//! that matched it under either one and how many of those each policy
+//! admitted (a request is admitted or denied as a whole, so one that matched
+//! several rules counts in each of their rows), then the requests whose fate
+//! the rule changed: newly denied, those the baseline admitted and the new
+//! policy denied with this rule among the denying ones; newly admitted, those
+//! the baseline denied with this rule among the denying ones and the new
+//! policy admitted. A rule that only shares requests with the one that denies
+//! them changes no fate.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -60,7 +65,11 @@ pub(crate) struct RuleRow {
     pub(crate) requests: u64,
     pub(crate) admitted_baseline: u64,
     pub(crate) admitted_new: u64,
+    /// Admitted by the baseline, denied by the new policy with this rule
+    /// among the denying ones.
     pub(crate) newly_denied: u64,
+    /// Denied by the baseline with this rule among the denying ones,
+    /// admitted by the new policy.
     pub(crate) newly_admitted: u64,
     /// The keys (a descriptor's entries, `key=value` joined by `, `) with the
     /// most newly denied requests, then newly admitted; only keys that
@@ -82,10 +91,20 @@ struct Side {
 }
 
 /// What one policy made of one request: admitted or not, and the rules its
-/// descriptors matched, each with the first matching descriptor's index.
+/// descriptors matched.
 struct Fate {
     admitted: bool,
-    rules: Vec<((String, String), usize)>,
+    rules: Vec<Matched>,
+}
+
+/// A rule a request matched.
+struct Matched {
+    /// Domain and rule id.
+    rule: (String, String),
+    /// The first descriptor that matched it.
+    index: usize,
+    /// Whether it denied the request (by any descriptor).
+    denied: bool,
 }
 
 impl Side {
@@ -119,19 +138,25 @@ impl Side {
             .enforce(Check::Policy(request.request()))
             .await
             .map_err(|e| e.to_string())?;
-        let mut rules: Vec<((String, String), usize)> = Vec::new();
+        let admitted = verdict.allowed();
+        let mut rules: Vec<Matched> = Vec::new();
         for (index, d) in verdict.descriptors.iter().enumerate() {
             let Some(rule) = d.rule.as_ref().filter(|_| d.state != State::Replaced) else {
                 continue;
             };
             let id = (request.domain.clone(), rule.id().to_owned());
-            if !rules.iter().any(|(r, _)| *r == id) {
-                rules.push((id, index));
+            let denied = !admitted && !d.allowed();
+            match rules.iter_mut().find(|m| m.rule == id) {
+                Some(matched) => matched.denied |= denied,
+                None => rules.push(Matched {
+                    rule: id,
+                    index,
+                    denied,
+                }),
             }
         }
         // A concurrency permit is given back at once: a replayed request
         // has no length.
-        let admitted = verdict.allowed();
         self.enforcer.release(verdict.permit).await;
         Ok(Fate { admitted, rules })
     }
@@ -231,19 +256,26 @@ pub(crate) fn run(preview: &Preview<'_>) -> anyhow::Result<Report> {
                     rules: Vec::new(),
                 },
             };
-            let denied = before.admitted && !after.admitted;
-            let admitted = !before.admitted && after.admitted;
+            let newly_denied = before.admitted && !after.admitted;
+            let newly_admitted = !before.admitted && after.admitted;
             report.admitted_baseline += u64::from(before.admitted);
             report.admitted_new += u64::from(after.admitted);
-            report.newly_denied += u64::from(denied);
-            report.newly_admitted += u64::from(admitted);
+            report.newly_denied += u64::from(newly_denied);
+            report.newly_admitted += u64::from(newly_admitted);
             let mut seen: Vec<&(String, String)> = Vec::new();
-            for (rule, index) in after.rules.iter().chain(&before.rules) {
-                if seen.contains(&rule) {
+            for matched in after.rules.iter().chain(&before.rules) {
+                if seen.contains(&&matched.rule) {
                     continue;
                 }
-                seen.push(rule);
-                let tally = tallies.entry(rule.clone()).or_default();
+                seen.push(&matched.rule);
+                let denied_by = |fate: &Fate| {
+                    fate.rules
+                        .iter()
+                        .any(|m| m.rule == matched.rule && m.denied)
+                };
+                let denied = newly_denied && denied_by(&after);
+                let admitted = newly_admitted && denied_by(&before);
+                let tally = tallies.entry(matched.rule.clone()).or_default();
                 let row = &mut tally.row;
                 row.requests += 1;
                 row.admitted_baseline += u64::from(before.admitted);
@@ -251,7 +283,7 @@ pub(crate) fn run(preview: &Preview<'_>) -> anyhow::Result<Report> {
                 row.newly_denied += u64::from(denied);
                 row.newly_admitted += u64::from(admitted);
                 if denied || admitted {
-                    let key = key_of(&request.descriptors[*index]);
+                    let key = key_of(&request.descriptors[matched.index]);
                     let counts = tally.keys.entry(key).or_default();
                     counts.0 += u64::from(denied);
                     counts.1 += u64::from(admitted);
@@ -456,6 +488,47 @@ descriptors:
         };
         assert_eq!(admitted(Counting::EachHit), 1);
         assert_eq!(admitted(Counting::AllOrNothing), 2);
+    }
+
+    #[test]
+    fn a_fate_changes_only_in_the_rows_of_the_rules_that_denied() {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = write(
+            dir.path(),
+            "layers.yaml",
+            "
+domain: api
+rules:
+  - name: global
+    match: [{ key: generic_key, value: global }]
+    limit: { requests: 1000, per: 1m }
+  - name: per-user
+    match: [{ key: user }]
+    limit: { requests: 1, per: 1m }
+",
+        );
+        let line = |ts: u64| {
+            format!(
+                r#"{{"ts_ns":{ts},"domain":"api","descriptors":[{{"entries":[{{"key":"generic_key","value":"global"}}]}},{{"entries":[{{"key":"user","value":"1"}}]}}]}}"#
+            ) + "\n"
+        };
+        let requests = write(dir.path(), "r.ndjson", &(line(1) + &line(2)));
+        let report = run(&Preview {
+            policy: &policy,
+            baseline: None,
+            requests: &requests,
+            access_log: None,
+            envoy_counting: Counting::EachHit,
+            top: 10,
+        })
+        .unwrap();
+        let rows: Vec<(&str, u64, u64, u64)> = report
+            .rules
+            .iter()
+            .map(|r| (r.rule.as_str(), r.requests, r.admitted_new, r.newly_denied))
+            .collect();
+        assert_eq!(rows, [("global", 2, 1, 0), ("per-user", 2, 1, 1)]);
+        assert!(report.rules[0].top_keys.is_empty());
     }
 
     #[test]
