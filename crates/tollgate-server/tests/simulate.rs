@@ -800,3 +800,42 @@ async fn a_recording_stops_at_its_bound_and_counts_the_rest() {
     assert!(written >= 2, "{written}");
     assert_eq!(written + dropped, 10);
 }
+
+#[test]
+fn a_request_a_policy_refuses_and_a_bad_policy_are_named() {
+    let policy = file("new-refuses.yaml", NEW);
+    let descriptors = vec![r#"{"entries":[{"key":"user","value":"1"}]}"#; 129].join(",");
+    let requests = file(
+        "too-many.ndjson",
+        &(request_line("2026-11-24T10:00:00Z", "1")
+            + &format!(r#"{{"ts_ns":1,"domain":"api","descriptors":[{descriptors}]}}"#)
+            + "\n"),
+    );
+    let output = preview(
+        &["--policy", "{}", "--requests", "{}"],
+        &[&policy, &requests],
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains(&format!(
+            "{}:2: {} refuses the request: the request has 129 descriptors; at most 128 are taken",
+            requests.display(),
+            policy.display()
+        )),
+        "{stderr}"
+    );
+
+    let bad = file("bad-policy.yaml", &NEW.replace("per: 1m", "per: 1 minute"));
+    let output = preview(
+        &["--policy", "{}", "--baseline", "{}", "--requests", "{}"],
+        &[&policy, &bad, &requests],
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains(&format!("policy {}", bad.display()))
+            && stderr.contains("rules[0].limit.per"),
+        "{stderr}"
+    );
+}

@@ -85,7 +85,8 @@ pub(crate) struct KeyRow {
 }
 
 /// One policy's enforcer on its own store and clock.
-struct Side {
+struct Side<'a> {
+    path: &'a Path,
     enforcer: Enforcer<MemoryStore<Arc<ManualClock>>>,
     clock: Arc<ManualClock>,
 }
@@ -107,10 +108,9 @@ struct Matched {
     denied: bool,
 }
 
-impl Side {
-    fn load(path: &Path, counting: Counting) -> anyhow::Result<Self> {
+impl<'a> Side<'a> {
+    fn load(path: &'a Path, counting: Counting) -> anyhow::Result<Self> {
         let policy = Policy::load_files(path, ConfigFiles::default())
-            .map_err(|e| anyhow!("{e}"))
             .with_context(|| format!("policy {}", path.display()))?;
         let clock = Arc::new(ManualClock::new(0));
         // No key is ever refused for room: the preview must not deny what a
@@ -128,7 +128,11 @@ impl Side {
         enforcer
             .unsupported(&enforcer.policy())
             .with_context(|| format!("policy {}", path.display()))?;
-        Ok(Self { enforcer, clock })
+        Ok(Self {
+            path,
+            enforcer,
+            clock,
+        })
     }
 
     async fn decide(&self, request: &RecordedRequest) -> Result<Fate, String> {
@@ -175,12 +179,12 @@ fn key_of(descriptor: &Descriptor) -> String {
 }
 
 /// Reads the request file: NDJSON, or an access log when `access_log` says
-/// how to make its descriptors. Returns the requests sorted by time and the
-/// number of access log lines skipped.
+/// how to make its descriptors. Returns the requests, each with its line
+/// number, sorted by time, and the number of access log lines skipped.
 fn read(
     path: &Path,
     access_log: Option<&AccessLog>,
-) -> anyhow::Result<(Vec<RecordedRequest>, u64)> {
+) -> anyhow::Result<(Vec<(usize, RecordedRequest)>, u64)> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read requests {}", path.display()))?;
     let mut requests = Vec::new();
@@ -190,16 +194,17 @@ fn read(
         if line.trim().is_empty() || line.starts_with('#') {
             continue;
         }
-        let at = |reason: String| anyhow!("{}:{}: {reason}", path.display(), number + 1);
+        let number = number + 1;
+        let at = |reason: String| anyhow!("{}:{number}: {reason}", path.display());
         match access_log {
             Some(log) => match log.request(line).map_err(at)? {
-                Some(request) => requests.push(request),
+                Some(request) => requests.push((number, request)),
                 None => skipped += 1,
             },
-            None => requests.push(RecordedRequest::parse(line).map_err(at)?),
+            None => requests.push((number, RecordedRequest::parse(line).map_err(at)?)),
         }
     }
-    requests.sort_by_key(|r| r.at);
+    requests.sort_by_key(|(_, r)| r.at);
     Ok((requests, skipped))
 }
 
@@ -233,25 +238,20 @@ pub(crate) fn run(preview: &Preview<'_>) -> anyhow::Result<Report> {
         rules: Vec::new(),
     };
     runtime.block_on(async {
-        for request in &requests {
-            let refused = |policy: &Path, e: String| {
-                anyhow!(
-                    "{}: the request at ts_ns {} in domain {:?} is refused by {}: {e}",
-                    preview.requests.display(),
-                    request.at,
-                    request.domain,
-                    policy.display()
-                )
+        for (number, request) in &requests {
+            let decide = async |side: &Side<'_>| {
+                side.decide(request).await.map_err(|e| {
+                    anyhow!(
+                        "{}:{number}: {} refuses the request: {e}",
+                        preview.requests.display(),
+                        side.path.display()
+                    )
+                })
             };
-            let after = new
-                .decide(request)
-                .await
-                .map_err(|e| refused(preview.policy, e))?;
-            let before = match (&baseline, preview.baseline) {
-                (Some(side), Some(path)) => {
-                    side.decide(request).await.map_err(|e| refused(path, e))?
-                }
-                _ => Fate {
+            let after = decide(&new).await?;
+            let before = match &baseline {
+                Some(side) => decide(side).await?,
+                None => Fate {
                     admitted: true,
                     rules: Vec::new(),
                 },
