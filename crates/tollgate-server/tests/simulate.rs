@@ -659,18 +659,19 @@ async fn a_recording_previews_to_what_the_service_answered() {
             {"entries": [{"key": "path", "value": path}]}
         ]})
     };
+    // envoyproxy/ratelimit's domain through its door, `/json`.
     let bodies = [
-        api("a"),
-        api("a"),
-        api("b"),
-        api("a"),
-        api("a"),
-        api("b"),
-        api("a"),
-        edge("10.0.0.1", "/a"),
-        edge("10.0.0.1", "/a"),
-        edge("10.0.0.1", "/b"),
-        edge("10.0.0.1", "/c"),
+        ("/v1/check", api("a")),
+        ("/v1/check", api("a")),
+        ("/v1/check", api("b")),
+        ("/v1/check", api("a")),
+        ("/v1/check", api("a")),
+        ("/v1/check", api("b")),
+        ("/v1/check", api("a")),
+        ("/json", edge("10.0.0.1", "/a")),
+        ("/json", edge("10.0.0.1", "/a")),
+        ("/json", edge("10.0.0.1", "/b")),
+        ("/json", edge("10.0.0.1", "/c")),
     ];
     let client = reqwest::Client::new();
     // An ad-hoc check has no domain: not recorded. Recorded, it would be
@@ -683,9 +684,9 @@ async fn a_recording_previews_to_what_the_service_answered() {
         .unwrap();
     assert_eq!(adhoc.status(), 200);
     let mut admitted = 0;
-    for body in &bodies {
+    for (door, body) in &bodies {
         let status = client
-            .post(server.url("/v1/check"))
+            .post(server.url(door))
             .body(body.to_string())
             .send()
             .await
