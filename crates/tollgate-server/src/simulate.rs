@@ -238,6 +238,15 @@ pub(crate) struct Args {
     )]
     keys: Option<u32>,
 
+    /// Seed of the generator's random numbers [default: 1].
+    #[arg(
+        long,
+        value_name = "S",
+        requires = "generate",
+        conflicts_with = "trace"
+    )]
+    seed: Option<u64>,
+
     /// Preview this config (a file or directory, loaded as `serve --config`
     /// loads it) on the requests of --requests.
     #[arg(
@@ -282,15 +291,6 @@ pub(crate) struct Args {
     /// --envoy-counting` [default: each-hit].
     #[arg(long, value_name = "COUNTING", requires = "policy")]
     envoy_counting: Option<Counting>,
-
-    /// Seed of the generator's random numbers [default: 1].
-    #[arg(
-        long,
-        value_name = "S",
-        requires = "generate",
-        conflicts_with = "trace"
-    )]
-    seed: Option<u64>,
 }
 
 /// `n` and `noun`, in the plural unless `n` is 1.
