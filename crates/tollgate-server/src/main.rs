@@ -26,8 +26,9 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Replay a request trace through the rate limiting algorithms and compare
-    /// them with the exact sliding log, or generate a trace.
-    Simulate(simulate::Args),
+    /// them with the exact sliding log, generate a trace, or preview a config
+    /// change on recorded requests.
+    Simulate(Box<simulate::Args>),
     /// Serve rate limit checks: Envoy's Rate Limit Service over gRPC and an
     /// HTTP API, with metrics, health checks, an admin API and hot reload.
     Serve(Box<serve::Args>),
@@ -56,7 +57,7 @@ fn main() -> ExitCode {
         let matches = Cli::command().get_matches();
         let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
         match (cli.command, matches.subcommand()) {
-            (Command::Simulate(args), _) => simulate::run(args),
+            (Command::Simulate(args), _) => simulate::run(*args),
             (Command::Serve(_), Some((_, flags))) => {
                 serve::Args::from_envoy_env(flags, false).and_then(serve::run)
             }

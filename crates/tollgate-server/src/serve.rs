@@ -39,6 +39,7 @@ mod http;
 mod listeners;
 mod metrics;
 mod native;
+pub mod record;
 mod reload;
 mod tls;
 mod xds;
@@ -144,6 +145,9 @@ pub struct Args {
 
     #[command(flatten, next_help_heading = "Reload")]
     reload: reload::Args,
+
+    #[command(flatten, next_help_heading = "Recording")]
+    record: record::Args,
 
     #[command(flatten, next_help_heading = "Gateway")]
     gateway: tollgate_gateway::Options,
@@ -492,7 +496,7 @@ async fn launch(
             .with_quota_mode(args.envoy.as_ref().is_some_and(|e| e.quota_mode))
             .with_envoy_counting(args.envoy_counting)
             .with_clock(clock)
-            .with_observer(Arc::new(metrics::Observe)),
+            .with_observer(record::observer(metrics::Observe, &args.record)?),
     );
     // Only now is the store known: a rule it cannot enforce exactly would
     // otherwise fail every check, by its failure policy.

@@ -1,4 +1,5 @@
-//! `tollgate simulate`: replays a trace through the algorithms, or generates one.
+//! `tollgate simulate`: replays a trace through the algorithms, generates one,
+//! or previews a config change on recorded requests ([`preview`]).
 
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Write};
@@ -8,7 +9,13 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use tollgate_core::{Algorithm, Quota, parse_duration};
+use tollgate_policy::Counting;
 use tollgate_sim::{Generator, Replay, Simulation, Trace, Workload, draw_chart, format_table};
+
+mod access_log;
+mod preview;
+
+use access_log::{AccessLog, EntrySpec};
 
 const AFTER_HELP: &str = "\
 Replaying a trace:
@@ -46,11 +53,47 @@ Generating a trace (written to stdout):
   --period 1s; many-keys: --rate 10000 --keys 10000. The same options and seed
   give the same trace.
 
+Previewing a config change (--policy NEW --requests FILE [--baseline OLD]):
+  Replays the requests through NEW and OLD (without --baseline, no limits:
+  every request admitted), each with its own in-memory store and a clock set
+  to each request's time, deciding as `tollgate serve` with the in-memory
+  store would. Requests are sorted by time first. Reports per rule (domain
+  and rule id) the requests that matched it under either policy and how
+  many each admitted (a request counts in every rule it matched); the ones
+  it newly denies (admitted by OLD, denied by NEW with this rule among the
+  denying ones) and newly admits (denied by OLD with this rule among the
+  denying ones, admitted by NEW); and the --top keys (default 10) with the
+  most newly denied requests. Concurrency permits are given back at once (a
+  request file has no request lengths).
+
+  FILE has one JSON object per line, as `tollgate serve --record` writes:
+  {\"ts_ns\": 1795514400123000000, \"domain\": \"api\", \"descriptors\":
+   [{\"entries\": [{\"key\": \"user\", \"value\": \"42\"}]}], \"hits_addend\": 1}
+  (or \"time\": \"2026-11-24T10:00:00.123Z\" for ts_ns); the rest is the body of
+  POST /v1/check. With --access-log-domain it is Envoy's access log in its
+  default format instead, each line one request in that domain with one
+  descriptor made of the --access-log-entry KEY=SOURCE given, in order.
+  SOURCE is client (the last X-Forwarded-For address), path, method, or
+  header:NAME for a logged header (x-forwarded-for, user-agent,
+  x-request-id, :authority). A line with no value (-) for an entry is
+  skipped, as Envoy sends no descriptor then. A bad line is an error naming
+  FILE:LINE.
+
+  --format json prints one JSON document:
+  {\"policy\", \"baseline\", \"requests\", \"skipped\", \"admitted_baseline\",
+   \"admitted_new\", \"newly_denied\", \"newly_admitted\", \"rules\": [{\"domain\",
+   \"rule\", \"requests\", \"admitted_baseline\", \"admitted_new\",
+   \"newly_denied\", \"newly_admitted\", \"top_keys\": [{\"key\",
+   \"newly_denied\", \"newly_admitted\"}]}]}
+
 Examples:
   tollgate simulate --generate bursty --seed 1 > bursty.trace
   tollgate simulate --trace bursty.trace --algorithm all --limit 100 --period 1s
   tollgate simulate --generate boundary-attack | tollgate simulate --trace - \\
-      --algorithm all --limit 100 --period 1s --format json --chart attack.svg";
+      --algorithm all --limit 100 --period 1s --format json --chart attack.svg
+  tollgate simulate --policy new.yaml --baseline old.yaml --requests recorded.ndjson
+  tollgate simulate --policy edge.yaml --requests access.log \\
+      --access-log-domain edge --access-log-entry remote_address=client";
 
 /// Algorithms to replay, as chosen on the command line.
 #[derive(Debug, Clone)]
@@ -83,12 +126,14 @@ impl Selection {
 pub(crate) enum Format {
     /// An aligned table with percentages.
     Table,
-    /// One JSON object per algorithm, one per line.
+    /// One JSON object per algorithm, one per line; a preview's report as
+    /// one JSON document.
     Json,
 }
 
 /// Replay a request trace through the rate limiting algorithms and compare them
-/// with the exact sliding window log, or generate a trace.
+/// with the exact sliding window log, generate a trace, or preview a config
+/// change on recorded requests.
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = AFTER_HELP)]
 pub(crate) struct Args {
@@ -96,8 +141,8 @@ pub(crate) struct Args {
     #[arg(
         long,
         value_name = "FILE",
-        required_unless_present = "generate",
-        conflicts_with = "generate"
+        required_unless_present_any = ["generate", "policy"],
+        conflicts_with_all = ["generate", "policy"]
     )]
     trace: Option<PathBuf>,
 
@@ -105,8 +150,8 @@ pub(crate) struct Args {
     #[arg(
         long,
         value_name = "NAME",
-        required_unless_present = "generate",
-        conflicts_with = "generate",
+        required_unless_present_any = ["generate", "policy"],
+        conflicts_with_all = ["generate", "policy"],
         value_parser = PossibleValuesParser::new(
             Algorithm::RATE.iter().map(|a| a.name()).chain(["all"])
         ).map(Selection::from_name),
@@ -115,7 +160,12 @@ pub(crate) struct Args {
 
     /// Units each key may have admitted per period. With --generate, the limit
     /// a boundary attack aims at [default: 100].
-    #[arg(long, value_name = "N", required_unless_present = "generate")]
+    #[arg(
+        long,
+        value_name = "N",
+        required_unless_present_any = ["generate", "policy"],
+        conflicts_with = "policy"
+    )]
     limit: Option<u64>,
 
     /// The period of the limit, e.g. 250ms, 1s, 1m. With --generate, the window
@@ -123,7 +173,8 @@ pub(crate) struct Args {
     #[arg(
         long,
         value_name = "DURATION",
-        required_unless_present = "generate",
+        required_unless_present_any = ["generate", "policy"],
+        conflicts_with = "policy",
         value_parser = parse_duration
     )]
     period: Option<Duration>,
@@ -138,7 +189,7 @@ pub(crate) struct Args {
     burst: Option<u64>,
 
     /// How to print the results [default: table].
-    #[arg(long, value_enum, requires = "trace", conflicts_with = "generate")]
+    #[arg(long, value_enum, conflicts_with = "generate")]
     format: Option<Format>,
 
     /// Also draw the admitted rate over time per algorithm as an SVG chart.
@@ -195,6 +246,51 @@ pub(crate) struct Args {
         conflicts_with = "trace"
     )]
     seed: Option<u64>,
+
+    /// Preview this config (a file or directory, loaded as `serve --config`
+    /// loads it) on the requests of --requests.
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "requests",
+        conflicts_with = "generate"
+    )]
+    policy: Option<PathBuf>,
+
+    /// The config --policy is compared with [default: none, every request
+    /// admitted].
+    #[arg(long, value_name = "PATH", requires = "policy")]
+    baseline: Option<PathBuf>,
+
+    /// The requests to replay through --policy and --baseline: JSON lines as
+    /// `serve --record` writes them, or an Envoy access log with
+    /// --access-log-domain.
+    #[arg(long, value_name = "FILE", requires = "policy")]
+    requests: Option<PathBuf>,
+
+    /// Read --requests as Envoy's access log (default format), each line a
+    /// request in this domain.
+    #[arg(
+        long,
+        value_name = "DOMAIN",
+        requires_all = ["requests", "access_log_entry"]
+    )]
+    access_log_domain: Option<String>,
+
+    /// An entry of the access log requests' descriptor: its key and where
+    /// its value is (client, path, method, header:NAME); repeat for more
+    /// entries, in order.
+    #[arg(long, value_name = "KEY=SOURCE", requires = "access_log_domain")]
+    access_log_entry: Vec<EntrySpec>,
+
+    /// How many keys of each rule to report [default: 10].
+    #[arg(long, value_name = "N", requires = "policy")]
+    top: Option<usize>,
+
+    /// How envoyproxy-format domains are counted, as `serve
+    /// --envoy-counting` [default: each-hit].
+    #[arg(long, value_name = "COUNTING", requires = "policy")]
+    envoy_counting: Option<Counting>,
 }
 
 /// `n` and `noun`, in the plural unless `n` is 1.
@@ -207,10 +303,36 @@ fn counted(n: usize, noun: &str) -> String {
 
 /// Runs `tollgate simulate`.
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    match args.generate {
-        Some(workload) => generate(workload, &args),
-        None => replay(&args),
+    match (args.generate, &args.policy) {
+        (Some(workload), _) => generate(workload, &args),
+        (None, Some(policy)) => preview(policy, &args),
+        (None, None) => replay(&args),
     }
+}
+
+fn preview(policy: &std::path::Path, args: &Args) -> anyhow::Result<()> {
+    let requests = args
+        .requests
+        .as_deref()
+        .ok_or_else(|| anyhow!("--requests is required with --policy"))?;
+    let report = preview::run(&preview::Preview {
+        policy,
+        baseline: args.baseline.as_deref(),
+        requests,
+        access_log: args.access_log_domain.as_ref().map(|domain| AccessLog {
+            domain: domain.clone(),
+            entries: args.access_log_entry.clone(),
+        }),
+        envoy_counting: args.envoy_counting.unwrap_or_default(),
+        top: args.top.unwrap_or(10),
+    })?;
+    let mut out = BufWriter::new(io::stdout().lock());
+    match args.format.unwrap_or(Format::Table) {
+        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
+        Format::Table => write!(out, "{}", report.table())?,
+    }
+    out.flush()?;
+    Ok(())
 }
 
 fn generate(workload: Workload, args: &Args) -> anyhow::Result<()> {
@@ -343,5 +465,34 @@ mod tests {
         assert!(args("--trace x --algorithm gcra --limit 1").is_err());
         assert!(args("--trace x --algorithm gcra --limit 1 --period 1").is_err());
         assert!(args("--generate poison").is_err());
+    }
+
+    #[test]
+    fn preview_options_do_not_mix_with_the_others() {
+        assert!(args("--policy n.yaml --requests r").is_ok());
+        assert!(
+            args("--policy n.yaml --baseline o.yaml --requests r --top 3 --format json").is_ok()
+        );
+        assert!(
+            args(
+                "--policy n.yaml --requests r --access-log-domain edge --access-log-entry ip=client"
+            )
+            .is_ok()
+        );
+        assert!(args("--policy n.yaml").is_err());
+        assert!(args("--requests r").is_err());
+        assert!(
+            args("--baseline o.yaml --trace x --algorithm gcra --limit 1 --period 1s").is_err()
+        );
+        assert!(args("--policy n.yaml --requests r --trace x").is_err());
+        assert!(args("--policy n.yaml --requests r --generate poisson").is_err());
+        assert!(args("--policy n.yaml --requests r --limit 5").is_err());
+        assert!(args("--policy n.yaml --requests r --access-log-domain edge").is_err());
+        assert!(args("--policy n.yaml --requests r --access-log-entry ip=client").is_err());
+        assert!(
+            args("--policy n.yaml --requests r --access-log-domain e --access-log-entry ip")
+                .is_err()
+        );
+        assert!(args("--trace x --algorithm gcra --limit 1 --period 1s --top 3").is_err());
     }
 }

@@ -65,7 +65,7 @@ pub(crate) struct AppState<S> {
 #[derive(Debug)]
 pub(crate) struct ApiError {
     status: StatusCode,
-    message: String,
+    pub(crate) message: String,
 }
 
 impl ApiError {

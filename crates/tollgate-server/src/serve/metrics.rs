@@ -157,6 +157,7 @@ pub(crate) fn install(
         "Limits decided by their failure policy because the store failed."
     );
     describe_counter!(CONFIG_RELOADS, "Config reloads by result and trigger.");
+    super::record::describe();
     describe_counter!(REDIS_CHECKS, "Checks decided by Redis.");
     describe_counter!(
         REDIS_DENY_CACHE_HITS,

@@ -60,17 +60,18 @@ struct PolicyCheck {
     hits_addend: u64,
 }
 
-#[derive(Debug, Deserialize)]
+/// A descriptor as `/v1/check` takes it and `serve --record` writes it.
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct NativeDescriptor {
+pub(crate) struct NativeDescriptor {
     entries: Vec<NativeEntry>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     hits_addend: Option<u64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     limit: Option<NativeOverride>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct NativeEntry {
     key: String,
@@ -78,7 +79,7 @@ struct NativeEntry {
     value: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct NativeOverride {
     requests_per_unit: u64,
@@ -306,6 +307,26 @@ fn adhoc(
 }
 
 impl NativeDescriptor {
+    /// The wire form of `descriptor`: what [`NativeDescriptor::into_descriptor`]
+    /// reads back as `descriptor`.
+    pub(crate) fn of(descriptor: &Descriptor) -> Self {
+        Self {
+            entries: descriptor
+                .entries
+                .iter()
+                .map(|e| NativeEntry {
+                    key: e.key.clone(),
+                    value: e.value.clone(),
+                })
+                .collect(),
+            hits_addend: descriptor.hits_addend,
+            limit: descriptor.limit.map(|o| NativeOverride {
+                requests_per_unit: o.requests_per_unit,
+                unit: o.unit.name().to_owned(),
+            }),
+        }
+    }
+
     fn into_descriptor(self, index: usize) -> Result<Descriptor, ApiError> {
         let limit = match self.limit {
             Some(o) => {
@@ -358,9 +379,9 @@ enum Checked {
 
 /// A policy check's request, owning what [`Request`] borrows.
 pub(crate) struct PolicyRequest {
-    domain: String,
-    descriptors: Vec<Descriptor>,
-    hits_addend: u64,
+    pub(crate) domain: String,
+    pub(crate) descriptors: Vec<Descriptor>,
+    pub(crate) hits_addend: u64,
 }
 
 impl PolicyRequest {
@@ -461,6 +482,15 @@ pub(crate) fn policy_request(body: &[u8]) -> Result<PolicyRequest, ApiError> {
         .request()
         .well_formed()
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(policy)
+}
+
+/// A well-formed request in `/v1/check`'s policy shape, from a JSON value (a
+/// line of a request file, its time taken out); the error is the 400's reason.
+pub(crate) fn policy_request_of(value: serde_json::Value) -> Result<PolicyRequest, String> {
+    let check: PolicyCheck = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    let policy = check.into_request().map_err(|e| e.message)?;
+    policy.request().well_formed().map_err(|e| e.to_string())?;
     Ok(policy)
 }
 
