@@ -8,7 +8,7 @@
 //! | `x_ratelimit` | `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` | the most restrictive limit's capacity, what it has left, and when it is full again as epoch seconds |
 //! | `reset_after` | `X-RateLimit-Reset-After` | seconds until it is full again, with three decimals (Discord) |
 //! | `bucket` | `X-RateLimit-Bucket` | the shared bucket that limit spends, when it has one (Discord) |
-//! | `ietf` | `RateLimit-Policy`, `RateLimit` | [`DRAFT`]'s structured fields: every limit's policy, and the most restrictive one's service limit |
+//! | `ietf` | `RateLimit-Policy`, `RateLimit` | [`DRAFT`]'s structured fields: every limit's policy, and the most restrictive one's service limit (every limit's, with `every_limit`) |
 //! | `envoy` | `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` | envoyproxy/ratelimit's: the most restrictive limit's quota, what it has left, and the seconds until it is full again (a delta, not an epoch); what `tollgate serve`'s Envoy answers put in `response_headers_to_add` as its `x-ratelimit` family |
 //! | `retry_after` | `Retry-After` | on a deny: delta-seconds, rounded up, at least 1 |
 //!

@@ -6,9 +6,9 @@
 //! paths and users; Envoy's rate limit actions, run by the gateway (which
 //! implements them), make descriptors the ConfigMap limits; and every metric
 //! the Grafana dashboard and the alert rules name is served on `/metrics` by
-//! the service started as the Deployment starts it (and with Redis, for the
-//! Redis metrics), after requests, a deny, a refused reload and a Redis
-//! outage have made each one appear.
+//! the service started as the Deployment starts it, in memory and with
+//! Redis (the Redis metrics), after requests, a deny, a refused reload and a
+//! Redis outage (decided by the local fallback) have made each one appear.
 
 mod common;
 
@@ -668,6 +668,14 @@ async fn every_metric_the_dashboard_and_alerts_name_is_served() {
             .expect("answers without Redis");
     }
     let redis_text = scrape(&shared).await;
+    let fallbacks = redis_text
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_redis_fallbacks_total{failure=\"local\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(
+        fallbacks.is_some_and(|n| n >= 1.0),
+        "the outage was decided locally:\n{redis_text}"
+    );
 
     let (mut names, mut labelled) = scraped(&memory_text);
     let (redis_names, redis_labelled) = scraped(&redis_text);
