@@ -546,6 +546,54 @@ async fn envoys_actions_run_by_the_gateway_meet_the_configmaps_limits() {
     assert_eq!(policies(&anonymous), ["q=20;w=1", "q=5000;w=1"]);
 }
 
+#[test]
+fn the_dashboard_and_the_alert_rules_are_well_formed() {
+    let dashboard: Value = serde_json::from_str(&read("deploy/grafana/tollgate.json")).unwrap();
+    assert_eq!(dashboard["uid"], "tollgate");
+    let variables: BTreeSet<&str> = at(&dashboard, "/templating/list")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| str_at(v, "/name"))
+        .collect();
+    assert_eq!(variables, BTreeSet::from(["datasource", "instance"]));
+    let panels = at(&dashboard, "/panels").as_array().unwrap();
+    let ids: BTreeSet<u64> = panels.iter().map(|p| p["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids.len(), panels.len(), "panel ids are unique");
+    for panel in panels {
+        assert_eq!(panel["datasource"]["uid"], "${datasource}", "{panel}");
+        for key in ["x", "y", "w", "h"] {
+            assert!(panel["gridPos"][key].is_u64(), "{panel}");
+        }
+        let targets = at(panel, "/targets").as_array().unwrap();
+        assert!(!targets.is_empty(), "{panel}");
+        for target in targets {
+            assert!(str_at(target, "/expr").contains("$instance"), "{target}");
+        }
+    }
+
+    let rules = yaml("deploy/prometheus/alerts.yaml");
+    let rules = at(&rules[0], "/groups/0/rules").as_array().unwrap();
+    let names: BTreeSet<&str> = rules.iter().map(|r| str_at(r, "/alert")).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from([
+            "TollgateFallbackActive",
+            "TollgateHighDenyRatio",
+            "TollgateReloadFailing",
+            "TollgateStoreFailing",
+        ])
+    );
+    for rule in rules {
+        assert!(!str_at(rule, "/expr").trim().is_empty(), "{rule}");
+        assert!(
+            ["warning", "critical"].contains(&str_at(rule, "/labels/severity")),
+            "{rule}"
+        );
+        assert!(!str_at(rule, "/annotations/summary").is_empty(), "{rule}");
+    }
+}
+
 /// Every `tollgate_*` name in `text`.
 fn metric_names(text: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
