@@ -1,6 +1,7 @@
 //! The deploy kit (`deploy/` and the `Dockerfile`), checked as far as a
-//! machine without a Kubernetes cluster, Envoy, Prometheus or a Docker daemon
-//! allows: every file parses; the ConfigMap's policy passes the real
+//! machine without a Kubernetes cluster, Envoy, Grafana or a Docker daemon
+//! allows: every file parses; `promtool` parses the alert rules and the
+//! dashboard's queries, and its rule unit tests fire each alert; the ConfigMap's policy passes the real
 //! `tollgate check-config` as Kubernetes mounts it; the Deployment, the
 //! Service, the Envoy bootstrap and the Dockerfile agree on names, ports,
 //! paths and users; Envoy's rate limit actions, run by the gateway (which
@@ -592,6 +593,178 @@ fn the_dashboard_and_the_alert_rules_are_well_formed() {
         );
         assert!(!str_at(rule, "/annotations/summary").is_empty(), "{rule}");
     }
+}
+
+/// `promtool ARGS...`, which must succeed (Prometheus's own checker;
+/// `./scripts/test` installs it through apt when missing).
+fn promtool(args: &[&std::ffi::OsStr]) {
+    let out = std::process::Command::new("promtool")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("promtool is installed (./scripts/test installs the prometheus package)");
+    assert!(
+        out.status.success(),
+        "promtool {args:?}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn promtool_passes_the_alert_rules_and_every_dashboard_query() {
+    let alerts = repo().join("deploy/prometheus/alerts.yaml");
+    promtool(&["check".as_ref(), "rules".as_ref(), alerts.as_os_str()]);
+
+    // The dashboard's queries, with Grafana's variables given values, as
+    // recording rules: promtool parses each one as PromQL.
+    let dashboard: Value = serde_json::from_str(&read("deploy/grafana/tollgate.json")).unwrap();
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for panel in at(&dashboard, "/panels").as_array().unwrap() {
+        for target in at(panel, "/targets").as_array().unwrap() {
+            let expr = str_at(target, "/expr")
+                .replace("$__rate_interval", "5m")
+                .replace("$__range", "6h")
+                .replace("$instance", ".*");
+            rules.push_str(&format!(
+                "      - record: dashboard_panel_{}_{}\n        expr: {}\n",
+                panel["id"],
+                str_at(target, "/refId"),
+                Value::from(expr)
+            ));
+        }
+    }
+    let dir = common::config_dir(&[("dashboard.yaml", &rules)]);
+    promtool(&[
+        "check".as_ref(),
+        "rules".as_ref(),
+        dir.path().join("dashboard.yaml").as_os_str(),
+    ]);
+}
+
+/// The annotation `key` of `alert` in alerts.yaml, with `{{ template }}`
+/// parts replaced as `values` says.
+fn annotation(alert: &str, key: &str, values: &[(&str, &str)]) -> String {
+    let rules = yaml("deploy/prometheus/alerts.yaml");
+    let rule = at(&rules[0], "/groups/0/rules")
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["alert"] == alert)
+        .unwrap_or_else(|| panic!("no alert {alert}"))
+        .clone();
+    let mut text = str_at(&rule, &format!("/annotations/{key}")).to_owned();
+    for (template, value) in values {
+        text = text.replace(template, value);
+    }
+    text
+}
+
+#[test]
+fn each_alert_fires_on_the_series_it_watches_and_not_before() {
+    let instance = [("{{ $labels.instance }}", "a")];
+    // Expected alerts as promtool's unit tests write them.
+    let expect = |alert: &str, severity: &str, values: &[(&str, &str)]| {
+        let mut all = instance.to_vec();
+        all.extend_from_slice(values);
+        format!(
+            "          - exp_labels: {{ severity: {severity}, instance: a }}\n            exp_annotations:\n              summary: {}\n              description: {}\n",
+            Value::from(annotation(alert, "summary", &all)),
+            Value::from(annotation(alert, "description", &all)),
+        )
+    };
+    let case = |alert: &str, at: &str, fired: Option<String>| {
+        format!(
+            "      - eval_time: {at}\n        alertname: {alert}\n        exp_alerts:{}\n",
+            fired.map_or(" []".to_owned(), |a| format!("\n{a}"))
+        )
+    };
+    let alerts = repo().join("deploy/prometheus/alerts.yaml");
+    let mut tests = format!(
+        "rule_files: [{}]\nevaluation_interval: 1m\ntests:\n",
+        Value::from(alerts.to_str().unwrap())
+    );
+    // Each series once a minute: counters rising by 60 a minute are 1/s.
+    let series = |name: &str, values: &str| {
+        format!(
+            "      - series: '{}'\n        values: '{values}'\n",
+            name.replace('{', "{instance=\"a\",")
+        )
+    };
+    // 40% denied: fires after its 10 minutes; 10% never does.
+    tests.push_str("  - interval: 1m\n    input_series:\n");
+    tests.push_str(&series(
+        "tollgate_checks_total{api=\"grpc\",result=\"ok\"}",
+        "0+60x30",
+    ));
+    tests.push_str(&series(
+        "tollgate_checks_total{api=\"grpc\",result=\"over_limit\"}",
+        "0+40x30",
+    ));
+    tests.push_str("    alert_rule_test:\n");
+    tests.push_str(&case("TollgateHighDenyRatio", "8m", None));
+    let deny = expect(
+        "TollgateHighDenyRatio",
+        "warning",
+        &[("{{ $value | humanizePercentage }}", "40%")],
+    );
+    tests.push_str(&case("TollgateHighDenyRatio", "20m", Some(deny)));
+    tests.push_str("  - interval: 1m\n    input_series:\n");
+    tests.push_str(&series(
+        "tollgate_checks_total{api=\"grpc\",result=\"ok\"}",
+        "0+90x30",
+    ));
+    tests.push_str(&series(
+        "tollgate_checks_total{api=\"grpc\",result=\"over_limit\"}",
+        "0+10x30",
+    ));
+    tests.push_str("    alert_rule_test:\n");
+    tests.push_str(&case("TollgateHighDenyRatio", "25m", None));
+    // Redis erring once a second: the store is failing after 5 minutes.
+    tests.push_str("  - interval: 1m\n    input_series:\n");
+    tests.push_str(&series("tollgate_redis_errors_total{}", "0+60x20"));
+    tests.push_str(&series("tollgate_redis_timeouts_total{}", "0x20"));
+    tests.push_str("    alert_rule_test:\n");
+    tests.push_str(&case("TollgateStoreFailing", "3m", None));
+    let store = expect(
+        "TollgateStoreFailing",
+        "warning",
+        &[("{{ $value | humanize }}", "1")],
+    );
+    tests.push_str(&case("TollgateStoreFailing", "15m", Some(store)));
+    // The breaker open: decisions without Redis after 2 minutes; closed, none.
+    tests.push_str("  - interval: 1m\n    input_series:\n");
+    tests.push_str(&series(
+        "tollgate_redis_breaker_state{}",
+        "0 0 0 2 2 2 2 2 2 2",
+    ));
+    tests.push_str(&series(
+        "tollgate_redis_fallbacks_total{failure=\"local\"}",
+        "0x10",
+    ));
+    tests.push_str("    alert_rule_test:\n");
+    tests.push_str(&case("TollgateFallbackActive", "2m", None));
+    let fallback = expect("TollgateFallbackActive", "critical", &[]);
+    tests.push_str(&case("TollgateFallbackActive", "7m", Some(fallback)));
+    // A refused reload: at once, and for 15 minutes.
+    tests.push_str("  - interval: 1m\n    input_series:\n");
+    tests.push_str(&series(
+        "tollgate_config_reloads_total{result=\"ok\",trigger=\"watch\"}",
+        "1x30",
+    ));
+    tests.push_str(&series(
+        "tollgate_config_reloads_total{result=\"error\",trigger=\"watch\"}",
+        "0 0 0 1x27",
+    ));
+    tests.push_str("    alert_rule_test:\n");
+    tests.push_str(&case("TollgateReloadFailing", "2m", None));
+    let reload = expect("TollgateReloadFailing", "warning", &[]);
+    tests.push_str(&case("TollgateReloadFailing", "4m", Some(reload)));
+    tests.push_str(&case("TollgateReloadFailing", "25m", None));
+
+    let dir = common::config_dir(&[("alerts_test.yaml", &tests)]);
+    let file = dir.path().join("alerts_test.yaml");
+    promtool(&["test".as_ref(), "rules".as_ref(), file.as_os_str()]);
 }
 
 /// Every `tollgate_*` name in `text`.
