@@ -476,6 +476,65 @@ fn envoys_bootstrap_asks_the_service_over_http2_for_the_configmaps_descriptors()
     assert_eq!(reached.len(), rules.len(), "every rule is reached");
 }
 
+#[test]
+fn envoys_bootstrap_names_envoys_own_types_and_enum_values() {
+    use envoy_types::pb::envoy::config::cluster::v3::cluster::{DiscoveryType, LbPolicy};
+    use envoy_types::pb::envoy::config::core::v3::ApiVersion;
+    use envoy_types::pb::envoy::extensions::filters::http::ratelimit::v3::RateLimit;
+    use envoy_types::pb::envoy::extensions::filters::http::ratelimit::v3::rate_limit::XRateLimitHeadersRfcVersion;
+    use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+    use envoy_types::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
+    use prost::Name;
+
+    // Every `@type` is the type URL of the message Envoy expects there (from
+    // Envoy's protos, as the envoy-types crate compiles them).
+    let envoy = &yaml("deploy/envoy/envoy.yaml")[0];
+    let mut types = BTreeSet::new();
+    fn collect(value: &Value, out: &mut BTreeSet<String>) {
+        match value {
+            Value::Object(map) => {
+                if let Some(url) = map.get("@type").and_then(Value::as_str) {
+                    out.insert(url.to_owned());
+                }
+                map.values().for_each(|v| collect(v, out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| collect(v, out)),
+            _ => {}
+        }
+    }
+    collect(envoy, &mut types);
+    assert_eq!(
+        types,
+        BTreeSet::from([
+            HttpConnectionManager::type_url(),
+            RateLimit::type_url(),
+            Router::type_url(),
+            HttpProtocolOptions::type_url(),
+        ])
+    );
+
+    // Enum values are Envoy's names.
+    let ratelimit = at(
+        envoy,
+        "/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config",
+    );
+    let headers = str_at(ratelimit, "/enable_x_ratelimit_headers");
+    assert!(
+        XRateLimitHeadersRfcVersion::from_str_name(headers).is_some(),
+        "{headers}"
+    );
+    let api = str_at(ratelimit, "/rate_limit_service/transport_api_version");
+    assert_eq!(ApiVersion::from_str_name(api), Some(ApiVersion::V3));
+    for cluster in at(envoy, "/static_resources/clusters").as_array().unwrap() {
+        let kind = str_at(cluster, "/type");
+        assert!(DiscoveryType::from_str_name(kind).is_some(), "{kind}");
+        if let Some(policy) = cluster["lb_policy"].as_str() {
+            assert!(LbPolicy::from_str_name(policy).is_some(), "{policy}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoys_actions_run_by_the_gateway_meet_the_configmaps_limits() {
     // The upstream: answers everything.
