@@ -142,7 +142,8 @@ impl Gateway {
 /// The layer, deciding with the service's enforcer (its policy, kill
 /// switch, store and observer).
 fn layer<S: Store + 'static>(settings: &Settings, enforcer: &Arc<Enforcer<S>>) -> RateLimitLayer {
-    let mut builder = RateLimitLayer::shared(settings.domain.clone(), Arc::clone(enforcer));
+    let mut builder = RateLimitLayer::shared(settings.domain.clone(), Arc::clone(enforcer))
+        .headers(settings.headers);
     if settings.rate_limits.is_empty() {
         builder = builder.descriptor(ClientIpKey::new(settings.client_ip.clone()));
     }

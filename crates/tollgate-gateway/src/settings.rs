@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tollgate_http::ClientIpConfig;
+use tollgate_http::{ClientIpConfig, HeaderStyle};
 use tollgate_policy::ConfigError;
 
 use crate::actions::RateLimitSpec;
@@ -102,6 +102,17 @@ pub struct Options {
         )
     )]
     pub proxy_max_connections: Option<u32>,
+
+    /// The rate limit headers the gateway's answers carry, a comma-separated
+    /// list of families: x-ratelimit, reset-after, bucket, draft (the IETF
+    /// draft's RateLimit-Policy and the most restrictive limit's RateLimit),
+    /// draft-every-limit (RateLimit listing every limit), envoy; or default
+    /// (x-ratelimit,draft), all, none [default: default].
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, env = "TOLLGATE_PROXY_HEADERS", value_name = "FAMILIES")
+    )]
+    pub proxy_headers: Option<HeaderStyle>,
 }
 
 /// Why the gateway's options do not make a gateway.
@@ -135,6 +146,8 @@ pub struct Settings {
     pub(crate) routes: Arc<Routes>,
     pub(crate) rate_limits: Vec<RateLimitSpec>,
     pub(crate) max_connections: usize,
+    /// The rate limit headers of its answers.
+    pub(crate) headers: HeaderStyle,
     /// Whether [`Gateway::spawn`](crate::Gateway::spawn) serves on the
     /// runtime that calls it instead of a thread per CPU.
     pub(crate) on_caller_runtime: bool,
@@ -193,6 +206,7 @@ impl Settings {
             max_connections: options
                 .proxy_max_connections
                 .map_or(DEFAULT_MAX_CONNECTIONS, |n| n as usize),
+            headers: options.proxy_headers.unwrap_or_default(),
             on_caller_runtime: false,
         }))
     }

@@ -8,7 +8,7 @@
 //! | `x_ratelimit` | `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` | the most restrictive limit's capacity, what it has left, and when it is full again as epoch seconds |
 //! | `reset_after` | `X-RateLimit-Reset-After` | seconds until it is full again, with three decimals (Discord) |
 //! | `bucket` | `X-RateLimit-Bucket` | the shared bucket that limit spends, when it has one (Discord) |
-//! | `ietf` | `RateLimit-Policy`, `RateLimit` | [`DRAFT`]'s structured fields: every limit's policy, and the most restrictive one's service limit |
+//! | `ietf` | `RateLimit-Policy`, `RateLimit` | [`DRAFT`]'s structured fields: every limit's policy, and the most restrictive one's service limit (every limit's, with `every_limit`) |
 //! | `envoy` | `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` | envoyproxy/ratelimit's: the most restrictive limit's quota, what it has left, and the seconds until it is full again (a delta, not an epoch); what `tollgate serve`'s Envoy answers put in `response_headers_to_add` as its `x-ratelimit` family |
 //! | `retry_after` | `Retry-After` | on a deny: delta-seconds, rounded up, at least 1 |
 //!
@@ -32,9 +32,9 @@ use tollgate_core::{Algorithm, Decision, Nanos, Outcome, Quota};
 use tollgate_policy::Verdict;
 
 /// The version of the IETF draft whose `RateLimit-Policy` and `RateLimit`
-/// syntax these headers follow. Draft -11 (May 2026) keeps the same syntax and
-/// renames `r` and `t` "available quota" and "effective window".
-pub const DRAFT: &str = "draft-ietf-httpapi-ratelimit-headers-10";
+/// these headers follow: -11 (May 2026), with -10's wire syntax, `r` the
+/// available quota and `t` the effective window.
+pub const DRAFT: &str = "draft-ietf-httpapi-ratelimit-headers-11";
 
 /// `X-RateLimit-Limit`: the capacity of the most restrictive limit.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -71,6 +71,10 @@ pub struct HeaderStyle {
     pub bucket: bool,
     /// `RateLimit-Policy` and `RateLimit` ([`DRAFT`]).
     pub ietf: bool,
+    /// `RateLimit` lists every limit that applied, each with its own `r` and
+    /// `t`, rather than the most restrictive alone (as `RateLimit-Policy`
+    /// always does); with `ietf`.
+    pub every_limit: bool,
     /// envoyproxy/ratelimit's `X-RateLimit-*`: the reset in seconds from now.
     /// Replaces `x_ratelimit`'s values when both are set.
     pub envoy: bool,
@@ -85,6 +89,7 @@ impl Default for HeaderStyle {
             reset_after: false,
             bucket: false,
             ietf: true,
+            every_limit: false,
             envoy: false,
             retry_after: true,
         }
@@ -136,6 +141,7 @@ impl HeaderStyle {
         reset_after: true,
         bucket: true,
         ietf: true,
+        every_limit: false,
         envoy: false,
         retry_after: true,
     };
@@ -146,6 +152,7 @@ impl HeaderStyle {
         reset_after: false,
         bucket: false,
         ietf: false,
+        every_limit: false,
         envoy: false,
         retry_after: true,
     };
@@ -157,6 +164,7 @@ impl HeaderStyle {
         reset_after: false,
         bucket: false,
         ietf: false,
+        every_limit: false,
         envoy: true,
         retry_after: false,
     };
@@ -196,7 +204,12 @@ impl HeaderStyle {
             if let Some(policy) = policy_field(limits, &mut values) {
                 headers.insert(RATELIMIT_POLICY, policy);
             }
-            if let Some(limit) = service_limit_field([reported], &mut values) {
+            let limit = if self.every_limit {
+                service_limit_field(limits, &mut values)
+            } else {
+                service_limit_field([reported], &mut values)
+            };
+            if let Some(limit) = limit {
                 headers.insert(RATELIMIT, limit);
             }
         }
@@ -211,6 +224,48 @@ impl HeaderStyle {
         if self.retry_after && !d.allowed {
             headers.insert(RETRY_AFTER, values.number(retry_after_secs(d)));
         }
+    }
+}
+
+/// A header family name that [`HeaderStyle`]'s parser does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown rate limit header family {0:?}; expected a comma-separated list of x-ratelimit, reset-after, bucket, draft, draft-every-limit, envoy, or one of default, all, none"
+)]
+pub struct UnknownFamily(pub String);
+
+impl std::str::FromStr for HeaderStyle {
+    type Err = UnknownFamily;
+
+    /// A comma-separated list of families: `x-ratelimit`, `reset-after`,
+    /// `bucket`, `draft` (`RateLimit-Policy` and the most restrictive
+    /// limit's `RateLimit`), `draft-every-limit` (`RateLimit` listing every
+    /// limit), `envoy`; or `default`, `all`, `none` alone. `Retry-After` is
+    /// sent on a deny in every style but `envoy` alone.
+    fn from_str(list: &str) -> Result<Self, Self::Err> {
+        match list.trim() {
+            "default" => return Ok(Self::default()),
+            "all" => return Ok(Self::ALL),
+            "none" => return Ok(Self::NONE),
+            "envoy" => return Ok(Self::ENVOY),
+            _ => {}
+        }
+        let mut style = Self::NONE;
+        for family in list.split(',').map(str::trim) {
+            match family {
+                "x-ratelimit" => style.x_ratelimit = true,
+                "reset-after" => style.reset_after = true,
+                "bucket" => style.bucket = true,
+                "draft" => style.ietf = true,
+                "draft-every-limit" => {
+                    style.ietf = true;
+                    style.every_limit = true;
+                }
+                "envoy" => style.envoy = true,
+                other => return Err(UnknownFamily(other.to_owned())),
+            }
+        }
+        Ok(style)
     }
 }
 
@@ -642,6 +697,61 @@ mod tests {
             .unwrap();
         assert_eq!(parsed.len(), 2);
         assert!(draft_every_limit(&[]).is_none());
+    }
+
+    #[test]
+    fn every_limit_lists_each_limit_in_ratelimit_and_styles_parse() {
+        let per_ip = Quota::per_minute(60).unwrap();
+        let global = Quota::per_second(1000).unwrap();
+        let ip = Decision {
+            allowed: false,
+            limit: 60,
+            remaining: 0,
+            reset_after: Duration::from_millis(57_000),
+            retry_after: Some(Duration::from_millis(1_500)),
+            delay: Duration::ZERO,
+        };
+        let all = Decision {
+            allowed: true,
+            remaining: 990,
+            limit: 1000,
+            reset_after: Duration::from_millis(10),
+            retry_after: None,
+            ..ip
+        };
+        let limits = [
+            LimitReport::new("global", &global, Algorithm::SlidingCounter, all),
+            LimitReport::new("per-ip", &per_ip, Algorithm::Gcra, ip),
+        ];
+        let style: HeaderStyle = "x-ratelimit, draft-every-limit".parse().unwrap();
+        assert!(style.x_ratelimit && style.ietf && style.every_limit && style.retry_after);
+        let headers = written(style, &limits, EPOCH);
+        assert_eq!(
+            header(&headers, &RATELIMIT),
+            Some(r#""global";r=990;t=1, "per-ip";r=0;t=2"#)
+        );
+        assert_eq!(header(&headers, &RETRY_AFTER), Some("2"));
+        // The same fields as the name/value pairs of the Envoy doors.
+        let [(_, policy), (_, limit)] = draft_every_limit(&limits).unwrap();
+        assert_eq!(header(&headers, &RATELIMIT_POLICY), policy.to_str().ok());
+        assert_eq!(header(&headers, &RATELIMIT), limit.to_str().ok());
+        let most = written("draft".parse().unwrap(), &limits, EPOCH);
+        assert_eq!(header(&most, &RATELIMIT), Some(r#""per-ip";r=0;t=2"#));
+        assert!(most.get(X_RATELIMIT_LIMIT).is_none());
+
+        assert_eq!("default".parse(), Ok(HeaderStyle::default()));
+        assert_eq!("all".parse(), Ok(HeaderStyle::ALL));
+        assert_eq!("none".parse(), Ok(HeaderStyle::NONE));
+        assert_eq!("envoy".parse(), Ok(HeaderStyle::ENVOY));
+        assert_eq!(
+            "x-ratelimit,draft".parse(),
+            Ok(HeaderStyle::default()),
+            "the default's families, spelled out"
+        );
+        assert_eq!(
+            "x-ratelimit,github".parse::<HeaderStyle>(),
+            Err(UnknownFamily("github".into()))
+        );
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //!   route, fixed values, composites: Envoy's rate limit actions),
 //!   resolved by a [`tollgate_policy::Policy`], checked in one store call,
 //!   with an optional local pre-check in front; 429 with a JSON body when
-//!   denied, headers on every response.
+//!   denied (RFC 9457 problem details for clients that ask, [`problem`]),
+//!   headers on every response.
 //!
 //! ```no_run
 //! use std::net::SocketAddr;
@@ -44,6 +45,7 @@
 mod client_ip;
 pub mod headers;
 mod layer;
+pub mod problem;
 
 pub use client_ip::{ClientIpConfig, ForwardedHeader};
 pub use headers::{HeaderStyle, LimitReport};

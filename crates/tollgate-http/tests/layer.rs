@@ -581,6 +581,78 @@ rules:
     server.stop().await;
 }
 
+/// Two layers of one request, one a key each, both 1 an hour.
+const TWO_LAYERS: &str = "
+domain: api
+rules:
+  - name: per-ip
+    match: [{ key: remote_address }]
+    limit: { requests: 1, per: 1h }
+  - name: per-key
+    match: [{ key: api_key }]
+    limit: { requests: 1, per: 1h }
+";
+
+#[tokio::test]
+async fn over_http_a_client_that_asks_gets_problem_details_naming_every_violated_policy() {
+    let layer = RateLimitLayer::builder("api", policy(TWO_LAYERS), MemoryStore::default())
+        .descriptor(ClientIpKey::new(ClientIpConfig::new()))
+        .descriptor(HeaderKey::new(
+            http::HeaderName::from_static("x-api-key"),
+            "api_key",
+        ))
+        .headers("x-ratelimit,draft-every-limit".parse().unwrap())
+        .build();
+    let server = Server::start(limited(layer)).await;
+    let client = reqwest::Client::new();
+    let get = |accept: &'static str| {
+        client
+            .get(server.url())
+            .header("x-api-key", "k")
+            .header("accept", accept)
+            .send()
+    };
+    let admitted = get("application/problem+json").await.unwrap();
+    assert_eq!(admitted.status(), StatusCode::OK);
+    // Every limit's state in `RateLimit`, as the style asks.
+    let every = header(&admitted, "ratelimit");
+    assert!(
+        every.starts_with(r#""per-ip";r=0;t="#) && every.contains(r#", "per-key";r=0;t="#),
+        "{every}"
+    );
+
+    let denied = get("text/html, application/problem+json;q=0.9")
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&denied, "content-type"), "application/problem+json");
+    assert_eq!(header(&denied, "vary"), "accept");
+    let retry_after = header(&denied, "retry-after");
+    let problem: serde_json::Value = denied.json().await.unwrap();
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(problem["status"], 429);
+    assert!(problem["title"].is_string());
+    assert_eq!(
+        problem["violated-policies"],
+        serde_json::json!(["per-ip", "per-key"])
+    );
+    assert_eq!(problem["retry_after"].to_string(), retry_after);
+    assert!(problem["detail"].as_str().unwrap().contains("exceeded"));
+
+    // A client that does not ask keeps the JSON it always got.
+    for accept in ["*/*", "application/json"] {
+        let denied = get(accept).await.unwrap();
+        assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(header(&denied, "content-type"), "application/json");
+        let body: serde_json::Value = denied.json().await.unwrap();
+        assert_eq!(body["error"], "rate_limit_exceeded", "{accept}");
+    }
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn over_http_a_trusted_proxy_names_the_client() {
     let per_ip = "

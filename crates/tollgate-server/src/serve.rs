@@ -170,6 +170,20 @@ pub struct Args {
     )]
     envoy_headers: Vec<envoy::HeaderFamily>,
 
+    /// Which rate limit headers `POST /v1/check` answers carry,
+    /// comma-separated: `x-ratelimit`, `reset-after`, `bucket`, `draft`
+    /// (`RateLimit-Policy` and the most restrictive limit's `RateLimit`),
+    /// `draft-every-limit` (`RateLimit` listing every limit), `envoy`; or
+    /// `default` (`x-ratelimit,draft`), `all`, `none` (see
+    /// `docs/headers.md`).
+    #[arg(
+        long,
+        env = "TOLLGATE_V1_HEADERS",
+        value_name = "FAMILIES",
+        default_value = "default"
+    )]
+    v1_headers: tollgate_http::HeaderStyle,
+
     /// How requests to domains in envoyproxy/ratelimit's format are counted:
     /// `each-hit`, as envoyproxy/ratelimit does by default (every descriptor
     /// is charged its hits, admitted or not), or `all-or-nothing`, Tollgate's
@@ -545,6 +559,7 @@ async fn launch(
         health: Arc::clone(&health),
         reply,
         metrics_path,
+        v1_headers: args.v1_headers,
     });
     // On the shared multi-threaded runtime, not the gateway's per-CPU
     // workers: measured both ways (`scripts/bench-http`), per-CPU workers

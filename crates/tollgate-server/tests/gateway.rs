@@ -407,6 +407,76 @@ rate_limits:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn problem_details_on_request_and_every_limit_in_ratelimit_by_flag() {
+    let upstream = Upstream::start().await;
+    let policy = "
+domain: gateway
+rules:
+  - name: per-ip
+    match: [{ key: remote_address }]
+    limit: { requests: 1, per: 1h }
+  - name: per-key
+    match: [{ key: api_key }]
+    limit: { requests: 5, per: 1h }
+";
+    let actions = config_dir(&[(
+        "actions.yaml",
+        "
+rate_limits:
+  - actions: [{ remote_address: {} }]
+  - actions: [{ request_headers: { header_name: x-api-key, descriptor_key: api_key } }]
+",
+    )]);
+    let file = actions.path().join("actions.yaml");
+    let (_server, base) = gateway(
+        &upstream.url(),
+        &[("gateway.yaml", policy)],
+        &[
+            "--gateway-config",
+            file.to_str().unwrap(),
+            "--proxy-headers",
+            "draft-every-limit",
+        ],
+    );
+    let http = client();
+    let get = |accept: &'static str| {
+        http.get(format!("{base}/echo"))
+            .header("x-api-key", "k")
+            .header("accept", accept)
+            .send()
+    };
+    let admitted = get("application/json").await.unwrap();
+    assert_eq!(admitted.status(), 200);
+    let every = admitted.headers()["ratelimit"].to_str().unwrap();
+    assert!(
+        every.starts_with(r#""per-ip";r=0;t="#) && every.contains(r#", "per-key";r=4;t="#),
+        "{every}"
+    );
+    assert!(
+        !admitted.headers().contains_key("x-ratelimit-limit"),
+        "the style has no X-RateLimit-*"
+    );
+
+    let denied = get("application/problem+json").await.unwrap();
+    assert_eq!(denied.status(), 429);
+    assert_eq!(denied.headers()["content-type"], "application/problem+json");
+    let retry_after = number(denied.headers(), "retry-after").expect("Retry-After");
+    let problem: Value = denied.json().await.unwrap();
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(problem["status"], 429);
+    assert_eq!(problem["violated-policies"], serde_json::json!(["per-ip"]));
+    assert_eq!(problem["retry_after"], retry_after);
+
+    let json = get("application/json").await.unwrap();
+    assert_eq!(json.status(), 429);
+    assert_eq!(json.headers()["content-type"], "application/json");
+    assert_eq!(upstream.arrivals().len(), 1, "denials never reach it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_that_is_down_gets_502_after_the_decision_is_counted() {
     // A port that was free a moment ago: nothing listens there.
     let closed = StdListener::bind("127.0.0.1:0")

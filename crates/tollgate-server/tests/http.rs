@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::Server;
+use common::{Server, tollgate};
 use reqwest::header::HeaderMap;
 use reqwest::{Client, Response, StatusCode};
 use serde_json::{Value, json};
@@ -239,6 +239,44 @@ async fn v1_check_policy_shape_with_headers() {
         header(&response, "x-ratelimit-reset"),
         Some(reset),
         "the reset is stable"
+    );
+}
+
+#[tokio::test]
+async fn v1_headers_picks_the_families_and_every_limit_in_ratelimit() {
+    let server = Server::with_config(
+        &[("daily.yaml", DAILY)],
+        &["--v1-headers", "reset-after,draft-every-limit"],
+    );
+    let request = json!({"domain": "daily", "descriptors": [
+        {"entries": [{"key": "user", "value": "c"}]},
+        {"entries": [{"key": "tenant", "value": "t"}]}
+    ]});
+    let (status, _, headers) = post_json(&server, "/v1/check", request).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(
+        text("ratelimit-policy").as_deref(),
+        Some(r#""user";q=3;w=86400, "tenant";q=1;w=86400"#)
+    );
+    let every = text("ratelimit").expect("RateLimit");
+    assert!(
+        every.starts_with(r#""user";r=2;t="#) && every.contains(r#", "tenant";r=0;t="#),
+        "{every}"
+    );
+    assert!(text("x-ratelimit-reset-after").is_some());
+    assert!(text("x-ratelimit-limit").is_none(), "not asked for");
+
+    let refused = tollgate()
+        .args(["serve", "--v1-headers", "x-ratelimit,github"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("the binary runs");
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("unknown rate limit header family \"github\""),
+        "{stderr}"
     );
 }
 

@@ -9,13 +9,14 @@ use std::sync::Arc;
 use std::task::{Context, Waker};
 
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
+use http::header::{CONTENT_TYPE, VARY};
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use tollgate_core::Store;
 use tollgate_policy::{Check as PolicyCheck, Descriptor, Enforcer, Permit, Request};
 
 use crate::headers::{most_restrictive, reports, retry_after_secs};
+use crate::problem::{self, Format};
 use crate::{DescriptorSource, HeaderStyle};
 
 /// A future the layer boxes: the check, a permit release.
@@ -27,8 +28,18 @@ pub(crate) trait Check: Send + Sync + 'static {
     /// The descriptors the configured sources make of `request`.
     fn descriptors(&self, request: &Parts) -> Vec<Descriptor>;
 
-    /// Decides a request with these descriptors.
-    fn check(self: Arc<Self>, descriptors: Vec<Descriptor>, grpc: bool) -> BoxFuture<Verdict>;
+    /// Decides a request with these descriptors; a deny is answered as
+    /// `answer` says.
+    fn check(self: Arc<Self>, descriptors: Vec<Descriptor>, answer: Answer) -> BoxFuture<Verdict>;
+}
+
+/// How a denied request is answered, from what the request says of its client.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Answer {
+    /// A gRPC client: `RESOURCE_EXHAUSTED` in a trailers-only response.
+    Grpc,
+    /// An HTTP client: 429 with a body in this format.
+    Http(Format),
 }
 
 /// What the check decided.
@@ -93,13 +104,13 @@ impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
             .collect()
     }
 
-    fn check(self: Arc<Self>, descriptors: Vec<Descriptor>, grpc: bool) -> BoxFuture<Verdict> {
-        Box::pin(async move { self.run(&descriptors, grpc).await })
+    fn check(self: Arc<Self>, descriptors: Vec<Descriptor>, answer: Answer) -> BoxFuture<Verdict> {
+        Box::pin(async move { self.run(&descriptors, answer).await })
     }
 }
 
 impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
-    async fn run(&self, descriptors: &[Descriptor], grpc: bool) -> Verdict {
+    async fn run(&self, descriptors: &[Descriptor], answer: Answer) -> Verdict {
         let mut permits = Permits::default();
         if descriptors.is_empty() {
             return pass(permits);
@@ -119,7 +130,7 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
             && let Ok(mut verdict) = precheck.enforce(request).await
         {
             if !verdict.allowed() {
-                return Verdict::Deny(self.too_many(&verdict, grpc));
+                return Verdict::Deny(self.too_many(&verdict, answer));
             }
             permits.add(release(precheck, std::mem::take(&mut verdict.permit)));
             prechecked = Some(verdict);
@@ -130,7 +141,7 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
         };
         if !verdict.allowed() {
             // Dropping `permits` gives back what the pre-check took.
-            return Verdict::Deny(self.too_many(&verdict, grpc));
+            return Verdict::Deny(self.too_many(&verdict, answer));
         }
         permits.add(release(&self.enforcer, std::mem::take(&mut verdict.permit)));
 
@@ -154,31 +165,34 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
         Verdict::Pass { headers, permits }
     }
 
-    /// 429 with the headers and a JSON body (or, to a gRPC client,
-    /// `RESOURCE_EXHAUSTED` in a trailers-only response), whichever rule
+    /// 429 with the headers and a JSON body (problem details to a client
+    /// that asks for them, [`Format::negotiate`]), or, to a gRPC client,
+    /// `RESOURCE_EXHAUSTED` in a trailers-only response, whichever rule
     /// denied: a `fail_closed` rule whose store cannot answer denies the same
     /// way (DESIGN §3).
-    fn too_many(&self, verdict: &tollgate_policy::Verdict, grpc: bool) -> Response<Bytes> {
+    fn too_many(&self, verdict: &tollgate_policy::Verdict, answer: Answer) -> Response<Bytes> {
         let reports = reports(verdict);
         let mut headers = HeaderMap::new();
         self.style.write(&reports, verdict.started_at, &mut headers);
         let reported = most_restrictive(&reports).expect("a deny has a denying limit");
         let retry_after = retry_after_secs(&reported.decision);
-        let message = format!(
-            "rate limit \"{}\" exceeded; retry in {retry_after} s",
-            reported.name
+        let message = problem::message(reported.name, retry_after);
+        let format = match answer {
+            Answer::Grpc => return grpc_status(headers, GRPC_RESOURCE_EXHAUSTED, &message),
+            Answer::Http(format) => format,
+        };
+        let body = problem::body(format, &reports, &message, retry_after);
+        let mut response = Response::new(Bytes::from(body));
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        *response.headers_mut() = headers;
+        let headers = response.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static(format.content_type()),
         );
-        if grpc {
-            return grpc_status(headers, GRPC_RESOURCE_EXHAUSTED, &message);
-        }
-        // Written straight into one string rather than built as a
-        // `serde_json::Value` map: denials come in floods. The message
-        // quotes a rule name, so it is escaped as a JSON string.
-        let message = serde_json::Value::from(message);
-        let body = format!(
-            r#"{{"error":"rate_limit_exceeded","message":{message},"retry_after":{retry_after}}}"#
-        );
-        json_text(StatusCode::TOO_MANY_REQUESTS, headers, body)
+        // The body's format follows `Accept`: caches must know.
+        headers.insert(VARY, HeaderValue::from_static("accept"));
+        response
     }
 }
 
@@ -206,16 +220,6 @@ fn release<S: Store + 'static>(
 
 /// gRPC's `RESOURCE_EXHAUSTED`.
 const GRPC_RESOURCE_EXHAUSTED: u16 = 8;
-
-fn json_text(status: StatusCode, headers: HeaderMap, body: String) -> Response<Bytes> {
-    let mut response = Response::new(Bytes::from(body));
-    *response.status_mut() = status;
-    *response.headers_mut() = headers;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
-}
 
 /// A gRPC trailers-only response: HTTP 200, the status in the headers, no body.
 fn grpc_status(headers: HeaderMap, code: u16, message: &str) -> Response<Bytes> {

@@ -8,8 +8,9 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::ResponseBody;
-use super::check::Check;
+use super::check::{Answer, Check};
 use super::future::ResponseFuture;
+use crate::problem::Format;
 
 /// Rate limits the requests to an inner service.
 ///
@@ -19,7 +20,10 @@ use super::future::ResponseFuture;
 /// one store call (all-or-nothing) and shadow limits in a second call that
 /// never denies. A denied request is answered here: `429 Too Many Requests`
 /// with a JSON body (`{"error": "rate_limit_exceeded", "message": …,
-/// "retry_after": seconds}`), or `RESOURCE_EXHAUSTED` to a gRPC client. Every
+/// "retry_after": seconds}`; RFC 9457 problem details of type
+/// `quota-exceeded` to a client whose `Accept` asks for
+/// `application/problem+json`, see [`crate::problem`]), or
+/// `RESOURCE_EXHAUSTED` to a gRPC client. Every
 /// response, allowed or denied, carries the rate limit headers. Concurrency
 /// permits are a value the verdict carries, given back when the inner
 /// service's response is ready, or when the request is abandoned.
@@ -102,8 +106,12 @@ where
         if descriptors.is_empty() {
             return ResponseFuture::unlimited(inner.call(request));
         }
-        let grpc = is_grpc(request.headers());
-        let check = Arc::clone(&self.limiter).check(descriptors, grpc);
+        let answer = if is_grpc(request.headers()) {
+            Answer::Grpc
+        } else {
+            Answer::Http(Format::negotiate(request.headers()))
+        };
+        let check = Arc::clone(&self.limiter).check(descriptors, answer);
         ResponseFuture::checking(check, inner, request)
     }
 }

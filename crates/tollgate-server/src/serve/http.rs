@@ -59,6 +59,8 @@ pub(crate) struct AppState<S> {
     /// Where `/metrics` is served: envoyproxy/ratelimit's `PROMETHEUS_PATH`
     /// in its mode.
     pub(crate) metrics_path: String,
+    /// The rate limit headers `POST /v1/check` answers carry (`--v1-headers`).
+    pub(crate) v1_headers: tollgate_http::HeaderStyle,
 }
 
 /// An error answer: a status and `{"error": message}`.
@@ -293,6 +295,7 @@ mod tests {
             health: Health::start().await.0,
             reply: Arc::default(),
             metrics_path: "/metrics".into(),
+            v1_headers: Default::default(),
         };
         router(Arc::new(state), Surface::Everything)
     }
@@ -385,6 +388,7 @@ mod tests {
                 health: Arc::clone(&health),
                 reply: Arc::default(),
                 metrics_path: "/metrics".into(),
+                v1_headers: Default::default(),
             }),
             Surface::Everything,
         );
@@ -421,6 +425,7 @@ mod tests {
                 health: Health::start().await.0,
                 reply: Arc::default(),
                 metrics_path: "/metrics".into(),
+                v1_headers: Default::default(),
             })
         };
         let too_big = format!(r#"{{"key": "{}"}}"#, "k".repeat(3 << 20));

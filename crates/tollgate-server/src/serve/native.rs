@@ -366,7 +366,7 @@ pub(crate) async fn check<S: Store + 'static>(
     };
     metrics::check(Api::V1, result, started.elapsed());
     match answer {
-        Ok(verdict) => render(&verdict),
+        Ok(verdict) => render(&verdict, state.v1_headers),
         Err(error) => error.into_response(),
     }
 }
@@ -529,7 +529,7 @@ pub(crate) async fn release<S: Store + 'static>(
     }
 }
 
-fn render(verdict: &Verdict) -> Response {
+fn render(verdict: &Verdict, style: HeaderStyle) -> Response {
     let allowed = verdict.allowed();
     let top: Option<Decision> = verdict.most_restrictive().and_then(|d| d.decision);
     let delay = verdict.delay();
@@ -559,7 +559,7 @@ fn render(verdict: &Verdict) -> Response {
     // Content-Type, the rate limit headers and what hyper adds, without regrowing.
     headers.reserve(RESPONSE_HEADERS);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(JSON));
-    HeaderStyle::default().write(&reports(verdict), verdict.started_at, headers);
+    style.write(&reports(verdict), verdict.started_at, headers);
     response
 }
 
