@@ -251,7 +251,9 @@ fn the_deployment_service_and_configmap_agree() {
     assert_eq!(ports.get("http"), Some(&port_of(flag(&args, "--http"))));
     assert_eq!(ports.get("grpc"), Some(&port_of(flag(&args, "--grpc"))));
 
-    // The probes ask the HTTP listener.
+    // The probes ask the HTTP listener. The Service keeps pods that are not
+    // ready (Redis down) in Envoy's cluster: their fallback keeps limiting.
+    assert_eq!(at(&service, "/spec/publishNotReadyAddresses"), true);
     let c = container(&deployment);
     assert_eq!(str_at(c, "/livenessProbe/httpGet/path"), "/healthz");
     assert_eq!(str_at(c, "/readinessProbe/httpGet/path"), "/readyz");
