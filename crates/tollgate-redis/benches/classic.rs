@@ -351,7 +351,7 @@ async fn bytes_per_key(conn: &MultiplexedConnection, store: &RedisStore) -> (f64
     for i in 0..1000 {
         for (name, total) in [
             (format!("c:size:{i}"), &mut sizes.0),
-            (format!("tollgate:tb:{{size:{i}}}"), &mut sizes.1),
+            (format!("tollgate:tb2:{{size:{i}}}"), &mut sizes.1),
         ] {
             let size: Option<u64> = redis::cmd("MEMORY")
                 .arg("USAGE")

@@ -26,14 +26,15 @@ use tollgate_core::Algorithm;
 /// The algorithm's segment in a key (and its auxiliary key's).
 pub(crate) fn segment(algorithm: Algorithm) -> (&'static str, &'static str) {
     match algorithm {
-        Algorithm::TokenBucket => ("tb", "tb.x"),
-        // `.i`: the state is a decimal integer (an older Tollgate's was a
-        // packed double at `gcra` and `lbs`; neither reads the other's).
-        Algorithm::Gcra => ("gcra.i", "gcra.x"),
-        Algorithm::LeakyBucket => ("lb", "lb.x"),
-        Algorithm::LeakyBucketShaping { .. } => ("lbs.i", "lbs.x"),
-        Algorithm::FixedWindow => ("fw", "fw.x"),
-        Algorithm::HitCounter => ("hc", "hc.x"),
+        // `2`: the second encoding of these states (GCRA's and shaping's a
+        // decimal integer, the others' 12 bytes); an older Tollgate kept
+        // packed doubles at `tb`, `gcra`, ... Neither reads the other's keys.
+        Algorithm::TokenBucket => ("tb2", "tb2.x"),
+        Algorithm::Gcra => ("gcra2", "gcra2.x"),
+        Algorithm::LeakyBucket => ("lb2", "lb2.x"),
+        Algorithm::LeakyBucketShaping { .. } => ("lbs2", "lbs2.x"),
+        Algorithm::FixedWindow => ("fw2", "fw2.x"),
+        Algorithm::HitCounter => ("hc2", "hc2.x"),
         Algorithm::SlidingLog => ("log", "log.n"),
         Algorithm::SlidingCounter => ("swc", "swc.x"),
         Algorithm::Concurrency => ("lease", "lease.n"),
@@ -128,13 +129,13 @@ mod tests {
     #[test]
     fn keys_are_tagged_escaped_and_distinct() {
         let k = |key| redis_keys("tg", Algorithm::Gcra, key).0;
-        assert_eq!(k("user:1"), "tg:gcra.i:{user:1}");
-        assert_eq!(k("{u1}api"), "tg:gcra.i:{u1}:api");
-        assert_eq!(k("{u1}"), "tg:gcra.i:{u1}:");
-        assert_eq!(k("a}b{c"), "tg:gcra.i:{a%7Db%7Bc}");
-        assert_eq!(k(""), "tg:gcra.i:{%}");
-        assert_eq!(k("{}x"), "tg:gcra.i:{%}:x");
-        assert_eq!(k("{open"), "tg:gcra.i:{%7Bopen}");
+        assert_eq!(k("user:1"), "tg:gcra2:{user:1}");
+        assert_eq!(k("{u1}api"), "tg:gcra2:{u1}:api");
+        assert_eq!(k("{u1}"), "tg:gcra2:{u1}:");
+        assert_eq!(k("a}b{c"), "tg:gcra2:{a%7Db%7Bc}");
+        assert_eq!(k(""), "tg:gcra2:{%}");
+        assert_eq!(k("{}x"), "tg:gcra2:{%}:x");
+        assert_eq!(k("{open"), "tg:gcra2:{%7Bopen}");
         let distinct = ["a", "{a}", "{a}b", "%7D", "}", "{}", "", "{a}:b", "{a:}b"];
         let mut seen: Vec<String> = distinct.iter().map(|d| k(d)).collect();
         seen.sort();

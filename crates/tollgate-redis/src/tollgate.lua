@@ -123,21 +123,42 @@ local function meter(q, now, used, cost)
   return nil, decision(false, floor(max(top - used, 0) / t), used, used - room)
 end
 
--- Other string states are two or three little-endian doubles (struct.pack
--- '<dd'): exact for every integer below 2^53, and several times cheaper to
--- read and write than decimal text.
--- GCRA's and shaping's one time is a decimal integer, which Redis stores in
--- the value's pointer (no allocation: the smallest key there is).
+-- String states are as small as Redis holds them, since every key of a
+-- limit costs memory for as long as it lives:
+-- - GCRA's and shaping's one time is a decimal integer, which Redis keeps in
+--   the value's pointer (no allocation at all);
+-- - a time and an amount (token bucket, leaky bucket, fixed window, hit
+--   counter) are 12 bytes, the time in 7 and the amount in 5, while the
+--   amount is below 2^40 (else two doubles, 16 bytes): Redis allocates a
+--   12-byte value with its object in 32 bytes, a 16-byte one in 48;
+-- - the sliding counter's three numbers are three doubles.
+-- Binary, not text: `struct` is several times cheaper in Redis's Lua than
+-- parsing and formatting decimals, and exact for every integer below 2^53.
 local function parse_int(v)
   return tonumber(v) or 0
 end
 
-local function parse2(v, d1, d2)
+local COMPACT = 1099511627776 -- 2^40: the amounts a 12-byte state holds
+
+-- A (time, amount) state, or the defaults when there is none.
+local function parse_pair(v, time, amount)
   if not v then
-    return d1, d2
+    return time, amount
   end
-  local a, b = struct.unpack('<dd', v)
-  return a, b
+  local t, a
+  if #v == 12 then
+    t, a = struct.unpack('<I7I5', v)
+  else
+    t, a = struct.unpack('<dd', v)
+  end
+  return t, a
+end
+
+local function pack_pair(time, amount)
+  if amount < COMPACT then
+    return struct.pack('<I7I5', time, amount)
+  end
+  return struct.pack('<dd', time, amount)
 end
 
 local function parse3(v)
@@ -146,13 +167,6 @@ local function parse3(v)
   end
   local a, b, c = struct.unpack('<ddd', v)
   return a, b, c
-end
-
-local function pack(a, b, c)
-  if c then
-    return struct.pack('<ddd', a, b, c)
-  end
-  return struct.pack('<dd', a, b)
 end
 
 -- State of every key touched by this call, loaded once: two limits of one
@@ -181,14 +195,20 @@ local function load_simple(key, alg, q)
   end
   v = v or nil
   -- Every field it will hold, so the table is sized once.
-  s = { kind = 'simple', a = 0, b = 0, c = false, int = false, dirty = false, ttl = 0 }
+  -- a and b are the core's fields in its order: (tokens or level, last) for
+  -- the buckets (`swap`: the time is b), (last, count) for the windows.
+  s = { kind = 'simple', a = 0, b = 0, c = false, int = false, swap = false, dirty = false, ttl = 0 }
   if alg == 0 then
     -- A new bucket is full: tokens clamp to the capacity at the first refill.
-    s.a, s.b = parse2(v, END, 0)
+    s.b, s.a = parse_pair(v, 0, END)
+    s.swap = true
   elseif alg == 1 or alg == 3 then
     s.a, s.int = parse_int(v), true
-  elseif alg == 2 or alg == 4 or alg == 8 then
-    s.a, s.b = parse2(v, 0, 0)
+  elseif alg == 2 then
+    s.b, s.a = parse_pair(v, 0, 0)
+    s.swap = true
+  elseif alg == 4 or alg == 8 then
+    s.a, s.b = parse_pair(v, 0, 0)
   elseif alg == 6 then
     s.a, s.b, s.c = parse3(v)
   end
@@ -493,8 +513,12 @@ local function write(key, s, ttl, now)
     local v
     if s.int then
       v = fmt(s.a)
+    elseif s.c then
+      v = struct.pack('<ddd', s.a, s.b, s.c)
+    elseif s.swap then
+      v = pack_pair(s.b, s.a)
     else
-      v = pack(s.a, s.b, s.c)
+      v = pack_pair(s.a, s.b)
     end
     redis.call('SET', key, v, 'PX', fmt(max(ceil(ttl / 1000), 1) + extra))
     committed[key] = v
@@ -698,19 +722,19 @@ local function refund(blob)
       v = redis.call('GET', key) or nil
     end
     if alg == 0 and v then
-      local tokens, last = parse2(v, 0, 0)
+      local last, tokens = parse_pair(v, 0, 0)
       local capacity = q.burst * q.emission
       tokens = min(tokens + cost * q.emission, capacity)
-      redis.call('SET', key, pack(tokens, last), 'KEEPTTL')
+      redis.call('SET', key, pack_pair(last, tokens), 'KEEPTTL')
     elseif (alg == 1 or alg == 3) and v then
       redis.call('SET', key, fmt(max(parse_int(v) - cost * q.emission, 0)), 'KEEPTTL')
     elseif alg == 2 and v then
-      local level, last = parse2(v, 0, 0)
-      redis.call('SET', key, pack(max(level - cost * q.emission, 0), last), 'KEEPTTL')
+      local last, level = parse_pair(v, 0, 0)
+      redis.call('SET', key, pack_pair(last, max(level - cost * q.emission, 0)), 'KEEPTTL')
     elseif (alg == 4 or alg == 8) and v then
-      local last, c = parse2(v, 0, 0)
+      local last, c = parse_pair(v, 0, 0)
       if floor(last / q.period) == floor(now / q.period) then
-        redis.call('SET', key, pack(last, max(c - cost, 0)), 'KEEPTTL')
+        redis.call('SET', key, pack_pair(last, max(c - cost, 0)), 'KEEPTTL')
       end
     elseif alg == 6 and v then
       local last, prev, cur = parse3(v)
@@ -720,7 +744,7 @@ local function refund(blob)
       elseif ahead == 1 then
         prev = max(prev - cost, 0)
       end
-      redis.call('SET', key, pack(last, prev, cur), 'KEEPTTL')
+      redis.call('SET', key, struct.pack('<ddd', last, prev, cur), 'KEEPTTL')
     elseif alg == 5 then
       local member = redis.call('ZRANGEBYSCORE', key, fmt(now), fmt(now))
       if member[1] then

@@ -34,7 +34,7 @@ async fn cluster_conformance_tags_cross_slot_refunds_and_script_reloads() {
     let port = cluster.nodes[0].port;
     let slot = |key: &str| cli(port, &["CLUSTER", "KEYSLOT", key]).trim().to_owned();
     assert_eq!(
-        slot("tollgate:gcra.i:{user:42}:api"),
+        slot("tollgate:gcra2:{user:42}:api"),
         slot("tollgate:log.n:{user:42}:uploads")
     );
     let clock = conformance::clock();
@@ -53,7 +53,7 @@ async fn cluster_conformance_tags_cross_slot_refunds_and_script_reloads() {
             "-p",
             &port.to_string(),
             "EXISTS",
-            "tollgate:gcra.i:{user:42}:api",
+            "tollgate:gcra2:{user:42}:api",
         ])
         .output()
         .unwrap();

@@ -58,7 +58,7 @@ async fn ttls_are_the_time_to_full_and_denies_never_extend_them() {
     let q = Quota::per_minute(3).unwrap();
     let gcra = limit("user:7", q, Algorithm::Gcra, 1);
     assert!(store.check_limits(&[gcra]).await.unwrap().allowed());
-    let key = "tollgate:gcra.i:{user:7}";
+    let key = "tollgate:gcra2:{user:7}";
     assert_eq!(
         server.cli(&["OBJECT", "ENCODING", key]).trim(),
         "int",
@@ -81,7 +81,7 @@ async fn ttls_are_the_time_to_full_and_denies_never_extend_them() {
         .await
         .unwrap();
     assert_eq!(
-        server.cli(&["EXISTS", "tollgate:gcra.i:{fresh}"]).trim(),
+        server.cli(&["EXISTS", "tollgate:gcra2:{fresh}"]).trim(),
         "0"
     );
     // Sliding log: both keys live one period after an admission.
@@ -417,4 +417,92 @@ async fn batched_checks_of_every_algorithm_decide_as_checked_alone() {
     let server = RedisServer::start();
     assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).trim(), "OK");
     batched_checks_decide_as_alone(&server.url(), || fcalls(&server)).await;
+}
+
+/// States are stored as small as Redis holds them: GCRA's time as an
+/// integer (no allocation), a time and an amount in 12 bytes, and in two
+/// doubles (16 bytes) once the amount reaches 2^40; each is read back
+/// exactly as the memory store decides.
+#[tokio::test]
+async fn states_take_the_smallest_encoding_that_holds_them() {
+    let server = RedisServer::start();
+    let clock = conformance::clock();
+    let store = manual_store(&server.url(), &clock).await;
+    let memory = MemoryStore::with_clock(Default::default(), Arc::clone(&clock));
+    let month = Duration::from_secs(30 * 86_400);
+    let cases = [
+        (
+            "small",
+            Quota::per_second(100).unwrap(),
+            Algorithm::TokenBucket,
+            1,
+            "tb2",
+            12,
+        ),
+        // Capacity 30 days > 2^40 µs.
+        (
+            "wide",
+            Quota::new(1000, month).unwrap(),
+            Algorithm::TokenBucket,
+            1,
+            "tb2",
+            16,
+        ),
+        (
+            "level",
+            Quota::per_second(100).unwrap(),
+            Algorithm::LeakyBucket,
+            3,
+            "lb2",
+            12,
+        ),
+        (
+            "count",
+            Quota::new(1 << 42, month).unwrap(),
+            Algorithm::FixedWindow,
+            1 << 41,
+            "fw2",
+            16,
+        ),
+        (
+            "few",
+            Quota::per_minute(10).unwrap(),
+            Algorithm::FixedWindow,
+            2,
+            "fw2",
+            12,
+        ),
+        (
+            "tat",
+            Quota::per_minute(10).unwrap(),
+            Algorithm::Gcra,
+            1,
+            "gcra2",
+            0,
+        ),
+    ];
+    for (key, quota, algorithm, cost, segment, bytes) in cases {
+        let l = limit(key, quota, algorithm, cost);
+        for round in 0..2 {
+            let redis = store.check_limits(&[l]).await.unwrap();
+            let reference = memory.check(&[l]).await.unwrap();
+            assert_eq!(
+                redis.decisions[0].remaining, reference.decisions[0].remaining,
+                "{key} {round}"
+            );
+            assert_eq!(redis.allowed(), reference.allowed(), "{key} {round}");
+            clock.advance(Duration::from_millis(7));
+        }
+        let redis_key = format!("tollgate:{segment}:{{{key}}}");
+        if bytes == 0 {
+            assert_eq!(
+                server.cli(&["OBJECT", "ENCODING", &redis_key]).trim(),
+                "int",
+                "{key}"
+            );
+        } else {
+            let len: usize = server.cli(&["STRLEN", &redis_key]).trim().parse().unwrap();
+            assert_eq!(len, bytes, "{key}");
+        }
+    }
 }
