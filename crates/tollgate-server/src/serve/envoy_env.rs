@@ -475,7 +475,16 @@ fn metrics_path(path: &str) -> anyhow::Result<String> {
             "PROMETHEUS_PATH={path:?}: not a path such as /metrics (it starts with /, no braces)"
         );
     }
-    if ["/healthcheck", "/healthz", "/readyz"].contains(&path) || path.starts_with("/admin/") {
+    if [
+        "/",
+        "/healthcheck",
+        "/healthz",
+        "/readyz",
+        super::live::JSON_PATH,
+    ]
+    .contains(&path)
+        || path.starts_with("/admin/")
+    {
         bail!("PROMETHEUS_PATH={path:?}: Tollgate serves another endpoint there");
     }
     Ok(path.to_owned())
