@@ -171,8 +171,15 @@ fn millis(at: Nanos) -> u64 {
 
 impl Live {
     /// Nothing seen yet; the config from `source` is version 1, loaded now.
+    /// The first sample (every counter at zero) is taken now, before any
+    /// decision, so that rates count every decision from the start.
     pub(crate) fn new(clock: Arc<dyn Clock>, source: String) -> Self {
         let loaded_at = clock.now();
+        let mut samples = VecDeque::with_capacity(SAMPLES);
+        samples.push_back(Sample {
+            at: loaded_at,
+            totals: Vec::new(),
+        });
         Self {
             clock,
             index: ArcSwap::default(),
@@ -180,7 +187,7 @@ impl Live {
             denied: Mutex::new(SpaceSaving::new(TOP_KEYS)),
             shadow_denied: Mutex::new(SpaceSaving::new(TOP_KEYS)),
             store_errors: AtomicU64::new(0),
-            samples: Mutex::new(VecDeque::with_capacity(SAMPLES)),
+            samples: Mutex::new(samples),
             config: Mutex::new(ConfigState {
                 source,
                 version: 1,
