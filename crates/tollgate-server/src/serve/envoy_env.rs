@@ -1624,4 +1624,16 @@ mod tests {
              api.dark: unit=SECOND requests_per_unit=0, shadow_mode: true\n"
         );
     }
+
+    #[test]
+    fn the_metrics_path_cannot_take_the_live_page() {
+        for taken in ["/", "/live.json", "/healthz", "/admin/reload"] {
+            let error = metrics_path(taken).unwrap_err().to_string();
+            assert!(
+                error.contains("Tollgate serves another endpoint"),
+                "{taken}: {error}"
+            );
+        }
+        assert_eq!(metrics_path("/stats").unwrap(), "/stats");
+    }
 }
