@@ -516,8 +516,9 @@ async fn launch(
         reloader
             .with_check(move |policy| enforcer.unsupported(policy))
             .with_observer(move |attempt| {
-                reload::observe(attempt);
+                // The live page first: once the log says so, it shows it.
                 live.reloaded(attempt);
+                reload::observe(attempt);
             })
     });
     let (stop, stopped) = watch::channel(());

@@ -262,6 +262,26 @@ async fn the_page_shows_decisions_denied_keys_shadow_denials_store_and_config() 
     assert!(error.contains("broken.yaml"), "{error}");
     assert!(value(&dom, "config", "last reload").contains("error (watch)"));
 
+    // Fixed: the next version is in force; the last error is still shown.
+    std::fs::remove_file(server.config_path().join("broken.yaml")).expect("removable");
+    assert!(
+        server.wait_for_log(&["config reloaded"], RELOAD).await,
+        "no reload logged\n{}",
+        server.log()
+    );
+    let live: serde_json::Value = http
+        .get(server.url("/live.json"))
+        .send()
+        .await
+        .expect("answers")
+        .json()
+        .await
+        .expect("JSON");
+    let config = &live["config"];
+    assert_eq!(config["version"], 2, "{config}");
+    assert_eq!(config["last_reload"]["result"], "ok", "{config}");
+    assert_eq!(config["last_error"]["result"], "error", "{config}");
+
     if let Some(path) = std::env::var_os("TOLLGATE_LIVE_SCREENSHOT") {
         let path = std::path::Path::new(&path);
         let shot = format!("--screenshot={}", path.display());

@@ -28,7 +28,7 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tokio::sync::watch;
-use tollgate_core::{Clock, Nanos, Store, StoreError};
+use tollgate_core::{Clock, Nanos, Store};
 use tollgate_policy::{Decided, Observer, Policy, Reload};
 
 use super::http::AppState;
@@ -382,7 +382,9 @@ const SHADOW_OVER_LIMIT: &str = "shadow_over_limit";
 
 /// Samples the counters every [`SAMPLE_EVERY`] until the shutdown signal.
 pub(crate) async fn sample(live: Arc<Live>, mut stopped: watch::Receiver<()>) {
-    let mut ticks = tokio::time::interval(SAMPLE_EVERY);
+    // The first sample was taken when `live` was made.
+    let first = tokio::time::Instant::now() + SAMPLE_EVERY;
+    let mut ticks = tokio::time::interval_at(first, SAMPLE_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -427,8 +429,6 @@ impl Observer for Observe {
             self.0.store_errors.fetch_add(1, Ordering::Relaxed);
         }
     }
-
-    fn store_failed(&self, _: &StoreError, _: bool) {}
 }
 
 /// The key of the descriptor at `index`: its entries as `key=value, ...`,
