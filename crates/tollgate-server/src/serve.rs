@@ -4,10 +4,10 @@
 //! One process serves Envoy's Rate Limit Service over gRPC (with the standard
 //! gRPC health service) and the HTTP API (`/json`, `/v1/check`, `/metrics`,
 //! `/healthz`, `/readyz`, `/admin/...`, and the live page at `/`), over one
-//! shared check path and one
-//! store. A policy comes from `--config` (a file or a directory, watched and
-//! hot-reloaded) or, without it, the built-in default. SIGTERM or SIGINT stops
-//! both listeners at once; requests in flight finish, within [`GRACE`].
+//! shared check path and one store. A policy comes from `--config` (a file or
+//! a directory, watched and hot-reloaded) or, without it, the built-in
+//! default. SIGTERM or SIGINT stops both listeners at once; requests in
+//! flight finish, within [`GRACE`].
 //!
 //! See `docs/service.md` for the endpoints, JSON shapes and metrics.
 

@@ -5,7 +5,7 @@
 //! its last reload error.
 //!
 //! [`Live`] gathers what the JSON reports. It watches the enforcer as an
-//! [`Observer`] beside the metrics one: per decision, one atomic add on the
+//! [`Observer`] beside the metrics one: per decided descriptor, one atomic add on the
 //! counter of its (domain, rule, result), found through a map read without a
 //! lock ([`ArcSwap`]); a denied (or shadow-denied) descriptor is also offered
 //! to a bounded top-K ([`top_k`]) under a short lock. Rates come from
