@@ -5,12 +5,12 @@
 //! its last reload error.
 //!
 //! [`Live`] gathers what the JSON reports. It watches the enforcer as an
-//! [`Observer`] beside the metrics one: per decided descriptor, one atomic add on the
-//! counter of its (domain, rule, result), found through a map read without a
-//! lock ([`ArcSwap`]); a denied (or shadow-denied) descriptor is also offered
-//! to a bounded top-K ([`top_k`]) under a short lock. Rates come from
-//! [`sample`], which copies the counters once a second with the service's
-//! clock, so the hot path reads no clock.
+//! [`Observer`] beside the metrics one: per decided descriptor, one atomic
+//! add on the counter of its (domain, rule, result), found through a map read
+//! without a lock ([`ArcSwap`]); a denied (or shadow-denied) descriptor is
+//! also offered to a bounded top-K ([`top_k`]) under a short lock. Rates come
+//! from [`sample`], which copies the counters once a second with the
+//! service's clock, so the hot path reads no clock.
 //!
 //! Both endpoints are served where `/metrics` is. With `--admin-token`,
 //! `/live.json` needs `Authorization: Bearer <token>`; the page itself holds
