@@ -455,6 +455,9 @@ pub struct Decided<'a> {
     /// The request's `hits_addend` (0 for an ad-hoc check); see
     /// [`Decided::cost`].
     pub hits_addend: u64,
+    /// An ad-hoc check's key, as the caller named it (before namespacing);
+    /// `None` for a policy request.
+    pub adhoc_key: Option<&'a str>,
 }
 
 impl Decided<'_> {
@@ -498,6 +501,30 @@ pub struct NoObserver;
 
 impl Observer for NoObserver {
     fn decided(&self, _: &Decided<'_>) {}
+}
+
+/// Two observers watching the same decisions, `A` first: how a service
+/// attaches both its metrics and a live view to its one enforcer.
+impl<A: Observer, B: Observer> Observer for (A, B) {
+    fn decided(&self, decided: &Decided<'_>) {
+        self.0.decided(decided);
+        self.1.decided(decided);
+    }
+
+    fn store_failed(&self, error: &StoreError, shadow: bool) {
+        self.0.store_failed(error, shadow);
+        self.1.store_failed(error, shadow);
+    }
+
+    fn store_call(&self, elapsed: Duration, ok: bool) {
+        self.0.store_call(elapsed, ok);
+        self.1.store_call(elapsed, ok);
+    }
+
+    fn release_failed(&self, error: &StoreError) {
+        self.0.release_failed(error);
+        self.1.release_failed(error);
+    }
 }
 
 /// How large a request the enforcer takes. A request is resolved and checked
@@ -860,6 +887,7 @@ impl<S: Store> Enforcer<S> {
             descriptors: request.descriptors,
             verdict: &verdict,
             hits_addend: request.hits_addend,
+            adhoc_key: None,
         });
         Ok(verdict)
     }
@@ -894,6 +922,7 @@ impl<S: Store> Enforcer<S> {
             descriptors: &[],
             verdict: &verdict,
             hits_addend: 0,
+            adhoc_key: Some(&adhoc.key),
         });
         verdict
     }

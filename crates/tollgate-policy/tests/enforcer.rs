@@ -556,9 +556,13 @@ fn permit_tokens_round_trip_and_refuse_what_they_did_not_write() {
     assert!("".parse::<Permit>().expect("empty").is_empty());
 }
 
-/// Counts what it sees, as the service's metrics do.
-#[derive(Default)]
-struct Seen(Mutex<Vec<(Option<String>, Vec<&'static str>)>>);
+/// What one decision looked like to an observer: its domain, its ad-hoc key
+/// and each descriptor's result.
+type Sight = (Option<String>, Option<String>, Vec<&'static str>);
+
+/// Counts what it sees, as the service's metrics do; clones share the list.
+#[derive(Default, Clone)]
+struct Seen(Arc<Mutex<Vec<Sight>>>);
 
 impl Observer for Seen {
     fn decided(&self, decided: &Decided<'_>) {
@@ -568,17 +572,20 @@ impl Observer for Seen {
             .iter()
             .map(|d| d.result())
             .collect();
-        self.0
-            .lock()
-            .unwrap()
-            .push((decided.domain.map(str::to_owned), results));
+        self.0.lock().unwrap().push((
+            decided.domain.map(str::to_owned),
+            decided.adhoc_key.map(str::to_owned),
+            results,
+        ));
     }
 }
 
 #[tokio::test]
-async fn the_observer_sees_every_decision() {
-    let seen = Arc::new(Seen::default());
-    let enforcer = memory(POLICY).with_observer(seen.clone());
+async fn the_observers_see_every_decision() {
+    // Two observers as a pair, as the service attaches metrics and its live
+    // page: each sees everything.
+    let (seen, beside) = (Seen::default(), Seen::default());
+    let enforcer = memory(POLICY).with_observer(Arc::new((seen.clone(), beside.clone())));
     for _ in 0..3 {
         let _ = run(
             &enforcer,
@@ -599,12 +606,13 @@ async fn the_observer_sees_every_decision() {
     assert_eq!(
         seen,
         [
-            (api.clone(), vec!["ok", "ok"]),
-            (api.clone(), vec!["ok", "shadow_over_limit"]),
-            (api, vec!["over_limit", "shadow_over_limit"]),
-            (None, vec!["ok"]),
+            (api.clone(), None, vec!["ok", "ok"]),
+            (api.clone(), None, vec!["ok", "shadow_over_limit"]),
+            (api, None, vec!["over_limit", "shadow_over_limit"]),
+            (None, Some("k".to_owned()), vec!["ok"]),
         ]
     );
+    assert_eq!(*beside.0.lock().unwrap(), seen);
 }
 
 /// Regression: checking someone's ad-hoc key with a quota of 1 per 900 days

@@ -3,10 +3,11 @@
 //!
 //! One process serves Envoy's Rate Limit Service over gRPC (with the standard
 //! gRPC health service) and the HTTP API (`/json`, `/v1/check`, `/metrics`,
-//! `/healthz`, `/readyz`, `/admin/...`), over one shared check path and one
-//! store. A policy comes from `--config` (a file or a directory, watched and
-//! hot-reloaded) or, without it, the built-in default. SIGTERM or SIGINT stops
-//! both listeners at once; requests in flight finish, within [`GRACE`].
+//! `/healthz`, `/readyz`, `/admin/...`, and the live page at `/`), over one
+//! shared check path and one store. A policy comes from `--config` (a file or
+//! a directory, watched and hot-reloaded) or, without it, the built-in
+//! default. SIGTERM or SIGINT stops both listeners at once; requests in
+//! flight finish, within [`GRACE`].
 //!
 //! See `docs/service.md` for the endpoints, JSON shapes and metrics.
 
@@ -37,6 +38,7 @@ mod grpc;
 mod health;
 mod http;
 mod listeners;
+mod live;
 mod metrics;
 mod native;
 pub mod record;
@@ -110,8 +112,9 @@ pub struct Args {
     )]
     redis_timeout: Option<Duration>,
 
-    /// The bearer token of the admin API (`/admin/...`). Without it, the admin
-    /// API is off.
+    /// The bearer token of the admin API (`/admin/...`) and of the live
+    /// page's data (`/live.json`). Without it, the admin API is off and the
+    /// live page's data is open, as `/metrics` is.
     #[arg(
         long,
         env = "TOLLGATE_ADMIN_TOKEN",
@@ -351,6 +354,8 @@ struct Prepared {
     debug: Option<TcpListener>,
     /// The gRPC listener's TLS, when asked for.
     grpc_tls: Option<rustls::ServerConfig>,
+    /// Where the policy comes from, for the log and the live page.
+    source: String,
 }
 
 /// Loads the policy and binds the gateway: what `tollgate serve` does before
@@ -441,6 +446,7 @@ async fn prepare(args: Args) -> anyhow::Result<Prepared> {
         store,
         debug,
         grpc_tls,
+        source,
     })
 }
 
@@ -460,6 +466,7 @@ async fn launch(
         store,
         debug,
         grpc_tls,
+        source,
     } = prepared;
     let http_addr = local_addr("HTTP", &listeners.http)?;
     let grpc_addr = local_addr("gRPC", &listeners.grpc)?;
@@ -504,13 +511,17 @@ async fn launch(
     )
     .await?;
     tracing::info!(store = store.describe(), "store ready");
+    let live = Arc::new(live::Live::new(Arc::clone(&clock), source));
     let enforcer: Arc<Enforcer<Backend>> = Arc::new(
         Enforcer::new(handle.clone(), store)
             .with_shadow_mode(args.envoy.as_ref().is_some_and(|e| e.shadow_mode))
             .with_quota_mode(args.envoy.as_ref().is_some_and(|e| e.quota_mode))
             .with_envoy_counting(args.envoy_counting)
             .with_clock(clock)
-            .with_observer(record::observer(metrics::Observe, &args.record)?),
+            .with_observer(record::observer(
+                (metrics::Observe, live::Observe(Arc::clone(&live))),
+                &args.record,
+            )?),
     );
     // Only now is the store known: a rule it cannot enforce exactly would
     // otherwise fail every check, by its failure policy.
@@ -519,7 +530,14 @@ async fn launch(
         .map_err(|e| anyhow::anyhow!("config does not validate: {e}"))?;
     let reloader = reloader.map(|reloader| {
         let enforcer = Arc::clone(&enforcer);
-        reloader.with_check(move |policy| enforcer.unsupported(policy))
+        let live = Arc::clone(&live);
+        reloader
+            .with_check(move |policy| enforcer.unsupported(policy))
+            .with_observer(move |attempt| {
+                // The live page first: once the log says so, it shows it.
+                live.reloaded(attempt);
+                reload::observe(attempt);
+            })
     });
     let (stop, stopped) = watch::channel(());
 
@@ -549,10 +567,16 @@ async fn launch(
         let enforcer = Arc::clone(&enforcer);
         Some(Box::new(move || enforcer.store().record_metrics()))
     };
+    let store_health: Option<Box<dyn Fn() -> live::StoreHealth + Send + Sync>> = {
+        let enforcer = Arc::clone(&enforcer);
+        Some(Box::new(move || enforcer.store().health()))
+    };
     let state = Arc::new(AppState {
         enforcer: Arc::clone(&enforcer),
         metrics: metrics_handle.clone(),
         store_metrics,
+        store_health,
+        live: Arc::clone(&live),
         admin_token: args.admin_token,
         api_tokens: args.api_token.clone(),
         reloader: reloader.clone(),
@@ -606,6 +630,7 @@ async fn launch(
         (None, _) => {}
     }
     tokio::spawn(Arc::clone(&health).follow(Arc::clone(&enforcer), stopped.clone()));
+    tokio::spawn(live::sample(live, stopped.clone()));
     tokio::spawn(upkeep(metrics_handle, stopped));
 
     Ok(Running {

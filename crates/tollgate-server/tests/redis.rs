@@ -132,6 +132,31 @@ async fn each_rule_falls_back_by_its_failure_policy_and_readyz_follows_redis() {
         value("tollgate_redis_breaker_state") > 0.0,
         "the breaker opened"
     );
+
+    // The live page's store health says the same.
+    let live = live_json(&server).await;
+    let store = &live["store"];
+    assert_eq!(store["kind"], "redis");
+    assert_eq!(store["memory"], serde_json::Value::Null);
+    assert_eq!(store["redis"]["fallbacks"]["fail_closed"], 3);
+    assert_eq!(store["redis"]["fallbacks"]["local"], 3);
+    assert_ne!(store["redis"]["breaker"], "closed", "{store}");
+    assert!(
+        store["redis"]["breaker_opens"].as_u64() >= Some(1),
+        "{store}"
+    );
+}
+
+/// The live page's data, `/live.json`.
+async fn live_json(server: &Server) -> serde_json::Value {
+    reqwest::get(server.url("/live.json"))
+        .await
+        .expect("answers")
+        .error_for_status()
+        .expect("200")
+        .json()
+        .await
+        .expect("JSON")
 }
 
 /// `GET /healthcheck` and gRPC health follow the store as `/readyz` does,
@@ -280,6 +305,17 @@ async fn hybrid_instances_on_one_redis_stay_within_the_documented_overshoot() {
         })
         .unwrap_or_else(|| panic!("no hybrid metrics in\n{metrics}"));
     assert!(local > 0.0, "decisions were made from leases");
+
+    // The live page's store health shows the leases.
+    let live = live_json(&a).await;
+    let store = &live["store"];
+    assert_eq!(store["kind"], "redis, hybrid");
+    let hybrid = &store["hybrid"];
+    assert!(
+        hybrid["local_decisions"].as_f64() >= Some(local),
+        "{hybrid}"
+    );
+    assert!(hybrid["units_leased"].as_u64() > Some(0), "{hybrid}");
 }
 
 /// Five per hour for each `user`, shared by every instance.

@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::tls;
+use super::{live, tls};
 use tollgate_core::{Algorithm, Clock, Lease, Limit, Outcome, Quota, Stamped, Store, StoreError};
 use tollgate_policy::StoreSettings;
 use tollgate_redis::{RedisConfig, RedisStats, RedisStore};
 use tollgate_store::{
-    DenyCache, DenyCacheStats, Fallback, FallbackConfig, FallbackStats, Hybrid, HybridConfig,
-    HybridStats, MemoryConfig, MemoryStore,
+    BreakerState, DenyCache, DenyCacheStats, Fallback, FallbackConfig, FallbackStats, Hybrid,
+    HybridConfig, HybridStats, MemoryConfig, MemoryStore,
 };
 
 /// Keys the deny cache holds when it is on.
@@ -423,6 +423,50 @@ impl Backend {
                     super::metrics::redis(&stats);
                 }
             }
+        }
+    }
+
+    /// What `/live.json` shows of the store: its kind and its parts' counters.
+    pub(crate) fn health(&self) -> live::StoreHealth {
+        let memory = match self {
+            Backend::Memory(m) => {
+                let stats = m.stats();
+                Some(live::MemoryHealth {
+                    keys: stats.keys,
+                    evictions: stats.evictions,
+                    refusals: stats.refusals,
+                })
+            }
+            Backend::Redis(_) => None,
+        };
+        let stats = self.redis_stats();
+        live::StoreHealth {
+            kind: self.describe(),
+            memory,
+            redis: stats.map(|s| live::RedisHealth {
+                checks: s.redis.redis_checks,
+                errors: s.fallback.errors,
+                timeouts: s.fallback.timeouts,
+                refunds: s.redis.refunds,
+                deny_cache_hits: s.deny_cache.hits,
+                breaker: match s.fallback.breaker {
+                    BreakerState::Closed => "closed",
+                    BreakerState::HalfOpen => "half_open",
+                    BreakerState::Open => "open",
+                },
+                breaker_opens: s.fallback.breaker_opens,
+                fallbacks: live::Fallbacks {
+                    fail_open: s.fallback.fallback_fail_open,
+                    fail_closed: s.fallback.fallback_fail_closed,
+                    local: s.fallback.fallback_local,
+                },
+            }),
+            hybrid: stats.and_then(|s| s.hybrid).map(|h| live::HybridHealth {
+                local_decisions: h.local_decisions,
+                redis_checks: h.inner_checks,
+                units_leased: h.units_leased,
+                units_returned: h.units_returned,
+            }),
         }
     }
 

@@ -475,7 +475,16 @@ fn metrics_path(path: &str) -> anyhow::Result<String> {
             "PROMETHEUS_PATH={path:?}: not a path such as /metrics (it starts with /, no braces)"
         );
     }
-    if ["/healthcheck", "/healthz", "/readyz"].contains(&path) || path.starts_with("/admin/") {
+    if [
+        "/",
+        "/healthcheck",
+        "/healthz",
+        "/readyz",
+        super::live::JSON_PATH,
+    ]
+    .contains(&path)
+        || path.starts_with("/admin/")
+    {
         bail!("PROMETHEUS_PATH={path:?}: Tollgate serves another endpoint there");
     }
     Ok(path.to_owned())
@@ -1614,5 +1623,17 @@ mod tests {
              api.free: unlimited, shadow_mode: false\n\
              api.dark: unit=SECOND requests_per_unit=0, shadow_mode: true\n"
         );
+    }
+
+    #[test]
+    fn the_metrics_path_cannot_take_the_live_page() {
+        for taken in ["/", "/live.json", "/healthz", "/admin/reload"] {
+            let error = metrics_path(taken).unwrap_err().to_string();
+            assert!(
+                error.contains("Tollgate serves another endpoint"),
+                "{taken}: {error}"
+            );
+        }
+        assert_eq!(metrics_path("/stats").unwrap(), "/stats");
     }
 }

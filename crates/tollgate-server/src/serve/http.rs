@@ -7,6 +7,8 @@
 //! | `POST /v1/check` | Tollgate's JSON shape (see `native`) |
 //! | `POST /v1/release` | gives back a checked request's concurrency permits |
 //! | `GET /metrics` | Prometheus text |
+//! | `GET /` | the live page (see `live`) |
+//! | `GET /live.json` | what the live page shows; behind the admin token when there is one |
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200 when the store answers a probe check, 503 otherwise; the body also says when the last config reload was refused or failed (still 200: the last good config is enforced) |
 //! | `/healthcheck` | envoyproxy/ratelimit's probe: 200 `OK` while healthy (see `health`), 500 with an empty body otherwise |
@@ -33,7 +35,7 @@ use tollgate_core::Store;
 use super::admin;
 use super::auth::{self, Token};
 use super::health::Health;
-use super::{envoy_json, metrics, native, reload};
+use super::{envoy_json, live, metrics, native, reload};
 use tollgate_policy::{Enforcer, Reloader};
 
 /// What every handler shares.
@@ -45,6 +47,11 @@ pub(crate) struct AppState<S> {
     /// Records the store's own counters (Redis calls, fallbacks, the breaker)
     /// just before `/metrics` renders; `None` for a store that keeps none.
     pub(crate) store_metrics: Option<Box<dyn Fn() + Send + Sync>>,
+    /// What the store reports of its health for `/live.json`; `None` for a
+    /// store that reports none.
+    pub(crate) store_health: Option<Box<dyn Fn() -> live::StoreHealth + Send + Sync>>,
+    /// What the live page shows.
+    pub(crate) live: Arc<live::Live>,
     /// The bearer token of the admin API; `None` disables it.
     pub(crate) admin_token: Option<Token>,
     /// The bearer tokens any of which the check APIs require; none: open.
@@ -100,7 +107,8 @@ pub(crate) enum Surface {
     /// The check APIs and the health probes: the HTTP listener beside an
     /// admin listener.
     Public,
-    /// The admin API, `/metrics` and the health probes: the admin listener.
+    /// The admin API, `/metrics`, the live page and the health probes: the
+    /// admin listener.
     Operator,
 }
 
@@ -135,6 +143,8 @@ pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>, surface: Surfa
     if surface.operations() {
         router = router
             .route(&state.metrics_path, get(render_metrics::<S>))
+            .route("/", get(live::page))
+            .route(live::JSON_PATH, get(live::json::<S>))
             .merge(admin::routes(Arc::clone(&state)));
     }
     router.fallback(not_found).with_state(state)
@@ -283,12 +293,21 @@ mod tests {
     use super::super::metrics;
     use super::*;
 
+    fn test_live() -> Arc<live::Live> {
+        Arc::new(live::Live::new(
+            Arc::new(SystemClock),
+            "built-in default".into(),
+        ))
+    }
+
     async fn app(admin_token: Option<&str>) -> Router {
         let store = MemoryStore::with_clock(MemoryConfig::default(), SystemClock);
         let state = AppState {
             enforcer: Arc::new(Enforcer::new(Policy::builtin(), store)),
             metrics: metrics::recorder().expect("valid buckets").handle(),
             store_metrics: None,
+            store_health: None,
+            live: test_live(),
             admin_token: admin_token.map(|t| t.parse().expect("a token")),
             api_tokens: Vec::new(),
             reloader: None,
@@ -382,6 +401,8 @@ mod tests {
                 enforcer: Arc::new(Enforcer::new(Policy::builtin(), store)),
                 metrics: metrics::recorder().expect("valid buckets").handle(),
                 store_metrics: None,
+                store_health: None,
+                live: test_live(),
                 admin_token: None,
                 api_tokens: Vec::new(),
                 reloader: None,
@@ -419,6 +440,8 @@ mod tests {
                 enforcer: Arc::new(Enforcer::new(Policy::builtin(), store)),
                 metrics: metrics::recorder().expect("valid buckets").handle(),
                 store_metrics: None,
+                store_health: None,
+                live: test_live(),
                 admin_token: None,
                 api_tokens: Vec::new(),
                 reloader: None,

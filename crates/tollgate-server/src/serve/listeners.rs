@@ -29,9 +29,9 @@ pub(crate) const RESERVED_FILES: u64 = 256;
 #[derive(Debug, clap::Args)]
 #[group(id = "listeners")]
 pub(crate) struct Args {
-    /// Serve the admin API (`/admin/...`) and `/metrics` on this address
-    /// instead of the HTTP API's, which then answers neither (`/healthz`
-    /// and `/readyz` are on both).
+    /// Serve the admin API (`/admin/...`), `/metrics` and the live page (`/`,
+    /// `/live.json`) on this address instead of the HTTP API's, which then
+    /// answers none of them (`/healthz` and `/readyz` are on both).
     #[arg(long, env = "TOLLGATE_ADMIN_LISTEN", value_name = "ADDR")]
     pub(crate) admin_listen: Option<String>,
 

@@ -197,8 +197,8 @@ pub(crate) fn install(
     Ok(handle)
 }
 
-/// The label a rule's metrics carry.
-fn rule_label(rule: &Rule) -> &str {
+/// The label a rule's metrics (and the live page) carry.
+pub(crate) fn rule_label(rule: &Rule) -> &str {
     // Rules made from a request's limit override are named `override:<values>`.
     if rule.id().starts_with("override:") {
         OVERRIDE_LABEL
@@ -400,13 +400,17 @@ fn store_fallback(failure: FailurePolicy) {
 /// Records a config reload attempt: `result` is `ok`, `error` (invalid) or
 /// `refused` (valid, but the safeguards kept the last good config).
 pub(crate) fn config_reload(trigger: Trigger, result: &'static str) {
+    counter!(CONFIG_RELOADS, "result" => result, "trigger" => trigger_label(trigger)).increment(1);
+}
+
+/// The `trigger` label of a reload: `watch`, `xds` or `admin`.
+pub(crate) fn trigger_label(trigger: Trigger) -> &'static str {
     // Only `POST /admin/reload` reloads on demand.
-    let trigger = match trigger {
+    match trigger {
         Trigger::Watch => "watch",
         Trigger::Push => "xds",
         _ => "admin",
-    };
-    counter!(CONFIG_RELOADS, "result" => result, "trigger" => trigger).increment(1);
+    }
 }
 
 /// Copies the memory store's counters into the registry.

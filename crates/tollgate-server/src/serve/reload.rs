@@ -48,8 +48,8 @@ pub(crate) struct Args {
     pub(crate) files: ConfigFiles,
 }
 
-/// Loads `path` for start-up and gives the reloader that keeps it current,
-/// reporting to the log and metrics.
+/// Loads `path` for start-up and gives the reloader that keeps it current;
+/// the caller attaches [`observe`] once the service is assembled.
 pub(crate) fn load(path: &Path, args: &Args) -> anyhow::Result<Reloader> {
     let safeguards = Safeguards::default()
         .allow_empty(args.allow_empty_config)
@@ -64,7 +64,7 @@ pub(crate) fn load(path: &Path, args: &Args) -> anyhow::Result<Reloader> {
     if reloader.handle().load().is_empty() {
         tracing::warn!(path = %path.display(), "the config has no rules: nothing is limited");
     }
-    Ok(reloader.with_observer(observe))
+    Ok(reloader)
 }
 
 /// The reloader of a config pushed from `source` (xDS). A snapshot is the
@@ -74,25 +74,34 @@ pub(crate) fn pushed(source: String) -> Reloader {
     let safeguards = Safeguards::default()
         .allow_empty(true)
         .allow_domain_removal(true);
-    Reloader::pushed(source, safeguards).with_observer(observe)
+    Reloader::pushed(source, safeguards)
 }
 
-/// Logs and counts one reload attempt.
+/// How a reload attempt ended: `ok`, `refused` (valid, but the safeguards
+/// kept the last good config) or `error`.
+pub(crate) fn result_label(reload: &Reload) -> &'static str {
+    match &reload.outcome {
+        Ok(_) => "ok",
+        Err(ReloadError::Refused { .. }) => "refused",
+        Err(_) => "error",
+    }
+}
+
+/// Logs and counts one reload attempt (the live page notes it too, see
+/// `serve::launch`).
 pub(crate) fn observe(reload: &Reload) {
+    metrics::config_reload(reload.trigger, result_label(reload));
     match &reload.outcome {
         Ok(domains) => {
-            metrics::config_reload(reload.trigger, "ok");
             tracing::info!(path = %reload.path.display(), ?domains, "config reloaded");
         }
         Err(error @ ReloadError::Refused { refusal, .. }) => {
-            metrics::config_reload(reload.trigger, "refused");
             tracing::error!(
                 "config reload refused, the last good config stays in force: {error}{}",
                 allowed_by(refusal)
             );
         }
         Err(error) => {
-            metrics::config_reload(reload.trigger, "error");
             tracing::error!("config reload failed, the last good config stays in force: {error}");
         }
     }

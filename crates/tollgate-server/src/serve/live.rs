@@ -1,0 +1,794 @@
+//! The live page: `GET /` serves one self-contained HTML page (inline CSS and
+//! JS, no other asset) that polls `GET /live.json` every second and shows
+//! decisions per second by rule and result, the most denied keys, shadow
+//! rules' would-be denials, the store's health, and the config in force with
+//! its last reload error.
+//!
+//! [`Live`] gathers what the JSON reports. It watches the enforcer as an
+//! [`Observer`] beside the metrics one: per decided descriptor, one atomic
+//! add on the counter of its (domain, rule, result), found through a map read
+//! without a lock ([`ArcSwap`]); a denied (or shadow-denied) descriptor is
+//! also offered to a bounded top-K ([`top_k`]) under a short lock. Rates come
+//! from [`sample`], which copies the counters once a second with the
+//! service's clock, so the hot path reads no clock.
+//!
+//! Both endpoints are served where `/metrics` is. With `--admin-token`,
+//! `/live.json` needs `Authorization: Bearer <token>`; the page itself holds
+//! no data, and asks for the token (kept in the tab's `sessionStorage`).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use axum::Json;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use tokio::sync::watch;
+use tollgate_core::{Clock, Nanos, Store};
+use tollgate_policy::{Decided, Observer, Policy, Reload};
+
+use super::http::AppState;
+use super::{admin, auth, metrics, reload};
+
+mod top_k;
+
+use top_k::SpaceSaving;
+
+/// Where the page polls.
+pub(crate) const JSON_PATH: &str = "/live.json";
+/// Counters of each top-K: its memory bound, and what its error bound
+/// divides the denials by.
+pub(crate) const TOP_KEYS: usize = 64;
+/// The longest key a top-K keeps, in bytes: descriptor values are the
+/// client's, so they are cut (at a character boundary) to bound memory.
+const KEY_BYTES: usize = 200;
+/// How often the counters are sampled.
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+/// Samples kept: a minute of per-second history.
+const SAMPLES: usize = 61;
+/// The span the per-second rates are averaged over.
+const RATE_WINDOW: Duration = Duration::from_secs(10);
+
+/// The page: one file, everything inline.
+const PAGE: &str = include_str!("live/page.html");
+/// Inline style and script only, data from this origin only: the page loads
+/// nothing else, and a key's text could not run even if it were not escaped.
+const PAGE_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; \
+    style-src 'unsafe-inline'; connect-src 'self'; img-src data:; \
+    base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// One (domain, rule, result) counter. Ad-hoc checks have neither domain nor
+/// rule.
+#[derive(Debug)]
+struct Series {
+    domain: Option<Box<str>>,
+    rule: Option<Box<str>>,
+    result: &'static str,
+    count: AtomicU64,
+}
+
+/// One domain's counters: by rule, one series per result.
+type Rules = HashMap<Box<str>, Vec<Arc<Series>>>;
+
+/// Every counter, found by domain, rule and result. Replaced whole (rarely:
+/// once per new label set) and read without a lock.
+#[derive(Debug, Default, Clone)]
+struct Index {
+    /// By domain.
+    by_rule: HashMap<Box<str>, Rules>,
+    /// Ad-hoc checks', one per result.
+    adhoc: Vec<Arc<Series>>,
+    /// Every series in the order made; samples follow this order.
+    all: Vec<Arc<Series>>,
+}
+
+impl Index {
+    fn find(&self, domain: Option<&str>, rule: Option<&str>, result: &str) -> Option<&Series> {
+        let list = match (domain, rule) {
+            (Some(domain), Some(rule)) => self.by_rule.get(domain)?.get(rule)?,
+            _ => &self.adhoc,
+        };
+        list.iter().find(|s| s.result == result).map(|s| &**s)
+    }
+
+    fn insert(&mut self, series: Arc<Series>) {
+        let list = match (&series.domain, &series.rule) {
+            (Some(domain), Some(rule)) => self
+                .by_rule
+                .entry(domain.clone())
+                .or_default()
+                .entry(rule.clone())
+                .or_default(),
+            _ => &mut self.adhoc,
+        };
+        list.push(Arc::clone(&series));
+        self.all.push(series);
+    }
+}
+
+/// A denied key as the top-K tells them apart.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Denied {
+    domain: Option<Box<str>>,
+    rule: Option<Box<str>>,
+    /// The descriptor's entries (`key=value, ...`), or an ad-hoc key.
+    key: Box<str>,
+}
+
+/// Every counter's total at one instant.
+#[derive(Debug)]
+struct Sample {
+    at: Nanos,
+    /// In [`Index::all`]'s order; series made since are missing (zero).
+    totals: Vec<u64>,
+}
+
+/// The config in force, as reloads left it.
+#[derive(Debug)]
+struct ConfigState {
+    source: String,
+    version: u64,
+    loaded_at: Nanos,
+    last_reload: Option<ReloadSeen>,
+    last_error: Option<ReloadSeen>,
+}
+
+/// One reload attempt, as `/live.json` shows it.
+#[derive(Debug, Clone, Serialize)]
+struct ReloadSeen {
+    at_ms: u64,
+    trigger: &'static str,
+    result: &'static str,
+    error: Option<String>,
+}
+
+/// What the live page shows, gathered as the service runs; see the module
+/// docs.
+pub(crate) struct Live {
+    clock: Arc<dyn Clock>,
+    index: ArcSwap<Index>,
+    /// Held while a new series is added, so two adders do not lose one.
+    grow: Mutex<()>,
+    denied: Mutex<SpaceSaving<Denied>>,
+    shadow_denied: Mutex<SpaceSaving<Denied>>,
+    store_errors: AtomicU64,
+    samples: Mutex<VecDeque<Sample>>,
+    config: Mutex<ConfigState>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every state here is consistent between statements.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn millis(at: Nanos) -> u64 {
+    at / 1_000_000
+}
+
+impl Live {
+    /// Nothing seen yet; the config from `source` is version 1, loaded now.
+    /// The first sample (every counter at zero) is taken now, before any
+    /// decision, so that rates count every decision from the start.
+    pub(crate) fn new(clock: Arc<dyn Clock>, source: String) -> Self {
+        let loaded_at = clock.now();
+        let mut samples = VecDeque::with_capacity(SAMPLES);
+        samples.push_back(Sample {
+            at: loaded_at,
+            totals: Vec::new(),
+        });
+        Self {
+            clock,
+            index: ArcSwap::default(),
+            grow: Mutex::new(()),
+            denied: Mutex::new(SpaceSaving::new(TOP_KEYS)),
+            shadow_denied: Mutex::new(SpaceSaving::new(TOP_KEYS)),
+            store_errors: AtomicU64::new(0),
+            samples: Mutex::new(samples),
+            config: Mutex::new(ConfigState {
+                source,
+                version: 1,
+                loaded_at,
+                last_reload: None,
+                last_error: None,
+            }),
+        }
+    }
+
+    /// Counts one decision.
+    fn count(&self, domain: Option<&str>, rule: Option<&str>, result: &'static str) {
+        if let Some(series) = self.index.load().find(domain, rule, result) {
+            series.count.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let _grow = lock(&self.grow);
+        let current = self.index.load_full();
+        if let Some(series) = current.find(domain, rule, result) {
+            series.count.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut next = (*current).clone();
+        next.insert(Arc::new(Series {
+            domain: domain.map(Into::into),
+            rule: rule.map(Into::into),
+            result,
+            count: AtomicU64::new(1),
+        }));
+        self.index.store(Arc::new(next));
+    }
+
+    /// Copies every counter's total, at the service clock's now.
+    fn sample(&self) {
+        let at = self.clock.now();
+        let totals = self
+            .index
+            .load()
+            .all
+            .iter()
+            .map(|s| s.count.load(Ordering::Relaxed))
+            .collect();
+        let mut samples = lock(&self.samples);
+        if samples.len() == SAMPLES {
+            samples.pop_front();
+        }
+        samples.push_back(Sample { at, totals });
+    }
+
+    /// Notes one reload attempt: a config put in force is the next version.
+    pub(crate) fn reloaded(&self, attempt: &Reload) {
+        let at = self.clock.now();
+        let seen = ReloadSeen {
+            at_ms: millis(at),
+            trigger: metrics::trigger_label(attempt.trigger),
+            result: reload::result_label(attempt),
+            error: attempt.outcome.as_ref().err().map(ToString::to_string),
+        };
+        let mut config = lock(&self.config);
+        if attempt.outcome.is_ok() {
+            config.version += 1;
+            config.loaded_at = at;
+        } else {
+            config.last_error = Some(seen.clone());
+        }
+        config.last_reload = Some(seen);
+    }
+
+    /// What `/live.json` answers, with `policy` in force and the store's
+    /// `health` (when the store reports one).
+    fn snapshot(
+        &self,
+        policy: &Policy,
+        disabled: Vec<Disabled>,
+        store: Option<StoreHealth>,
+    ) -> Snapshot {
+        let now = self.clock.now();
+        let index = self.index.load_full();
+        let totals: Vec<u64> = index
+            .all
+            .iter()
+            .map(|s| s.count.load(Ordering::Relaxed))
+            .collect();
+        let (rates, history) = {
+            let samples = lock(&self.samples);
+            (rates(&samples, now, &totals), history(&samples, &index.all))
+        };
+        let mut decisions: Vec<SeriesView> = index
+            .all
+            .iter()
+            .zip(totals)
+            .zip(rates)
+            .map(|((series, total), per_second)| SeriesView {
+                domain: series.domain.as_deref().map(str::to_owned),
+                rule: series.rule.as_deref().map(str::to_owned),
+                result: series.result,
+                total,
+                per_second,
+            })
+            .collect();
+        decisions
+            .sort_by(|a, b| (&a.domain, &a.rule, a.result).cmp(&(&b.domain, &b.rule, b.result)));
+        let config = lock(&self.config);
+        Snapshot {
+            now_ms: millis(now),
+            window_ms: RATE_WINDOW.as_millis() as u64,
+            decisions,
+            history,
+            top_denied: TopView::of(&lock(&self.denied)),
+            top_shadow_denied: TopView::of(&lock(&self.shadow_denied)),
+            store: StoreView {
+                errors: self.store_errors.load(Ordering::Relaxed),
+                health: store,
+            },
+            config: ConfigView {
+                source: config.source.clone(),
+                version: config.version,
+                loaded_at_ms: millis(config.loaded_at),
+                domains: policy.domains().map(str::to_owned).collect(),
+                rules: policy.domains().map(|d| policy.rules(d).len()).sum(),
+                disabled,
+                last_reload: config.last_reload.clone(),
+                last_error: config.last_error.clone(),
+            },
+        }
+    }
+}
+
+/// Each series' decisions per second over the last [`RATE_WINDOW`]: from
+/// the oldest sample within it to `now` (0 with no such sample).
+fn rates(samples: &VecDeque<Sample>, now: Nanos, totals: &[u64]) -> Vec<f64> {
+    let window = RATE_WINDOW.as_nanos() as u64;
+    let base = samples.iter().find(|s| s.at < now && now - s.at <= window);
+    totals
+        .iter()
+        .enumerate()
+        .map(|(i, &total)| match base {
+            Some(base) => {
+                let before = base.totals.get(i).copied().unwrap_or(0);
+                per_second(total.saturating_sub(before), now - base.at)
+            }
+            None => 0.0,
+        })
+        .collect()
+}
+
+/// `count` over `elapsed` nanoseconds (above zero), per second, to a
+/// thousandth.
+fn per_second(count: u64, elapsed: Nanos) -> f64 {
+    (count as f64 * 1e12 / elapsed as f64).round() / 1e3
+}
+
+/// Per-second decisions, denials and shadow denials between consecutive
+/// samples, oldest first.
+fn history(samples: &VecDeque<Sample>, all: &[Arc<Series>]) -> History {
+    let mut history = History {
+        interval_ms: SAMPLE_EVERY.as_millis() as u64,
+        decisions_per_second: Vec::with_capacity(SAMPLES),
+        denied_per_second: Vec::with_capacity(SAMPLES),
+        shadow_denied_per_second: Vec::with_capacity(SAMPLES),
+    };
+    for (before, after) in samples.iter().zip(samples.iter().skip(1)) {
+        if after.at <= before.at {
+            continue;
+        }
+        let (mut decisions, mut denied, mut shadow) = (0, 0, 0);
+        for (i, total) in after.totals.iter().enumerate() {
+            let delta = total.saturating_sub(before.totals.get(i).copied().unwrap_or(0));
+            decisions += delta;
+            match all.get(i).map(|s| s.result) {
+                Some(OVER_LIMIT) => denied += delta,
+                Some(SHADOW_OVER_LIMIT) => shadow += delta,
+                _ => {}
+            }
+        }
+        let elapsed = after.at - before.at;
+        history
+            .decisions_per_second
+            .push(per_second(decisions, elapsed));
+        history.denied_per_second.push(per_second(denied, elapsed));
+        history
+            .shadow_denied_per_second
+            .push(per_second(shadow, elapsed));
+    }
+    history
+}
+
+/// The result labels (`DescriptorVerdict::result`) of a denial and a shadow
+/// rule's would-be denial.
+const OVER_LIMIT: &str = "over_limit";
+const SHADOW_OVER_LIMIT: &str = "shadow_over_limit";
+
+/// Samples the counters every [`SAMPLE_EVERY`] until the shutdown signal.
+pub(crate) async fn sample(live: Arc<Live>, mut stopped: watch::Receiver<()>) {
+    // The first sample was taken when `live` was made.
+    let first = tokio::time::Instant::now() + SAMPLE_EVERY;
+    let mut ticks = tokio::time::interval_at(first, SAMPLE_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => live.sample(),
+            _ = stopped.changed() => return,
+        }
+    }
+}
+
+/// The enforcer's observer that feeds a [`Live`].
+pub(crate) struct Observe(pub(crate) Arc<Live>);
+
+impl Observer for Observe {
+    /// Counts each descriptor that matched a rule (and each ad-hoc check),
+    /// labelled as the metrics label it; offers a denied one to the top-K.
+    fn decided(&self, decided: &Decided<'_>) {
+        let live = &self.0;
+        for (index, verdict) in decided.verdict.descriptors.iter().enumerate() {
+            let rule = match (decided.domain, &verdict.rule) {
+                (Some(_), Some(rule)) => Some(metrics::rule_label(rule)),
+                (Some(_), None) => continue,
+                (None, _) => None,
+            };
+            let result = verdict.result();
+            live.count(decided.domain, rule, result);
+            let top = match result {
+                OVER_LIMIT => &live.denied,
+                SHADOW_OVER_LIMIT => &live.shadow_denied,
+                _ => continue,
+            };
+            let denied = Denied {
+                domain: decided.domain.map(Into::into),
+                rule: rule.map(Into::into),
+                key: key_of(decided, index),
+            };
+            lock(top).offer(denied);
+        }
+    }
+
+    fn store_call(&self, _: Duration, ok: bool) {
+        if !ok {
+            self.0.store_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The key of the descriptor at `index`: its entries as `key=value, ...`,
+/// or the ad-hoc key, cut to [`KEY_BYTES`].
+fn key_of(decided: &Decided<'_>, index: usize) -> Box<str> {
+    let mut key = String::new();
+    if let Some(adhoc) = decided.adhoc_key {
+        key.push_str(adhoc);
+    } else if let Some(descriptor) = decided.descriptors.get(index) {
+        for (i, entry) in descriptor.entries.iter().enumerate() {
+            if i > 0 {
+                key.push_str(", ");
+            }
+            key.push_str(&entry.key);
+            key.push('=');
+            key.push_str(&entry.value);
+            if key.len() > KEY_BYTES {
+                break;
+            }
+        }
+    }
+    if key.len() > KEY_BYTES {
+        let mut end = KEY_BYTES;
+        while !key.is_char_boundary(end) {
+            end -= 1;
+        }
+        key.truncate(end);
+        key.push('…');
+    }
+    key.into_boxed_str()
+}
+
+/// `/live.json`.
+#[derive(Debug, Serialize)]
+struct Snapshot {
+    now_ms: u64,
+    window_ms: u64,
+    decisions: Vec<SeriesView>,
+    history: History,
+    top_denied: TopView,
+    top_shadow_denied: TopView,
+    store: StoreView,
+    config: ConfigView,
+}
+
+#[derive(Debug, Serialize)]
+struct SeriesView {
+    domain: Option<String>,
+    rule: Option<String>,
+    result: &'static str,
+    total: u64,
+    per_second: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct History {
+    interval_ms: u64,
+    decisions_per_second: Vec<f64>,
+    denied_per_second: Vec<f64>,
+    shadow_denied_per_second: Vec<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct TopView {
+    capacity: usize,
+    denials: u64,
+    max_error: u64,
+    keys: Vec<KeyView>,
+}
+
+impl TopView {
+    fn of(top: &SpaceSaving<Denied>) -> Self {
+        Self {
+            capacity: top.capacity(),
+            denials: top.offers(),
+            max_error: top.max_error(),
+            keys: top
+                .top()
+                .into_iter()
+                .map(|c| KeyView {
+                    domain: c.key.domain.as_deref().map(str::to_owned),
+                    rule: c.key.rule.as_deref().map(str::to_owned),
+                    key: c.key.key.to_string(),
+                    count: c.count,
+                    error: c.error,
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct KeyView {
+    domain: Option<String>,
+    rule: Option<String>,
+    key: String,
+    count: u64,
+    error: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct StoreView {
+    /// Store calls that failed.
+    errors: u64,
+    #[serde(flatten)]
+    health: Option<StoreHealth>,
+}
+
+/// What the store reports of itself (see `Backend::health`).
+#[derive(Debug, Serialize)]
+pub(crate) struct StoreHealth {
+    /// `memory`, `redis`, `redis, hybrid`, `redis cluster`, ...
+    pub(crate) kind: &'static str,
+    /// The memory store's, when it is the store.
+    pub(crate) memory: Option<MemoryHealth>,
+    /// The Redis stack's, with `--redis`.
+    pub(crate) redis: Option<RedisHealth>,
+    /// Hybrid mode's, with `--hybrid`.
+    pub(crate) hybrid: Option<HybridHealth>,
+}
+
+/// The memory store's keys and what `--max-keys` cost.
+#[derive(Debug, Serialize)]
+pub(crate) struct MemoryHealth {
+    pub(crate) keys: usize,
+    pub(crate) evictions: u64,
+    pub(crate) refusals: u64,
+}
+
+/// The Redis stack's counters and its breaker.
+#[derive(Debug, Serialize)]
+pub(crate) struct RedisHealth {
+    pub(crate) checks: u64,
+    pub(crate) errors: u64,
+    pub(crate) timeouts: u64,
+    pub(crate) refunds: u64,
+    pub(crate) deny_cache_hits: u64,
+    /// `closed`, `half_open` or `open`.
+    pub(crate) breaker: &'static str,
+    pub(crate) breaker_opens: u64,
+    /// Limits decided without Redis, by failure policy.
+    pub(crate) fallbacks: Fallbacks,
+}
+
+/// Limits decided by each failure policy.
+#[derive(Debug, Serialize)]
+pub(crate) struct Fallbacks {
+    pub(crate) fail_open: u64,
+    pub(crate) fail_closed: u64,
+    pub(crate) local: u64,
+}
+
+/// Hybrid mode's leases.
+#[derive(Debug, Serialize)]
+pub(crate) struct HybridHealth {
+    pub(crate) local_decisions: u64,
+    pub(crate) redis_checks: u64,
+    pub(crate) units_leased: u64,
+    pub(crate) units_returned: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct ConfigView {
+    source: String,
+    version: u64,
+    loaded_at_ms: u64,
+    domains: Vec<String>,
+    rules: usize,
+    disabled: Vec<Disabled>,
+    last_reload: Option<ReloadSeen>,
+    last_error: Option<ReloadSeen>,
+}
+
+/// A rule or domain the kill switch turned off.
+#[derive(Debug, Serialize)]
+struct Disabled {
+    domain: String,
+    rule: Option<String>,
+}
+
+/// `GET /`: the page. It holds no data, so it needs no token.
+pub(crate) async fn page() -> Response {
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            ),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(PAGE_POLICY),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+            (
+                header::REFERRER_POLICY,
+                HeaderValue::from_static("no-referrer"),
+            ),
+        ],
+        PAGE,
+    )
+        .into_response()
+}
+
+/// `GET /live.json`: behind the admin token when there is one.
+pub(crate) async fn json<S: Store + 'static>(
+    State(state): State<Arc<AppState<S>>>,
+    request: Request,
+) -> Response {
+    if let Some(token) = &state.admin_token
+        && !auth::admits(std::slice::from_ref(token), admin::authorization(&request))
+    {
+        return admin::unauthorized("admin token");
+    }
+    let disabled = state
+        .enforcer
+        .kill_switch()
+        .disabled()
+        .into_iter()
+        .map(|(domain, rule)| Disabled { domain, rule })
+        .collect();
+    let store = state.store_health.as_ref().map(|health| health());
+    let snapshot = state
+        .live
+        .snapshot(&state.enforcer.policy(), disabled, store);
+    (
+        [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))],
+        Json(snapshot),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use tollgate_policy::{Check, Enforcer, Request as CheckRequest};
+    use tollgate_store::{MemoryConfig, MemoryStore};
+
+    use super::*;
+
+    /// A clock the test moves.
+    #[derive(Debug, Default)]
+    struct Manual(AtomicU64);
+
+    impl Clock for Manual {
+        fn now(&self) -> Nanos {
+            self.0.load(Ordering::Relaxed)
+        }
+    }
+
+    const POLICY: &str = "
+domain: api
+rules:
+  - name: per-user
+    match: [{key: user}]
+    algorithm: token-bucket
+    limit: {requests: 2, per: 1h}
+  - name: trial
+    match: [{key: plan}]
+    algorithm: token-bucket
+    limit: {requests: 1, per: 1h}
+    shadow: true
+";
+
+    fn descriptor(key: &str, value: &str) -> tollgate_policy::Descriptor {
+        tollgate_policy::Descriptor {
+            entries: vec![tollgate_policy::Entry::new(key, value)],
+            ..tollgate_policy::Descriptor::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn counts_rates_and_denied_keys_follow_the_decisions() {
+        let clock = Arc::new(Manual::default());
+        clock.0.store(1_000_000_000_000, Ordering::Relaxed);
+        let live = Arc::new(Live::new(clock.clone(), "test".into()));
+        let policy = Policy::parse("api.yaml", POLICY).expect("a valid policy");
+        let store =
+            MemoryStore::with_clock(MemoryConfig::default(), clock.clone() as Arc<dyn Clock>);
+        let enforcer = Enforcer::new(policy, store)
+            .with_clock(clock.clone())
+            .with_observer(Arc::new(Observe(Arc::clone(&live))));
+        live.sample();
+        clock.0.fetch_add(2_000_000_000, Ordering::Relaxed);
+        for (user, times) in [("alice", 2), ("mallory", 6)] {
+            for _ in 0..times {
+                let descriptors = [descriptor("user", user), descriptor("plan", "trial")];
+                let request = CheckRequest {
+                    domain: "api",
+                    descriptors: &descriptors,
+                    hits_addend: 1,
+                };
+                let _ = enforcer
+                    .enforce(Check::Policy(request))
+                    .await
+                    .expect("valid");
+            }
+        }
+        let snapshot = live.snapshot(&enforcer.policy(), Vec::new(), None);
+        let json = serde_json::to_value(&snapshot).expect("serializable");
+        let series = |rule: &str, result: &str| {
+            json["decisions"]
+                .as_array()
+                .expect("a list")
+                .iter()
+                .find(|s| s["rule"] == rule && s["result"] == result)
+                .map(|s| {
+                    (
+                        s["total"].as_u64().unwrap(),
+                        s["per_second"].as_f64().unwrap(),
+                    )
+                })
+        };
+        // alice 2 ok; mallory 2 ok, 4 over: 8 decisions over 2 seconds.
+        assert_eq!(series("per-user", "ok"), Some((4, 2.0)));
+        assert_eq!(series("per-user", "over_limit"), Some((4, 2.0)));
+        assert_eq!(series("trial", "ok"), Some((1, 0.5)));
+        assert_eq!(series("trial", "shadow_over_limit"), Some((7, 3.5)));
+        let top = &json["top_denied"];
+        assert_eq!(top["denials"], 4);
+        assert_eq!(top["max_error"], 0);
+        assert_eq!(top["keys"][0]["key"], "user=mallory");
+        assert_eq!(top["keys"][0]["count"], 4);
+        assert_eq!(json["top_shadow_denied"]["keys"][0]["key"], "plan=trial");
+        assert_eq!(json["top_shadow_denied"]["keys"][0]["count"], 7);
+        assert_eq!(json["config"]["version"], 1);
+        assert_eq!(json["config"]["rules"], 2);
+        // A second sample makes one point of history.
+        live.sample();
+        let json = serde_json::to_value(live.snapshot(&enforcer.policy(), Vec::new(), None))
+            .expect("serializable");
+        assert_eq!(
+            json["history"]["decisions_per_second"],
+            serde_json::json!([8.0])
+        );
+        assert_eq!(
+            json["history"]["denied_per_second"],
+            serde_json::json!([2.0])
+        );
+        assert_eq!(
+            json["history"]["shadow_denied_per_second"],
+            serde_json::json!([3.5])
+        );
+    }
+
+    #[test]
+    fn long_keys_are_cut_at_a_character_boundary() {
+        let descriptors = [descriptor("k", &"é".repeat(300))];
+        let verdict = tollgate_policy::Verdict {
+            descriptors: Vec::new(),
+            started_at: 0,
+            permit: tollgate_policy::Permit::default(),
+        };
+        let decided = Decided {
+            domain: Some("api"),
+            descriptors: &descriptors,
+            verdict: &verdict,
+            hits_addend: 1,
+            adhoc_key: None,
+        };
+        let key = key_of(&decided, 0);
+        assert!(key.len() <= KEY_BYTES + '…'.len_utf8(), "{}", key.len());
+        assert!(key.starts_with("k=éé") && key.ends_with('…'));
+    }
+}
