@@ -23,7 +23,7 @@
 //!
 //! Each run starts with `CONFIG RESETSTAT`; `INFO commandstats` after it gives
 //! each command's µs per call and calls per decision (commands called from a
-//! script or a module included, `EVALSHA`'s time including theirs).
+//! script or a module included, a script's time (`EVALSHA`, `FCALL`) including theirs).
 //!
 //! Then, on one server, hybrid mode on a hot key. `scripts/bench-redis` builds
 //! redis-cell and runs this; alone: `cargo bench -p tollgate-redis --bench
@@ -319,8 +319,8 @@ async fn deployment_cells<C>(
 }
 
 /// Hybrid mode on one hot key whose budget covers every request (1,000,000
-/// per second): decisions/s, and decisions per Redis operation (script calls
-/// counted by `INFO commandstats`).
+/// per second): decisions/s, and decisions per Redis operation (script and
+/// function calls counted by `INFO commandstats`).
 async fn hybrid(url: &str, admin: &mut [MultiplexedConnection]) -> (f64, f64) {
     let redis = RedisStore::connect(url, config()).await.unwrap();
     let store = Arc::new(Hybrid::new(redis, HybridConfig::default()));
@@ -356,7 +356,7 @@ async fn hybrid(url: &str, admin: &mut [MultiplexedConnection]) -> (f64, f64) {
     let mut stats = CommandStats::default();
     stats.add(admin).await;
     let n = done.load(Ordering::Relaxed) as f64;
-    (n / elapsed, n / (stats.calls("evalsha") as f64).max(1.0))
+    (n / elapsed, n / (stats.script_calls() as f64).max(1.0))
 }
 
 fn config() -> RedisConfig {

@@ -89,12 +89,23 @@ impl CommandStats {
         }
     }
 
-    /// Calls of one command (lower case, as `INFO` names it).
-    pub(crate) fn calls(&self, name: &str) -> u64 {
-        self.0.get(name).map_or(0, |(calls, _)| *calls)
+    /// Calls that ran a script or a function, however invoked.
+    pub(crate) fn script_calls(&self) -> u64 {
+        [
+            "eval",
+            "evalsha",
+            "eval_ro",
+            "evalsha_ro",
+            "fcall",
+            "fcall_ro",
+        ]
+        .iter()
+        .filter_map(|name| self.0.get(*name))
+        .map(|(calls, _)| calls)
+        .sum()
     }
 
-    /// One line: each command's µs per call and calls per decision, the
+    /// One line: each command's µs per call, calls and calls per decision, the
     /// busiest first.
     pub(crate) fn summary(&self, decisions: u64) -> String {
         let mut by_time: Vec<_> = self.0.iter().filter(|(_, (calls, _))| *calls > 0).collect();
@@ -103,7 +114,7 @@ impl CommandStats {
             .iter()
             .map(|(name, (calls, usec))| {
                 format!(
-                    "{name} {:.2} µs/call × {:.3}/decision",
+                    "{name} {:.2} µs/call, {calls} calls ({:.3}/decision)",
                     *usec as f64 / *calls as f64,
                     *calls as f64 / decisions.max(1) as f64
                 )
