@@ -23,7 +23,8 @@
 //!
 //! Each run starts with `CONFIG RESETSTAT`; `INFO commandstats` after it gives
 //! each command's µs per call and calls per decision (commands called from a
-//! script or a module included, a script's time (`EVALSHA`, `FCALL`) including theirs).
+//! script or a module included; a script's time, `EVALSHA` or `FCALL`,
+//! includes theirs).
 //!
 //! Then, on one server, hybrid mode on a hot key. `scripts/bench-redis` builds
 //! redis-cell and runs this; alone: `cargo bench -p tollgate-redis --bench
