@@ -1,0 +1,172 @@
+//! The sides measured, each one check per call, on the same quota: 100 per
+//! second, bursts of 100.
+//!
+//! - **classic script**: the token bucket the common articles give: `HMGET`
+//!   tokens and last refill, compute in floating point, `HMSET`, `EXPIRE`; one
+//!   `EVALSHA` with the client's time.
+//! - **GCRA script**: the least a script can do: `TIME`, `GET` the theoretical
+//!   arrival time (TAT), compare, `SET … PX` the new one; one `EVALSHA`.
+//! - **CL.THROTTLE**: redis-cell's native module command (GCRA in Rust inside
+//!   Redis: `CL.THROTTLE key 99 100 1 1`, i.e. a limit of `max_burst + 1` =
+//!   100, 100 per 1 s, one unit; the server's clock; the TAT stored as a
+//!   decimal string of nanoseconds).
+//! - **tollgate**: `DenyCache<RedisStore>`, token bucket, Redis's `TIME`, its
+//!   defaults (batching on one server, the deny cache over it).
+//!
+//! The classic script and Tollgate's token bucket admit the same; GCRA with a
+//! tolerance of `(burst - 1) × interval` admits the same as a token bucket too
+//! (a burst of 100, then one every 10 ms), so every side makes the same
+//! decisions up to clock reads and float drift.
+
+use redis::aio::ConnectionLike;
+use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store};
+use tollgate_redis::RedisStore;
+use tollgate_store::DenyCache;
+
+const CLASSIC: &str = r"
+local key = KEYS[1]
+local rate = tonumber(ARGV[1])
+local capacity = tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+local requested = tonumber(ARGV[4])
+local bucket = redis.call('HMGET', key, 'tokens', 'last_refill')
+local tokens = tonumber(bucket[1]) or capacity
+local last = tonumber(bucket[2]) or now
+local delta = math.max(0, now - last)
+tokens = math.min(capacity, tokens + delta * rate)
+local allowed = 0
+if tokens >= requested then
+  tokens = tokens - requested
+  allowed = 1
+end
+redis.call('HMSET', key, 'tokens', tokens, 'last_refill', now)
+redis.call('EXPIRE', key, math.ceil(capacity / rate) * 2)
+return { allowed, math.floor(tokens) }
+";
+
+/// ARGV: the emission interval and the tolerance (`(burst - 1) × interval`),
+/// in µs. Returns whether the check was admitted and, if not, the µs to wait.
+const GCRA: &str = r"
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local tat = tonumber(redis.call('GET', KEYS[1])) or now
+if tat < now then tat = now end
+local wait = tat - now - tonumber(ARGV[2])
+if wait > 0 then return { 0, wait } end
+local new = tat + tonumber(ARGV[1])
+redis.call('SET', KEYS[1], new, 'PX', math.ceil((new - now) / 1000))
+return { 1, 0 }
+";
+
+/// The quota: `RATE` per period, bursts of `RATE`.
+const RATE: u64 = 100;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Side {
+    Classic,
+    Gcra,
+    Cell,
+    Tollgate,
+}
+
+impl Side {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Side::Classic => "classic script",
+            Side::Gcra => "GCRA script",
+            Side::Cell => "CL.THROTTLE",
+            Side::Tollgate => "tollgate",
+        }
+    }
+
+    /// The caller key for a subject: the peers' Redis key itself, Tollgate's
+    /// caller key (its store builds the Redis key around it).
+    pub(crate) fn key(self, subject: &str) -> String {
+        match self {
+            Side::Classic => format!("c:{subject}"),
+            Side::Gcra => format!("g:{subject}"),
+            Side::Cell => format!("cl:{subject}"),
+            Side::Tollgate => subject.to_owned(),
+        }
+    }
+}
+
+/// What each side needs to check: the scripts (loaded on first use and on
+/// `NOSCRIPT`), a connection for the peers, Tollgate's store.
+pub(crate) struct Checker<C> {
+    classic: redis::Script,
+    gcra: redis::Script,
+    pub(crate) conn: C,
+    pub(crate) store: DenyCache<RedisStore>,
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync> Checker<C> {
+    pub(crate) fn new(conn: C, store: DenyCache<RedisStore>) -> Self {
+        Self {
+            classic: redis::Script::new(CLASSIC),
+            gcra: redis::Script::new(GCRA),
+            conn,
+            store,
+        }
+    }
+
+    /// One check of `key` (as [`Side::key`] gives it), with the quota scaled
+    /// to 100 per `period_s` seconds: whether it was admitted.
+    pub(crate) async fn check(&self, side: Side, key: &str, period_s: u64) -> bool {
+        let mut conn = self.conn.clone();
+        match side {
+            Side::Classic => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs_f64();
+                let (allowed, _): (i64, i64) = self
+                    .classic
+                    .key(key)
+                    .arg(RATE as f64 / period_s as f64)
+                    .arg(RATE)
+                    .arg(now)
+                    .arg(1)
+                    .invoke_async(&mut conn)
+                    .await
+                    .unwrap();
+                allowed == 1
+            }
+            Side::Gcra => {
+                let interval = period_s * 1_000_000 / RATE;
+                let (allowed, _): (i64, i64) = self
+                    .gcra
+                    .key(key)
+                    .arg(interval)
+                    .arg((RATE - 1) * interval)
+                    .invoke_async(&mut conn)
+                    .await
+                    .unwrap();
+                allowed == 1
+            }
+            Side::Cell => {
+                let reply: Vec<i64> = redis::cmd("CL.THROTTLE")
+                    .arg(key)
+                    .arg(RATE - 1)
+                    .arg(RATE)
+                    .arg(period_s)
+                    .arg(1)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                reply[0] == 0
+            }
+            Side::Tollgate => {
+                let quota = Quota::new(RATE, std::time::Duration::from_secs(period_s)).unwrap();
+                let limit = Limit {
+                    key,
+                    quota,
+                    algorithm: Algorithm::TokenBucket,
+                    cost: 1,
+                    failure: FailurePolicy::Local,
+                };
+                self.store.check(&[limit]).await.unwrap().allowed()
+            }
+        }
+    }
+}
