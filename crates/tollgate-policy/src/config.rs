@@ -1,5 +1,12 @@
 //! Reading config files: telling the two formats apart and turning parse and
 //! validation failures into [`ConfigError`]s that point at a line.
+//!
+//! The loaders of both formats go on past a bad rule or descriptor, gathering
+//! every error of a file in a [`Found`], so `tollgate check-config` can list
+//! them all; the load path (`serve`, reload) reports the first, the one it
+//! would have stopped at. What the YAML parser or serde refuses (bad syntax, a
+//! value of the wrong type, a native file's unknown field) stops a file
+//! there: serde gives no value to go on with.
 
 use std::path::Path;
 
@@ -9,6 +16,69 @@ use serde_saphyr::{Location, Spanned};
 
 use crate::policy::Domain;
 use crate::{ConfigError, StoreSettings};
+
+/// The errors found so far in one file, in the order the loader met them,
+/// which is the order it checked in when it stopped at the first.
+#[derive(Default)]
+pub(crate) struct Found(Vec<ConfigError>);
+
+impl Found {
+    pub(crate) fn push(&mut self, error: ConfigError) {
+        self.0.push(error);
+    }
+
+    /// `result`'s value, or `None` with its error kept.
+    pub(crate) fn keep<T>(&mut self, result: Result<T, ConfigError>) -> Option<T> {
+        result.map_err(|e| self.push(e)).ok()
+    }
+
+    /// What `check` builds, unless it found an error: a rule or descriptor
+    /// with one is left out of what follows (duplicates, overlaps, its
+    /// nested descriptors), so one mistake gives one error.
+    pub(crate) fn scope<T>(&mut self, check: impl FnOnce(&mut Self) -> Option<T>) -> Option<T> {
+        let before = self.0.len();
+        let built = check(self);
+        built.filter(|_| self.0.len() == before)
+    }
+
+    /// `Ok` when nothing was found.
+    pub(crate) fn finish(self) -> Result<(), ConfigErrors> {
+        let mut errors = self.0.into_iter();
+        match errors.next() {
+            None => Ok(()),
+            Some(first) => Err(ConfigErrors {
+                first,
+                more: errors.collect(),
+            }),
+        }
+    }
+}
+
+/// Every error found in one file, never none: the load path reports `first`,
+/// `Policy::load_errors` all of them.
+#[derive(Debug)]
+pub(crate) struct ConfigErrors {
+    pub(crate) first: ConfigError,
+    more: Vec<ConfigError>,
+}
+
+impl ConfigErrors {
+    pub(crate) fn into_vec(self) -> Vec<ConfigError> {
+        let mut all = Vec::with_capacity(1 + self.more.len());
+        all.push(self.first);
+        all.extend(self.more);
+        all
+    }
+}
+
+impl From<ConfigError> for ConfigErrors {
+    fn from(first: ConfigError) -> Self {
+        ConfigErrors {
+            first,
+            more: Vec::new(),
+        }
+    }
+}
 
 /// Where in a file something is, for errors.
 #[derive(Clone, Copy)]
@@ -132,27 +202,27 @@ struct StoreSection {
 }
 
 /// Reads one file of either format into its domain.
-pub(crate) fn read_any(path: &Path, text: &str) -> Result<Read, ConfigError> {
+pub(crate) fn read_any(path: &Path, text: &str) -> Result<Read, ConfigErrors> {
     let file = File { path };
     if text.trim().is_empty() {
-        return Err(ConfigError {
+        return Err(ConfigErrors::from(ConfigError {
             path: path.to_owned(),
             line: 0,
             column: 0,
             field: "file".into(),
             reason: "empty config file: expected `domain` and `rules` (native) or `descriptors` (envoyproxy/ratelimit)".into(),
-        });
+        }));
     }
     let probe: Probe = file.parse(text)?;
     let store = match probe.store {
         Some(_) if probe.descriptors.is_some() => {
-            return Err(ConfigError {
+            return Err(ConfigErrors::from(ConfigError {
                 path: path.to_owned(),
                 line: 1,
                 column: 1,
                 field: "store".into(),
                 reason: "`store` goes in a Tollgate-format file or a file of its own, not in an envoyproxy/ratelimit-format one".into(),
-            });
+            }));
         }
         Some(_) => Some(file.parse::<StoreSection>(text)?.store),
         None => None,
@@ -164,13 +234,13 @@ pub(crate) fn read_any(path: &Path, text: &str) -> Result<Read, ConfigError> {
         });
     }
     let domain = match (probe.rules.is_some(), probe.descriptors.is_some()) {
-        (true, true) => Err(ConfigError {
+        (true, true) => Err(ConfigErrors::from(ConfigError {
             path: path.to_owned(),
             line: 1,
             column: 1,
             field: "rules".into(),
             reason: "a file has either `rules` (native format) or `descriptors` (envoyproxy/ratelimit format), not both".into(),
-        }),
+        })),
         (true, false) => crate::native::compile(file, file.parse(text)?),
         (false, _) => crate::envoy::read(file, text),
     }?;

@@ -15,7 +15,7 @@ use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::{Location, Spanned};
 use tollgate_core::{Algorithm, Quota, QuotaError};
 
-use crate::config::File;
+use crate::config::{ConfigErrors, File, Found};
 use crate::metadata::MetadataField;
 use crate::policy::Domain;
 use crate::rule::{Action, Limited, envoy_limit};
@@ -151,9 +151,12 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for List<T> {
 /// What the key check makes of one YAML node (its `validateYamlKeys`).
 struct Checked {
     kind: Kind,
-    /// The first problem in document order: where, the field, and why.
-    problem: Option<(Location, String, String)>,
+    /// The problems in document order (its loader stops at the first):
+    /// where, the field, and why.
+    problems: Vec<Problem>,
 }
+
+type Problem = (Location, String, String);
 
 enum Kind {
     Map,
@@ -180,7 +183,7 @@ impl Checked {
     fn leaf(kind: Kind) -> Self {
         Checked {
             kind,
-            problem: None,
+            problems: Vec::new(),
         }
     }
 }
@@ -236,7 +239,7 @@ impl<'de> Visitor<'de> for CheckVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
-        let mut problem = None;
+        let mut problems = Vec::new();
         // Every entry is read, even after a problem, so the parser reaches the
         // end of the mapping.
         while let Some(key) = map.next_key::<Spanned<Checked>>()? {
@@ -245,7 +248,7 @@ impl<'de> Visitor<'de> for CheckVisitor {
                 other => {
                     let text = other.text().to_owned();
                     map.next_value::<IgnoredAny>()?;
-                    problem.get_or_insert((
+                    problems.push((
                         key.referenced,
                         text.clone(),
                         format!("config error, key is not of type string: {text}"),
@@ -255,7 +258,7 @@ impl<'de> Visitor<'de> for CheckVisitor {
             };
             if !KNOWN_KEYS.contains(&name.as_str()) && !EXTENSION_KEYS.contains(&name.as_str()) {
                 map.next_value::<IgnoredAny>()?;
-                problem.get_or_insert((
+                problems.push((
                     key.referenced,
                     name.clone(),
                     format!(
@@ -272,7 +275,7 @@ impl<'de> Visitor<'de> for CheckVisitor {
             }
             let value = map.next_value::<Spanned<Checked>>()?;
             if let Kind::Refused(text) = &value.value.kind {
-                problem.get_or_insert((
+                problems.push((
                     value.referenced,
                     name.clone(),
                     format!(
@@ -280,22 +283,30 @@ impl<'de> Visitor<'de> for CheckVisitor {
                     ),
                 ));
             }
-            if let Some((at, field, reason)) = value.value.problem {
-                problem.get_or_insert((at, join(&name, &field), reason));
-            }
+            problems.extend(
+                (value.value.problems.into_iter())
+                    .map(|(at, field, reason)| (at, join(&name, &field), reason)),
+            );
         }
         Ok(Checked {
             kind: Kind::Map,
-            problem,
+            problems,
         })
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
-        let mut problem = None;
+        let mut problems = Vec::new();
         let mut index = 0;
         while let Some(element) = seq.next_element::<Spanned<Checked>>()? {
-            if !matches!(element.value.kind, Kind::Map) {
-                problem.get_or_insert((
+            if matches!(element.value.kind, Kind::Map) {
+                problems.extend(
+                    (element.value.problems.into_iter()).map(|(at, field, reason)| {
+                        (at, join(&format!("[{index}]"), &field), reason)
+                    }),
+                );
+            } else {
+                // What it holds is not the schema's, so it is not looked into.
+                problems.push((
                     element.referenced,
                     format!("[{index}]"),
                     format!(
@@ -304,35 +315,37 @@ impl<'de> Visitor<'de> for CheckVisitor {
                     ),
                 ));
             }
-            if let Some((at, field, reason)) = element.value.problem {
-                problem.get_or_insert((at, join(&format!("[{index}]"), &field), reason));
-            }
             index += 1;
         }
         Ok(Checked {
             kind: Kind::Seq,
-            problem,
+            problems,
         })
     }
 }
 
 /// Reads and validates one file in envoyproxy/ratelimit's format, checking its
-/// keys first as that loader does.
-pub(crate) fn read(file: File<'_>, text: &str) -> Result<(String, Domain), ConfigError> {
+/// keys first as that loader does. A file with a key problem is read no
+/// further: a misspelt key would be reported again as the field it meant
+/// being missing.
+pub(crate) fn read(file: File<'_>, text: &str) -> Result<(String, Domain), ConfigErrors> {
     let checked: Checked = file.parse(text)?;
-    if let Some((at, field, reason)) = checked.problem {
-        return Err(file.error(at, field, reason));
+    let mut found = Found::default();
+    for (at, field, reason) in checked.problems {
+        found.push(file.error(at, field, reason));
     }
+    found.finish()?;
     compile(file, file.parse(text)?)
 }
 
-fn compile(file: File<'_>, root: EnvoyFile) -> Result<(String, Domain), ConfigError> {
+fn compile(file: File<'_>, root: EnvoyFile) -> Result<(String, Domain), ConfigErrors> {
+    let mut found = Found::default();
     for (name, misplaced) in [
         ("algorithm", &root.algorithm),
         ("unit_multiplier", &root.unit_multiplier),
     ] {
         if let Some(at) = misplaced {
-            return Err(file.at(
+            found.push(file.at(
                 at,
                 name,
                 format!("{name} belongs in rate_limit (a Tollgate extension)"),
@@ -343,13 +356,15 @@ fn compile(file: File<'_>, root: EnvoyFile) -> Result<(String, Domain), ConfigEr
         Some(d) if !d.value.0.is_empty() => d.value.0.clone(),
         present => {
             let at = present.as_ref().map(|d| d.referenced);
-            return Err(ConfigError {
+            found.push(ConfigError {
                 path: file.path.to_owned(),
                 line: at.map_or(0, |at| at.line()),
                 column: at.map_or(0, |at| at.column()),
                 field: "domain".into(),
                 reason: "config file cannot have empty domain".into(),
             });
+            // Never used: the error just found refuses the file.
+            String::new()
         }
     };
     let mut domain = Domain {
@@ -368,7 +383,9 @@ fn compile(file: File<'_>, root: EnvoyFile) -> Result<(String, Domain), ConfigEr
         },
         "descriptors",
         &root.descriptors.0,
-    )?;
+        &mut found,
+    );
+    found.finish()?;
     Ok((domain_name, domain))
 }
 
@@ -379,95 +396,112 @@ struct Level<'a> {
     value_to_metric: &'a mut Vec<bool>,
 }
 
+/// Loads `descriptors` into `domain`. A descriptor with an error is left out
+/// with the descriptors nested in it, which could only repeat its error or
+/// follow from it.
 fn load(
     file: File<'_>,
     domain: &mut Domain,
     level: &mut Level<'_>,
     field: &str,
     descriptors: &[Spanned<EnvoyDescriptor>],
-) -> Result<(), ConfigError> {
+    found: &mut Found,
+) {
     let mut seen = HashSet::new();
     for (i, spanned) in descriptors.iter().enumerate() {
         let d = &spanned.value;
         let field = format!("{field}[{i}]");
         let (key, value) = (&d.key.0, &d.value.0);
-        if key.is_empty() {
-            return Err(file.at(spanned, format!("{field}.key"), "descriptor has empty key"));
-        }
-        let composite = if value.is_empty() {
-            key.clone()
-        } else {
-            format!("{key}_{value}")
-        };
-        if level.path.is_empty() {
-            domain.top.push((
-                composite.clone(),
-                file.at(
+        let pattern = found.scope(|found| {
+            if key.is_empty() {
+                found.push(file.at(spanned, format!("{field}.key"), "descriptor has empty key"));
+                return None;
+            }
+            let composite = if value.is_empty() {
+                key.clone()
+            } else {
+                format!("{key}_{value}")
+            };
+            if level.path.is_empty() {
+                domain.top.push((
+                    composite.clone(),
+                    file.at(
+                        spanned,
+                        format!("{field}.key"),
+                        format!("duplicate descriptor composite key {composite:?}"),
+                    ),
+                ));
+            }
+            if !seen.insert(composite.clone()) {
+                // Points at the second descriptor's first line.
+                found.push(file.at(
                     spanned,
                     format!("{field}.key"),
                     format!("duplicate descriptor composite key {composite:?}"),
-                ),
-            ));
-        }
-        if !seen.insert(composite.clone()) {
-            // Points at the second descriptor's first line.
-            return Err(file.at(
-                spanned,
-                format!("{field}.key"),
-                format!("duplicate descriptor composite key {composite:?}"),
-            ));
-        }
-        for (name, misplaced) in [
-            ("algorithm", &d.algorithm),
-            ("unit_multiplier", &d.unit_multiplier),
-        ] {
-            if let Some(at) = misplaced {
-                return Err(file.at(
-                    at,
-                    format!("{field}.{name}"),
-                    format!("{name} belongs in rate_limit (a Tollgate extension)"),
+                ));
+                return None;
+            }
+            for (name, misplaced) in [
+                ("algorithm", &d.algorithm),
+                ("unit_multiplier", &d.unit_multiplier),
+            ] {
+                if let Some(at) = misplaced {
+                    found.push(file.at(
+                        at,
+                        format!("{field}.{name}"),
+                        format!("{name} belongs in rate_limit (a Tollgate extension)"),
+                    ));
+                }
+            }
+            let share = d.share_threshold.as_ref().filter(|s| s.value == Some(true));
+            if let Some(share) = share
+                && !composite.contains('*')
+            {
+                found.push(file.at(
+                    share,
+                    format!("{field}.share_threshold"),
+                    format!("share_threshold can only be used with wildcard values (containing '*'), but found key {composite:?}"),
                 ));
             }
-        }
-        let share = d.share_threshold.as_ref().filter(|s| s.value == Some(true));
-        if let Some(share) = share
-            && !composite.contains('*')
-        {
-            return Err(file.at(
-                share,
-                format!("{field}.share_threshold"),
-                format!("share_threshold can only be used with wildcard values (containing '*'), but found key {composite:?}"),
-            ));
-        }
-        level
-            .path
-            .push((key.clone(), Pattern::envoy(value, share.is_some())));
+            Some(Pattern::envoy(value, share.is_some()))
+        });
+        let Some(pattern) = pattern else {
+            continue;
+        };
+        level.path.push((key.clone(), pattern));
         level.value_to_metric.push(d.value_to_metric == Some(true));
         // Created even without a limit: a listed value exempts itself from
         // its key's catch-all rule.
         domain.tree.node(level.path);
-        if let Some(rate_limit) = &d.rate_limit {
-            let rule = rule(file, &format!("{field}.rate_limit"), rate_limit, d, level)?;
-            if let Err(existing) = domain.tree.insert(level.path, Arc::clone(&rule)) {
-                return Err(file.at(
-                    spanned,
-                    field,
-                    format!("matches the same descriptors as {}", existing.source),
-                ));
+        let limited = found.scope(|found| {
+            if let Some(rate_limit) = &d.rate_limit {
+                let field = format!("{field}.rate_limit");
+                let rule = found.scope(|found| rule(file, &field, rate_limit, d, level, found))?;
+                if let Err(existing) = domain.tree.insert(level.path, Arc::clone(&rule)) {
+                    found.push(file.at(
+                        spanned,
+                        &field,
+                        format!("matches the same descriptors as {}", existing.source),
+                    ));
+                    return None;
+                }
+                domain.rules.push(rule);
             }
-            domain.rules.push(rule);
+            Some(())
+        });
+        if limited.is_some() {
+            load(
+                file,
+                domain,
+                level,
+                &format!("{field}.descriptors"),
+                &d.descriptors.0,
+                found,
+            );
         }
-        load(
-            file,
-            domain,
-            level,
-            &format!("{field}.descriptors"),
-            &d.descriptors.0,
-        )?;
         level.path.pop();
         level.value_to_metric.pop();
     }
-    Ok(())
 }
 
 /// A `rate_limit`'s extension keys: its algorithm and how many units its
@@ -477,84 +511,86 @@ fn extension(
     file: File<'_>,
     field: &str,
     r: &EnvoyRateLimit,
-) -> Result<(Algorithm, u32), ConfigError> {
+    found: &mut Found,
+) -> Option<(Algorithm, u32)> {
     let algorithm = match &r.algorithm {
-        None => Algorithm::FixedWindow,
+        None => Some(Algorithm::FixedWindow),
         Some(a) => {
             let field = format!("{field}.algorithm");
-            let algorithm: Algorithm =
-                a.value
-                    .0
-                    .parse()
-                    .map_err(|e: tollgate_core::ParseAlgorithmError| {
-                        file.at(a, &field, e.to_string())
-                    })?;
-            if matches!(
-                algorithm,
-                Algorithm::Concurrency | Algorithm::LeakyBucketShaping { .. }
-            ) {
-                return Err(file.at(
-                    a,
-                    field,
-                    format!(
-                        "{algorithm} is not for envoyproxy/ratelimit's format: Envoy's API can neither release a permit nor hold a request (use the native format)"
-                    ),
-                ));
-            }
-            algorithm
+            let algorithm = a
+                .value
+                .0
+                .parse()
+                .map_err(|e: tollgate_core::ParseAlgorithmError| file.at(a, &field, e.to_string()))
+                .and_then(|algorithm| {
+                    if matches!(
+                        algorithm,
+                        Algorithm::Concurrency | Algorithm::LeakyBucketShaping { .. }
+                    ) {
+                        return Err(file.at(
+                            a,
+                            &field,
+                            format!(
+                                "{algorithm} is not for envoyproxy/ratelimit's format: Envoy's API can neither release a permit nor hold a request (use the native format)"
+                            ),
+                        ));
+                    }
+                    Ok(algorithm)
+                });
+            found.keep(algorithm)
         }
     };
-    let multiplier = match &r.unit_multiplier {
-        None => 1,
-        Some(n) => u32::try_from(n.value)
-            .ok()
-            .filter(|&n| n >= 1)
-            .ok_or_else(|| {
-                file.at(
-                    n,
-                    format!("{field}.unit_multiplier"),
-                    format!(
-                        "unit_multiplier must be a whole number from 1 to {}, not {}",
-                        u32::MAX,
-                        n.value
-                    ),
-                )
-            })?,
-    };
-    Ok((algorithm, multiplier))
+    let multiplier =
+        match &r.unit_multiplier {
+            None => Some(1),
+            Some(n) => found.keep(u32::try_from(n.value).ok().filter(|&n| n >= 1).ok_or_else(
+                || {
+                    file.at(
+                        n,
+                        format!("{field}.unit_multiplier"),
+                        format!(
+                            "unit_multiplier must be a whole number from 1 to {}, not {}",
+                            u32::MAX,
+                            n.value
+                        ),
+                    )
+                },
+            )),
+        };
+    Some((algorithm?, multiplier?))
 }
 
+/// A descriptor's rule. Its fields are checked each on its own, so each bad
+/// one is reported; a field that another needs stops it.
 fn rule(
     file: File<'_>,
     field: &str,
     spanned: &Spanned<EnvoyRateLimit>,
     d: &EnvoyDescriptor,
     level: &Level<'_>,
-) -> Result<Arc<Rule>, ConfigError> {
+    found: &mut Found,
+) -> Option<Arc<Rule>> {
     let r = &spanned.value;
     let name = &r.name.0;
-    for replaces in &r.replaces.0 {
+    // The first bad entry, as its loader reports it.
+    let bad_replaces = r.replaces.0.iter().find_map(|replaces| {
         if replaces.name.0.is_empty() {
-            return Err(file.at(
-                spanned,
-                format!("{field}.replaces"),
-                "should not have an empty replaces entry",
-            ));
+            Some("should not have an empty replaces entry")
+        } else if replaces.name.0 == *name {
+            Some("replaces should not contain name of same descriptor")
+        } else {
+            None
         }
-        if replaces.name.0 == *name {
-            return Err(file.at(
-                spanned,
-                format!("{field}.replaces"),
-                "replaces should not contain name of same descriptor",
-            ));
-        }
+    });
+    if let Some(reason) = bad_replaces {
+        found.push(file.at(spanned, format!("{field}.replaces"), reason));
     }
     let unit_text = r.unit.as_ref().map_or("", |u| u.value.0.as_str());
     let unit = unit_text.parse::<Unit>();
     let action = if r.unlimited == Some(true) {
         // Only a unit it can read is refused; anything else is ignored there.
         if let (Ok(_), Some(at)) = (&unit, &r.unit) {
-            return Err(file.at(
+            found.push(file.at(
                 at,
                 format!("{field}.unit"),
                 "should not specify rate limit unit when unlimited",
@@ -562,7 +598,7 @@ fn rule(
         }
         Action::Unlimited
     } else {
-        let unit = unit.map_err(|reason| {
+        let unit = found.keep(unit.map_err(|reason| {
             let reason = if unit_text.is_empty() {
                 "missing rate limit unit".to_owned()
             } else {
@@ -572,10 +608,10 @@ fn rule(
                 Some(u) => file.at(u, format!("{field}.unit"), reason),
                 None => file.at(spanned, format!("{field}.unit"), reason),
             }
-        })?;
+        }));
         let requests = match &r.requests_per_unit {
-            None => 0,
-            Some(n) => u32::try_from(n.value).map_err(|_| {
+            None => Some(0),
+            Some(n) => found.keep(u32::try_from(n.value).map_err(|_| {
                 file.at(
                     n,
                     format!("{field}.requests_per_unit"),
@@ -585,10 +621,10 @@ fn rule(
                         n.value
                     ),
                 )
-            })?,
+            })),
         };
-        let requests = u64::from(requests);
-        let (algorithm, multiplier) = extension(file, field, r)?;
+        let extension = extension(file, field, r, found);
+        let (unit, requests, (algorithm, multiplier)) = (unit?, u64::from(requests?), extension?);
         let period = unit.duration().saturating_mul(multiplier);
         match Quota::new(requests, period) {
             // envoyproxy/ratelimit's way to block a value outright.
@@ -598,7 +634,8 @@ fn rule(
                     .requests_per_unit
                     .as_ref()
                     .map_or(spanned.referenced, |n| n.referenced);
-                return Err(file.error(at, format!("{field}.requests_per_unit"), e.to_string()));
+                found.push(file.error(at, format!("{field}.requests_per_unit"), e.to_string()));
+                return None;
             }
             Ok(quota) => Action::Limit(Limited {
                 algorithm,
@@ -625,7 +662,7 @@ fn rule(
             Pattern::Glob(g) => format!("{k}_{g}"),
         })
         .collect();
-    Ok(Arc::new(Rule {
+    Some(Arc::new(Rule {
         id: Arc::from(id.join(".")),
         name: Some(name.clone()).filter(|n| !n.is_empty()),
         replaces: r.replaces.0.iter().map(|x| x.name.0.clone()).collect(),

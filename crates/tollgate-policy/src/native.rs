@@ -11,18 +11,18 @@
 //!
 //! See `examples/` at the repository root for every option, commented.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, hash_map};
 use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 use tollgate_core::{Algorithm, Quota};
 
-use crate::config::File;
+use crate::config::{ConfigErrors, File, Found};
 use crate::policy::Domain;
 use crate::rule::{Action, Limited, Priority, Tiers, envoy_limit};
 use crate::tree::Pattern;
-use crate::{ConfigError, FailurePolicy, Rule, parse_duration};
+use crate::{FailurePolicy, Rule, parse_duration};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -98,29 +98,33 @@ struct PrioritySpec {
 /// How long a concurrency permit is leased when the rule names no period.
 const DEFAULT_LEASE: &str = "1m";
 
-pub(crate) fn compile(file: File<'_>, root: NativeFile) -> Result<(String, Domain), ConfigError> {
+pub(crate) fn compile(file: File<'_>, root: NativeFile) -> Result<(String, Domain), ConfigErrors> {
+    let mut found = Found::default();
     if root.domain.value.is_empty() {
-        return Err(file.at(
+        found.push(file.at(
             &root.domain,
             "domain",
             "config file cannot have an empty domain",
         ));
     }
-    let default_algorithm = match &root.defaults.algorithm {
-        Some(a) => a
-            .value
-            .parse()
-            .map_err(|e: tollgate_core::ParseAlgorithmError| {
-                file.at(a, "defaults.algorithm", e.to_string())
-            })?,
-        None => Algorithm::Gcra,
-    };
+    // `None` when the default is refused: a rule that takes it skips what
+    // depends on it rather than guess.
+    let default_algorithm =
+        match &root.defaults.algorithm {
+            Some(a) => found.keep(a.value.parse().map_err(
+                |e: tollgate_core::ParseAlgorithmError| {
+                    file.at(a, "defaults.algorithm", e.to_string())
+                },
+            )),
+            None => Some(Algorithm::Gcra),
+        };
     let default_failure = match &root.defaults.failure {
-        Some(f) => f
-            .value
-            .parse()
-            .map_err(|e: String| file.at(f, "defaults.failure", e))?,
-        None => FailurePolicy::Local,
+        Some(f) => found.keep(
+            f.value
+                .parse()
+                .map_err(|e: String| file.at(f, "defaults.failure", e)),
+        ),
+        None => Some(FailurePolicy::Local),
     };
     let mut domain = Domain {
         source: file.path.display().to_string(),
@@ -131,13 +135,35 @@ pub(crate) fn compile(file: File<'_>, root: NativeFile) -> Result<(String, Domai
     for (i, spanned) in root.rules.iter().enumerate() {
         let field = format!("rules[{i}]");
         let r = &spanned.value;
-        let rule = rule(file, &field, spanned, default_algorithm, default_failure)?;
-        if let Some(first) = names.insert(r.name.clone(), rule.source.clone()) {
-            return Err(file.at(
+        // A refused rule is left out of the comparisons with the others.
+        let Some(rule) = found.scope(|found| {
+            rule(
+                file,
+                &field,
                 spanned,
-                format!("{field}.name"),
-                format!("duplicate rule name {:?}, first defined at {first}", r.name),
-            ));
+                default_algorithm,
+                default_failure,
+                found,
+            )
+        }) else {
+            continue;
+        };
+        match names.entry(r.name.clone()) {
+            hash_map::Entry::Occupied(first) => {
+                found.push(file.at(
+                    spanned,
+                    format!("{field}.name"),
+                    format!(
+                        "duplicate rule name {:?}, first defined at {}",
+                        r.name,
+                        first.get()
+                    ),
+                ));
+                continue;
+            }
+            hash_map::Entry::Vacant(name) => {
+                name.insert(rule.source.clone());
+            }
         }
         if let (Some(spanned_bucket), Some(limited)) = (&r.bucket, rule.limited()) {
             let bucket: Arc<str> = Arc::from(spanned_bucket.value.as_str());
@@ -150,10 +176,11 @@ pub(crate) fn compile(file: File<'_>, root: NativeFile) -> Result<(String, Domai
                         || l.quota != limited.quota
                         || l.tiers.is_some() != limited.tiers.is_some() =>
                 {
-                    return Err(file.at(spanned_bucket, format!("{field}.bucket"), format!(
+                    found.push(file.at(spanned_bucket, format!("{field}.bucket"), format!(
                         "rules sharing bucket {bucket:?} must have the same algorithm and limit as {} ({})",
                         first.id, first.source
                     )));
+                    continue;
                 }
                 _ => {
                     buckets.entry(bucket).or_insert_with(|| Arc::clone(&rule));
@@ -161,7 +188,7 @@ pub(crate) fn compile(file: File<'_>, root: NativeFile) -> Result<(String, Domai
             }
         }
         if let Err(existing) = domain.tree.insert(&rule.path, Arc::clone(&rule)) {
-            return Err(file.at(
+            found.push(file.at(
                 spanned,
                 format!("{field}.match"),
                 format!(
@@ -169,36 +196,43 @@ pub(crate) fn compile(file: File<'_>, root: NativeFile) -> Result<(String, Domai
                     existing.id, existing.source
                 ),
             ));
+            continue;
         }
         domain.rules.push(rule);
     }
+    found.finish()?;
     Ok((root.domain.value, domain))
 }
 
+/// One rule, its fields checked each on its own so that each bad one is
+/// reported; a field that another needs (the algorithm, for the limit's
+/// default period) stops that one. Built only when nothing was found
+/// ([`Found::scope`]).
 fn rule(
     file: File<'_>,
     field: &str,
     spanned: &Spanned<NativeRule>,
-    default_algorithm: Algorithm,
-    default_failure: FailurePolicy,
-) -> Result<Arc<Rule>, ConfigError> {
+    default_algorithm: Option<Algorithm>,
+    default_failure: Option<FailurePolicy>,
+    found: &mut Found,
+) -> Option<Arc<Rule>> {
     let r = &spanned.value;
-    let err = |sub: &str, reason: String| file.at(spanned, format!("{field}.{sub}"), reason);
+    let err = |sub: &str, reason: &str| file.at(spanned, format!("{field}.{sub}"), reason);
     if r.name.is_empty() {
-        return Err(err(
+        found.push(err(
             "name",
-            "every rule needs a name (metrics and the kill switch use it)".into(),
+            "every rule needs a name (metrics and the kill switch use it)",
         ));
     }
     if r.matches.is_empty() {
-        return Err(err(
+        found.push(err(
             "match",
-            "a rule must match at least one descriptor entry".into(),
+            "a rule must match at least one descriptor entry",
         ));
     }
     for (j, m) in r.matches.iter().enumerate() {
         if m.value.key.is_empty() {
-            return Err(file.at(
+            found.push(file.at(
                 m,
                 format!("{field}.match[{j}].key"),
                 "match entry has an empty key",
@@ -207,131 +241,59 @@ fn rule(
     }
     let given = [r.unlimited, r.limit.is_some(), r.tiers.is_some()];
     if given.iter().filter(|&&g| g).count() != 1 {
-        return Err(err(
+        found.push(err(
             "limit",
-            "a rule has exactly one of `limit`, `tiers` or `unlimited: true`".into(),
+            "a rule has exactly one of `limit`, `tiers` or `unlimited: true`",
         ));
     }
-    let mut algorithm = match &r.algorithm {
-        Some(a) => a
-            .value
-            .parse()
-            .map_err(|e: tollgate_core::ParseAlgorithmError| {
-                file.at(a, format!("{field}.algorithm"), e.to_string())
-            })?,
-        None => default_algorithm,
-    };
-    if let Some(delay_after) = &r.delay_after {
-        if !matches!(algorithm, Algorithm::LeakyBucketShaping { .. }) {
-            return Err(file.at(
-                delay_after,
-                format!("{field}.delay_after"),
-                "delay_after applies only to leaky-bucket-shaping",
-            ));
-        }
-        algorithm = Algorithm::LeakyBucketShaping {
-            delay_after: delay_after.value,
+    let algorithm =
+        match &r.algorithm {
+            Some(a) => found.keep(a.value.parse().map_err(
+                |e: tollgate_core::ParseAlgorithmError| {
+                    file.at(a, format!("{field}.algorithm"), e.to_string())
+                },
+            )),
+            None => default_algorithm,
         };
-    }
+    let algorithm = match (&r.delay_after, algorithm) {
+        (Some(delay_after), Some(algorithm)) => {
+            if matches!(algorithm, Algorithm::LeakyBucketShaping { .. }) {
+                Some(Algorithm::LeakyBucketShaping {
+                    delay_after: delay_after.value,
+                })
+            } else {
+                found.push(file.at(
+                    delay_after,
+                    format!("{field}.delay_after"),
+                    "delay_after applies only to leaky-bucket-shaping",
+                ));
+                Some(algorithm)
+            }
+        }
+        (_, algorithm) => algorithm,
+    };
     let failure = match &r.failure {
-        Some(f) => f
-            .value
-            .parse()
-            .map_err(|e: String| file.at(f, format!("{field}.failure"), e))?,
+        Some(f) => found.keep(
+            f.value
+                .parse()
+                .map_err(|e: String| file.at(f, format!("{field}.failure"), e)),
+        ),
         None => default_failure,
     };
     let match_keys: Vec<&str> = r.matches.iter().map(|m| m.value.key.as_str()).collect();
-    let quota_of = |spec: &Spanned<LimitSpec>, sub: &str| {
-        quota(file, &format!("{field}.{sub}"), spec, algorithm)
-    };
-    let (quota, tiers) = match (&r.limit, &r.tiers) {
-        (Some(limit), _) => (Some(quota_of(limit, "limit")?), None),
-        (None, Some(t)) => {
-            let tf = format!("{field}.tiers");
-            if !match_keys.contains(&t.value.by.value.as_str()) {
-                return Err(file.at(
-                    &t.value.by,
-                    format!("{tf}.by"),
-                    format!(
-                        "{:?} is not one of the rule's match keys {match_keys:?}",
-                        t.value.by.value
-                    ),
-                ));
-            }
-            let mut quotas = HashMap::new();
-            for (name, spec) in &t.value.limits {
-                quotas.insert(
-                    name.clone(),
-                    quota_of(spec, &format!("tiers.limits.{name}"))?,
-                );
-            }
-            let Some(&default) = quotas.get(&t.value.default.value) else {
-                return Err(file.at(
-                    &t.value.default,
-                    format!("{tf}.default"),
-                    format!(
-                        "default tier {:?} is not among the tiers' limits",
-                        t.value.default.value
-                    ),
-                ));
-            };
-            let tiers = Tiers {
-                by: t.value.by.value.clone(),
-                default: t.value.default.value.clone(),
-                quotas,
-            };
-            (Some(default), Some(tiers))
+    let limits = match (&r.limit, &r.tiers) {
+        (Some(limit), _) => {
+            quota(file, &format!("{field}.limit"), limit, algorithm, found).map(|q| (Some(q), None))
         }
-        (None, None) => (None, None),
+        (None, Some(t)) => tiers(file, field, t, algorithm, &match_keys, found)
+            .map(|(default, tiers)| (Some(default), Some(tiers))),
+        (None, None) => Some((None, None)),
     };
     let priority = match &r.priority {
-        None => None,
-        Some(p) => {
-            let pf = format!("{field}.priority");
-            if !match_keys.contains(&p.value.by.value.as_str()) {
-                return Err(file.at(
-                    &p.value.by,
-                    format!("{pf}.by"),
-                    format!(
-                        "{:?} is not one of the rule's match keys {match_keys:?}",
-                        p.value.by.value
-                    ),
-                ));
-            }
-            if algorithm == Algorithm::TokenBucket {
-                return Err(file.at(p, pf, "a priority reserve needs gcra, a leaky bucket, a window or concurrency: a token bucket clamps its stored tokens to the capacity it is checked with"));
-            }
-            if let Some((class, share)) = p
-                .value
-                .shares
-                .iter()
-                .find(|(_, s)| !(1..=100).contains(&s.value))
-            {
-                return Err(file.at(
-                    share,
-                    format!("{pf}.shares.{class}"),
-                    format!("share {} is not a percentage from 1 to 100", share.value),
-                ));
-            }
-            if !p.value.shares.contains_key(&p.value.default.value) {
-                return Err(file.at(
-                    &p.value.default,
-                    format!("{pf}.default"),
-                    format!("default class {:?} has no share", p.value.default.value),
-                ));
-            }
-            Some(Priority {
-                by: p.value.by.value.clone(),
-                default: p.value.default.value.clone(),
-                shares: p
-                    .value
-                    .shares
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.value))
-                    .collect(),
-            })
-        }
+        None => Some(None),
+        Some(p) => priority(file, field, p, algorithm, &match_keys, found).map(Some),
     };
+    let (algorithm, failure, (quota, tiers), priority) = (algorithm?, failure?, limits?, priority?);
     let action = quota.map_or(Action::Unlimited, |quota| {
         Action::Limit(Limited {
             algorithm,
@@ -343,7 +305,7 @@ fn rule(
             envoy: envoy_limit(&quota),
         })
     });
-    Ok(Arc::new(Rule {
+    Some(Arc::new(Rule {
         id: Arc::from(r.name.as_str()),
         name: Some(r.name.clone()),
         replaces: Vec::new(),
@@ -369,31 +331,145 @@ fn rule(
     }))
 }
 
+/// A `tiers` section: the default tier's quota and the tiers.
+fn tiers(
+    file: File<'_>,
+    field: &str,
+    spanned: &Spanned<TiersSpec>,
+    algorithm: Option<Algorithm>,
+    match_keys: &[&str],
+    found: &mut Found,
+) -> Option<(Quota, Tiers)> {
+    let t = &spanned.value;
+    let tf = format!("{field}.tiers");
+    if !match_keys.contains(&t.by.value.as_str()) {
+        found.push(file.at(
+            &t.by,
+            format!("{tf}.by"),
+            format!(
+                "{:?} is not one of the rule's match keys {match_keys:?}",
+                t.by.value
+            ),
+        ));
+    }
+    let mut quotas = HashMap::new();
+    for (name, spec) in &t.limits {
+        if let Some(quota) = quota(file, &format!("{tf}.limits.{name}"), spec, algorithm, found) {
+            quotas.insert(name.clone(), quota);
+        }
+    }
+    // Against the names, not the quotas: a default whose limit is refused
+    // is reported once, for its limit.
+    if !t.limits.contains_key(&t.default.value) {
+        found.push(file.at(
+            &t.default,
+            format!("{tf}.default"),
+            format!(
+                "default tier {:?} is not among the tiers' limits",
+                t.default.value
+            ),
+        ));
+        return None;
+    }
+    let default = *quotas.get(&t.default.value)?;
+    Some((
+        default,
+        Tiers {
+            by: t.by.value.clone(),
+            default: t.default.value.clone(),
+            quotas,
+        },
+    ))
+}
+
+/// A `priority` section.
+fn priority(
+    file: File<'_>,
+    field: &str,
+    spanned: &Spanned<PrioritySpec>,
+    algorithm: Option<Algorithm>,
+    match_keys: &[&str],
+    found: &mut Found,
+) -> Option<Priority> {
+    let p = &spanned.value;
+    let pf = format!("{field}.priority");
+    if !match_keys.contains(&p.by.value.as_str()) {
+        found.push(file.at(
+            &p.by,
+            format!("{pf}.by"),
+            format!(
+                "{:?} is not one of the rule's match keys {match_keys:?}",
+                p.by.value
+            ),
+        ));
+    }
+    if algorithm == Some(Algorithm::TokenBucket) {
+        found.push(file.at(spanned, &pf, "a priority reserve needs gcra, a leaky bucket, a window or concurrency: a token bucket clamps its stored tokens to the capacity it is checked with"));
+    }
+    for (class, share) in p
+        .shares
+        .iter()
+        .filter(|(_, s)| !(1..=100).contains(&s.value))
+    {
+        found.push(file.at(
+            share,
+            format!("{pf}.shares.{class}"),
+            format!("share {} is not a percentage from 1 to 100", share.value),
+        ));
+    }
+    if !p.shares.contains_key(&p.default.value) {
+        found.push(file.at(
+            &p.default,
+            format!("{pf}.default"),
+            format!("default class {:?} has no share", p.default.value),
+        ));
+    }
+    Some(Priority {
+        by: p.by.value.clone(),
+        default: p.default.value.clone(),
+        shares: p.shares.iter().map(|(k, v)| (k.clone(), v.value)).collect(),
+    })
+}
+
+/// A limit's quota; `None` once its error is in `found`, or when the
+/// algorithm it depends on is refused already.
 fn quota(
     file: File<'_>,
     field: &str,
     spec: &Spanned<LimitSpec>,
-    algorithm: Algorithm,
-) -> Result<Quota, ConfigError> {
+    algorithm: Option<Algorithm>,
+    found: &mut Found,
+) -> Option<Quota> {
     let s = &spec.value;
     let period = match (&s.per, algorithm) {
-        (Some(per), _) => parse_duration(&per.value)
-            .map_err(|e| file.at(per, format!("{field}.per"), e.to_string()))?,
-        (None, Algorithm::Concurrency) => parse_duration(DEFAULT_LEASE).expect("a valid default"),
-        (None, _) => {
-            return Err(file.at(
+        (Some(per), _) => found.keep(
+            parse_duration(&per.value)
+                .map_err(|e| file.at(per, format!("{field}.per"), e.to_string())),
+        )?,
+        (None, Some(Algorithm::Concurrency)) => {
+            parse_duration(DEFAULT_LEASE).expect("a valid default")
+        }
+        (None, Some(_)) => {
+            found.push(file.at(
                 spec,
                 format!("{field}.per"),
                 "missing `per`: the period the requests are counted over, e.g. 1s or 1m",
             ));
+            return None;
         }
+        // Whether it needs a period depends on the refused algorithm.
+        (None, None) => return None,
     };
-    let quota = Quota::new(s.requests.value, period)
-        .map_err(|e| file.at(&s.requests, format!("{field}.requests"), e.to_string()))?;
+    let quota = found.keep(
+        Quota::new(s.requests.value, period)
+            .map_err(|e| file.at(&s.requests, format!("{field}.requests"), e.to_string())),
+    )?;
     match &s.burst {
-        Some(burst) => quota
-            .with_burst(burst.value)
-            .map_err(|e| file.at(burst, format!("{field}.burst"), e.to_string())),
-        None => Ok(quota),
+        Some(burst) => found.keep(
+            quota
+                .with_burst(burst.value)
+                .map_err(|e| file.at(burst, format!("{field}.burst"), e.to_string())),
+        ),
+        None => Some(quota),
     }
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use tollgate_core::{Algorithm, Limit, Quota, QuotaError};
 
+use crate::config::ConfigErrors;
 use crate::rule::{Action, Limited, envoy_limit};
 use crate::tree::Node;
 use crate::{
@@ -144,16 +145,22 @@ impl Policy {
         let mut policy = Policy::default();
         for file in files {
             let text = std::fs::read_to_string(&file).map_err(|e| io_error(&file, e))?;
-            policy.add_file(&file, &text, merge)?;
+            policy.add_file(&file, &text, merge).map_err(|e| e.first)?;
         }
         Ok(policy)
     }
 
     /// Every error [`Policy::load_files`] can find in `path`, rather than
-    /// only the first: the first error of each file, each file read on its
-    /// own, then what the files that read well refuse together (a domain
-    /// defined twice, a merged descriptor repeated, a second `store`
-    /// section), files in name order. Empty exactly when
+    /// only the first: every error of each file, each file read on its own,
+    /// then what the files that read well refuse together (a domain defined
+    /// twice, a merged descriptor repeated, a second `store` section), files
+    /// in name order. A file's errors are in the order the loader meets
+    /// them, so its first is the one [`Policy::load_files`] reports. The
+    /// loader goes on past a bad rule or descriptor, leaving it out (with
+    /// its nested descriptors) of what follows, so one mistake gives one
+    /// error; a YAML syntax error, a value of the wrong type, a native
+    /// file's unknown field or an envoyproxy/ratelimit file's bad key stops
+    /// its file's checks there (every bad key is listed). Empty exactly when
     /// [`Policy::load_files`] loads the path. For `tollgate check-config`.
     pub fn load_errors(path: &Path, files: ConfigFiles) -> Vec<ConfigError> {
         let io_error = |path: &Path, e: std::io::Error| ConfigError {
@@ -171,15 +178,16 @@ impl Policy {
         let mut errors = Vec::new();
         let mut good = Vec::new();
         for file in list {
-            let read = std::fs::read_to_string(&file)
-                .map_err(|e| io_error(&file, e))
-                .and_then(|text| {
-                    Policy::default().add_file(&file, &text, merge)?;
-                    Ok(text)
-                });
-            match read {
-                Ok(text) => good.push((file, text)),
-                Err(e) => errors.push(e),
+            let text = match std::fs::read_to_string(&file) {
+                Ok(text) => text,
+                Err(e) => {
+                    errors.push(io_error(&file, e));
+                    continue;
+                }
+            };
+            match Policy::default().add_file(&file, &text, merge) {
+                Ok(()) => good.push((file, text)),
+                Err(e) => errors.extend(e.into_vec()),
             }
         }
         // A refused file leaves the policy as it was, so every later
@@ -187,7 +195,7 @@ impl Policy {
         let mut together = Policy::default();
         for (file, text) in good {
             if let Err(e) = together.add_file(&file, &text, merge) {
-                errors.push(e);
+                errors.extend(e.into_vec());
             }
         }
         errors
@@ -196,7 +204,9 @@ impl Policy {
     /// Reads one config file's text; `name` is how errors name the file.
     pub fn parse(name: impl AsRef<Path>, text: &str) -> Result<Self, ConfigError> {
         let mut policy = Policy::default();
-        policy.add_file(name.as_ref(), text, false)?;
+        policy
+            .add_file(name.as_ref(), text, false)
+            .map_err(|e| e.first)?;
         Ok(policy)
     }
 
@@ -207,7 +217,9 @@ impl Policy {
     ) -> Result<Self, ConfigError> {
         let mut policy = Policy::default();
         for (name, text) in configs {
-            policy.add_file(name.as_ref(), text.as_ref(), false)?;
+            policy
+                .add_file(name.as_ref(), text.as_ref(), false)
+                .map_err(|e| e.first)?;
         }
         Ok(policy)
     }
@@ -220,11 +232,11 @@ impl Policy {
         path: &Path,
         text: &str,
         merge: bool,
-    ) -> Result<(), ConfigError> {
+    ) -> Result<(), ConfigErrors> {
         let read = crate::config::read_any(path, text)?;
         if let Some(store) = read.store {
             if let Some((first, _)) = &self.store {
-                return Err(ConfigError {
+                return Err(ConfigErrors::from(ConfigError {
                     path: path.to_owned(),
                     line: 1,
                     column: 1,
@@ -233,7 +245,7 @@ impl Policy {
                         "a second `store` section; the first is in {}",
                         first.display()
                     ),
-                });
+                }));
             }
             self.store = Some((path.to_owned(), store));
         }
@@ -245,10 +257,10 @@ impl Policy {
             && existing.envoy
             && domain.envoy
         {
-            return existing.merge(domain);
+            return Ok(existing.merge(domain)?);
         }
         if let Some(existing) = self.domains.get(&name) {
-            return Err(ConfigError {
+            return Err(ConfigErrors::from(ConfigError {
                 path: path.to_owned(),
                 line: 1,
                 column: 1,
@@ -257,7 +269,7 @@ impl Policy {
                     "duplicate domain {name:?}, already defined in {}",
                     existing.source
                 ),
-            });
+            }));
         }
         self.domains.insert(name, domain);
         Ok(())

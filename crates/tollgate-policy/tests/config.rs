@@ -895,3 +895,229 @@ fn load_errors_gives_every_files_first_error_then_the_clashes() {
     assert!(Policy::load(dir.path()).is_ok());
     assert_eq!(Policy::load_errors(dir.path(), ConfigFiles::default()), []);
 }
+
+/// `(line, field, reason)` of every error `Policy::load_errors` finds in a
+/// file holding `text`, once it is checked that the load path (a file, a
+/// directory, a text) reports the first of them, as it always has.
+fn every_error(text: &str) -> Vec<(u64, String, String)> {
+    use tollgate_policy::ConfigFiles;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, text).unwrap();
+    let errors = Policy::load_errors(&path, ConfigFiles::default());
+    let first = Policy::load(&path).expect_err("refused");
+    assert_eq!(errors.first(), Some(&first), "{errors:#?}");
+    assert_eq!(Policy::load(dir.path()).expect_err("refused"), first);
+    assert_eq!(Policy::parse(&path, text).expect_err("refused"), first);
+    errors
+        .into_iter()
+        .map(|e| (e.line, e.field, e.reason))
+        .collect()
+}
+
+/// `(line, field)` of each error.
+fn where_(errors: &[(u64, String, String)]) -> Vec<(u64, &str)> {
+    errors.iter().map(|(l, f, _)| (*l, f.as_str())).collect()
+}
+
+/// The loader goes on past every bad field and descriptor of an
+/// envoyproxy/ratelimit file: each is listed once, in the order it checks,
+/// and a refused descriptor's nested descriptors are left out (those under
+/// a bad limit and an empty key hold a bad unit; one under a repeated key
+/// would match the same descriptors as the first's).
+#[test]
+fn every_error_of_an_envoy_file_is_listed_once() {
+    let text = "\
+domain: \"\"
+descriptors:
+  - key: a
+    rate_limit:
+      unit: fortnight
+      requests_per_unit: -1
+      unit_multiplier: 0
+    descriptors:
+      - key: inner
+        rate_limit: { unit: eon }
+  - key: \"\"
+    descriptors:
+      - key: inner
+        rate_limit: { unit: eon }
+  - key: c
+    descriptors:
+      - key: inner
+        rate_limit: { unit: second, requests_per_unit: 1 }
+  - key: c
+    descriptors:
+      - key: inner
+        rate_limit: { unit: second, requests_per_unit: 1 }
+  - key: d
+    value: v
+    share_threshold: true
+    algorithm: gcra
+  - key: e
+    rate_limit:
+      name: e
+      replaces: [{ name: e }, { name: \"\" }]
+      unit: second
+      requests_per_unit: 1
+  - key: f
+    rate_limit: { unit: second, requests_per_unit: 1, algorithm: concurrency }
+";
+    let errors = every_error(text);
+    assert_eq!(
+        where_(&errors),
+        [
+            (1, "domain"),
+            (5, "descriptors[0].rate_limit.unit"),
+            (6, "descriptors[0].rate_limit.requests_per_unit"),
+            (7, "descriptors[0].rate_limit.unit_multiplier"),
+            (11, "descriptors[1].key"),
+            (19, "descriptors[3].key"),
+            (26, "descriptors[4].algorithm"),
+            (25, "descriptors[4].share_threshold"),
+            (29, "descriptors[5].rate_limit.replaces"),
+            (34, "descriptors[6].rate_limit.algorithm"),
+        ],
+        "{errors:#?}"
+    );
+    let reasons: Vec<&str> = errors.iter().map(|(.., r)| r.as_str()).collect();
+    for (reason, says) in reasons.iter().zip([
+        "empty domain",
+        "invalid rate limit unit \"fortnight\"",
+        "not -1",
+        "not 0",
+        "descriptor has empty key",
+        "duplicate descriptor composite key \"c\"",
+        "algorithm belongs in rate_limit",
+        "share_threshold can only be used with wildcard values",
+        // The first bad entry only: one field, one error.
+        "replaces should not contain name of same descriptor",
+        "concurrency is not for envoyproxy/ratelimit's format",
+    ]) {
+        assert!(reason.contains(says), "{reason:?} should say {says:?}");
+    }
+}
+
+/// Every bad key is listed, and a file with one is checked no further: a
+/// misspelt `unit` is not reported again as a missing unit.
+#[test]
+fn every_bad_key_of_an_envoy_file_is_listed_and_nothing_more() {
+    let text = "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit: { uint: second, requests_per_unit: 1 }
+  - key: b
+    ratelimit: { unit: second, requests_per_unit: 1 }
+  - key: c
+    rate_limit: { unit: second, requests_per_unit: 1.5 }
+  - [nested, list]
+";
+    let errors = every_error(text);
+    assert_eq!(
+        where_(&errors),
+        [
+            (4, "descriptors[0].rate_limit.uint"),
+            (6, "descriptors[1].ratelimit"),
+            (8, "descriptors[2].rate_limit.requests_per_unit"),
+            (9, "descriptors[3]"),
+        ],
+        "{errors:#?}"
+    );
+}
+
+/// The loader goes on past every bad field and rule of a native file: each
+/// is listed once, in the order it checks, and a refused rule is left out
+/// of the comparisons with the others (a repeated name is not also an
+/// overlap; a default tier whose limit is bad is not also a missing one).
+#[test]
+fn every_error_of_a_native_file_is_listed_once() {
+    let text = "\
+domain: \"\"
+rules:
+  - name: \"\"
+    match: [{ key: \"\" }, { key: k }]
+    limit: { requests: 1, per: 10 parsecs }
+  - name: dup
+    match: [{ key: a }]
+    limit: { requests: 1, per: 1s }
+  - name: dup
+    match: [{ key: a }]
+    limit: { requests: 1, per: 1s }
+  - name: tiered
+    match: [{ key: t }]
+    tiers: { by: t, default: free, limits: { free: { requests: 0, per: 1s }, paid: { requests: 5, per: 1 eon } } }
+  - name: reserved
+    match: [{ key: p }]
+    algorithm: token-bucket
+    limit: { requests: 1, per: 1s }
+    priority: { by: q, default: low, shares: { high: 0, low: 101 } }
+  - name: shaped
+    match: [{ key: s }]
+    delay_after: 3
+    failure: sometimes
+    limit: { requests: 1, per: 1s }
+";
+    let errors = every_error(text);
+    assert_eq!(
+        where_(&errors),
+        [
+            (1, "domain"),
+            (3, "rules[0].name"),
+            (4, "rules[0].match[0].key"),
+            (5, "rules[0].limit.per"),
+            (9, "rules[2].name"),
+            (14, "rules[3].tiers.limits.free.requests"),
+            (14, "rules[3].tiers.limits.paid.per"),
+            (19, "rules[4].priority.by"),
+            (19, "rules[4].priority"),
+            (19, "rules[4].priority.shares.high"),
+            (19, "rules[4].priority.shares.low"),
+            (22, "rules[5].delay_after"),
+            (23, "rules[5].failure"),
+        ],
+        "{errors:#?}"
+    );
+    assert!(
+        errors[4].2.contains("duplicate rule name \"dup\""),
+        "{errors:#?}"
+    );
+}
+
+/// A refused default is reported once: a rule that takes it is checked
+/// for what does not depend on it, and not refused for what does (a limit
+/// without `per` needs one only if the algorithm is not concurrency).
+#[test]
+fn a_refused_default_is_not_reported_again_by_the_rules_that_take_it() {
+    let text = "\
+domain: d
+defaults: { algorithm: quantum }
+rules:
+  - name: a
+    match: [{ key: a }]
+    limit: { requests: 5 }
+  - name: b
+    match: [{ key: b }]
+    limit: { requests: 5, per: 10 parsecs }
+";
+    let errors = every_error(text);
+    assert_eq!(
+        where_(&errors),
+        [(2, "defaults.algorithm"), (9, "rules[1].limit.per")],
+        "{errors:#?}"
+    );
+}
+
+/// What serde refuses stops the file at its first error: there is no value
+/// to go on with.
+#[test]
+fn a_syntax_or_type_error_is_its_files_only_error() {
+    for text in [
+        "domain: d\nrules:\n  - name: [unclosed\n  - name: \"\"\n",
+        "domain: d\nrules:\n  - name: a\n    match: [{ key: a }]\n    limit: { requests: -1, per: 1s }\n  - name: \"\"\n",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: true }\n  - key: \"\"\n",
+    ] {
+        let errors = every_error(text);
+        assert_eq!(errors.len(), 1, "{text}: {errors:#?}");
+    }
+}

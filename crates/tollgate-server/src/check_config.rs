@@ -6,9 +6,9 @@
 //! the same file options), refused as serve refuses it at start-up (no rules,
 //! a limit the store cannot hold), and the domains of all PATHs must not
 //! clash. A valid config prints its rules; an invalid one prints every error
-//! found: the first of each file (the loader stops at a file's first error),
-//! then what the files refuse together. Exit status: 0 valid, 1 invalid, 2 a
-//! usage error (clap's).
+//! found: every error of each file (`Policy::load_errors`; the first of each
+//! is the one serve reports), then what the files refuse together. Exit
+//! status: 0 valid, 1 invalid, 2 a usage error (clap's).
 
 use std::collections::BTreeMap;
 use std::io::Write;

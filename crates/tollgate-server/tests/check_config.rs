@@ -318,6 +318,122 @@ fn two_bad_files_report_both_errors_with_line_and_field() {
     );
 }
 
+/// A native file with two independent errors.
+const NATIVE_ERRORS: &str = "\
+domain: api
+rules:
+  - name: per-user
+    match: [{ key: user }]
+    limit: { requests: 100, per: 10 parsecs }
+  - name: login
+    match: [{ key: path, value: /login }]
+    limit: { requests: 5, per: 10s }
+  - name: search
+    match: [{ key: path, value: /search }]
+    algorithm: quantum
+    limit: { requests: 5, per: 10s }
+";
+
+/// An envoyproxy/ratelimit file with three independent errors, and a bad
+/// unit nested under the first (left out with the refused descriptor).
+const ENVOY_ERRORS: &str = "\
+domain: edge
+descriptors:
+  - key: a
+    rate_limit:
+      unit: fortnight
+      requests_per_unit: 10
+    descriptors:
+      - key: inner
+        rate_limit: { unit: eon, requests_per_unit: 1 }
+  - key: b
+    rate_limit:
+      unit: second
+      requests_per_unit: -1
+  - key: c
+    rate_limit:
+      unit: minute
+      requests_per_unit: 5
+      algorithm: concurrency
+  - key: d
+    rate_limit: { unit: second, requests_per_unit: 1 }
+";
+
+/// Every error of a file is reported, not only its first, in the table and
+/// in JSON, each with its line and field; the first of each file is the
+/// error serve reports for it. A refused descriptor is left out with its
+/// nested descriptors, so nothing is reported twice or as a consequence.
+#[test]
+fn every_error_of_each_file_is_reported_not_only_the_first() {
+    let dir = config_dir(&[("api.yaml", NATIVE_ERRORS), ("edge.yaml", ENVOY_ERRORS)]);
+    let path = dir.path().to_str().unwrap();
+    let expected = [
+        ("api.yaml", 5, "rules[0].limit.per", "10 parsecs"),
+        ("api.yaml", 11, "rules[2].algorithm", "quantum"),
+        (
+            "edge.yaml",
+            5,
+            "descriptors[0].rate_limit.unit",
+            "invalid rate limit unit \"fortnight\"",
+        ),
+        (
+            "edge.yaml",
+            13,
+            "descriptors[1].rate_limit.requests_per_unit",
+            "not -1",
+        ),
+        (
+            "edge.yaml",
+            18,
+            "descriptors[2].rate_limit.algorithm",
+            "concurrency is not for envoyproxy/ratelimit's format",
+        ),
+    ];
+
+    let (code, report) = json(&[path]);
+    assert_eq!(code, Some(1));
+    assert_eq!(report["valid"], false);
+    assert_eq!(report["rules"], serde_json::json!([]));
+    let got = errors(&report);
+    assert_eq!(got.len(), expected.len(), "{got:#?}");
+    for (error, (file, line, field, says)) in got.iter().zip(expected) {
+        assert_eq!(
+            (error.0.as_str(), error.1, error.2.as_str()),
+            (file, line, field),
+            "{got:#?}"
+        );
+        assert!(error.3.contains(says), "{:?} should say {says:?}", error.3);
+    }
+    for name in ["api.yaml", "edge.yaml"] {
+        let served = Policy::load(&dir.path().join(name)).expect_err("refused");
+        let first = got.iter().find(|e| e.0 == name).unwrap();
+        assert_eq!(
+            (served.line, &served.field, &served.reason),
+            (first.1, &first.2, &first.3),
+            "{name}: the load path reports the first"
+        );
+    }
+
+    let out = check(&[path]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("FILE"), "{text}");
+    assert_eq!(lines.len(), 1 + expected.len(), "{text}");
+    for (row, (file, line, field, says)) in lines[1..].iter().zip(expected) {
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert!(cells[0].ends_with(file), "{row}");
+        assert_eq!(cells[1], line.to_string(), "{row}");
+        assert_eq!(cells[3], field, "{row}");
+        assert!(row.contains(says), "{row}");
+    }
+    assert!(
+        stderr(&out).contains("invalid, 5 errors in 2 files"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn a_domain_defined_twice_names_both_files() {
     let other = NATIVE.replace("name: per-user", "name: someone");
@@ -357,7 +473,7 @@ fn paths_given_together_must_not_share_a_domain() {
 }
 
 /// envoyproxy/ratelimit's refused fixtures in one directory: every one is
-/// reported, each at the line and field, and for the reason, that its
+/// reported, each first at the line and field, and for the reason, that its
 /// `test/config/config_test.go` expects (as `tollgate-policy`'s
 /// `tests/envoy.rs` asserts them), and the duplicate domain across files too.
 #[test]
@@ -458,7 +574,22 @@ fn every_refused_envoy_fixture_is_reported_at_once() {
     let (code, report) = json(&[dir.path().to_str().unwrap()]);
     assert_eq!(code, Some(1));
     let got = errors(&report);
-    assert_eq!(got.len(), refused.len() + 2, "{got:#?}");
+    // Every error of a file: non_map_list.yaml's three elements are each
+    // refused (its loader stops at the first, which comes first).
+    let non_map: Vec<_> = got
+        .iter()
+        .filter(|e| e.0 == "non_map_list.yaml")
+        .map(|e| (e.1, e.2.as_str(), e.3.rsplit(": ").next().unwrap()))
+        .collect();
+    assert_eq!(
+        non_map,
+        [
+            (3, "descriptors[0]", "a"),
+            (4, "descriptors[1]", "b"),
+            (5, "descriptors[2]", "c")
+        ]
+    );
+    assert_eq!(got.len(), refused.len() + 2 + 2, "{got:#?}");
     for (name, line, field, reason) in refused {
         let (_, got_line, got_field, got_reason) = got
             .iter()
