@@ -510,7 +510,11 @@ async fn launch(
         Arc::clone(&clock),
     )
     .await?;
-    tracing::info!(store = store.describe(), "store ready");
+    tracing::info!(
+        store = store.describe(),
+        redis_code = store.redis_code(),
+        "store ready"
+    );
     let live = Arc::new(live::Live::new(Arc::clone(&clock), source));
     let enforcer: Arc<Enforcer<Backend>> = Arc::new(
         Enforcer::new(handle.clone(), store)

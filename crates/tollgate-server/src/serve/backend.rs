@@ -488,6 +488,19 @@ impl Backend {
     }
 
     /// Which store this is, for the start-up log.
+    /// How Redis runs the store's code (`function` or `script`); `None`
+    /// without Redis.
+    pub(crate) fn redis_code(&self) -> Option<&'static str> {
+        match self {
+            Backend::Memory(_) => None,
+            Backend::Redis(stack) => Some(if stack.inner().inner().redis().uses_functions() {
+                "function"
+            } else {
+                "script"
+            }),
+        }
+    }
+
     pub(crate) fn describe(&self) -> &'static str {
         match self {
             Backend::Memory(_) => "memory",
