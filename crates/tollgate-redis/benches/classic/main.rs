@@ -21,6 +21,12 @@
 //!   subject;
 //! - the ratio of decisions/s to the classic script's in the same cell.
 //!
+//! The keys a cell's checks write expire within milliseconds (once their
+//! state is full again), so before the cells of 1,000,000 keys or more the
+//! masters are filled with that many other keys (`DEBUG POPULATE`, spread
+//! over the masters), removed after the cell: every lookup then searches a
+//! dictionary of that size, as in a Redis that holds that many limits.
+//!
 //! Each run starts with `CONFIG RESETSTAT`; `INFO commandstats` after it gives
 //! each command's µs per call and calls per decision (commands called from a
 //! script or a module included; a script's time, `EVALSHA` or `FCALL`,
@@ -53,6 +59,8 @@ use sides::{Checker, Side};
 
 const CALLERS: usize = 50;
 const KEY_COUNTS: [u64; 3] = [1, 100_000, 10_000_000];
+/// Cells of this many keys or more run on a keyspace filled to their size.
+const BALLAST_FROM: u64 = 1_000_000;
 const WARMUP: f64 = 1.0;
 const SECONDS: f64 = 2.0;
 const REPETITIONS: usize = 3;
@@ -261,6 +269,11 @@ async fn deployment_cells<C>(
     let mut seed = 0;
     for &keys in key_counts {
         eprintln!("== {topology}, {keys} keys");
+        let ballast = keys >= BALLAST_FROM;
+        if ballast {
+            let per_master = (keys / admin.len() as u64).to_string();
+            on_masters(&mut admin, &["DEBUG", "POPULATE", &per_master, "ballast", "16"]).await;
+        }
         for &side in sides {
             seed += 1;
             run(&checker, side, keys, seed, WARMUP, &mut admin).await;
@@ -297,7 +310,7 @@ async fn deployment_cells<C>(
         let live = info_sum(&mut admin, "keyspace", "db0:keys=").await;
         notes.push(format!(
             "touched, {topology}, {keys} keys: {} decisions per side over the measured runs; \
-             {} keys live at the end (keys expire once their state is back to full), \
+             {} keys live at the end (the ballast included; a side's expire once their state is back to full), \
              used_memory {:.1} MiB",
             sides
                 .iter()
@@ -312,6 +325,9 @@ async fn deployment_cells<C>(
             live,
             info_sum(&mut admin, "memory", "used_memory:").await as f64 / (1 << 20) as f64,
         ));
+        if ballast {
+            on_masters(&mut admin, &["FLUSHALL"]).await;
+        }
     }
     notes.push(format!(
         "tollgate stats ({topology}): {:?}",

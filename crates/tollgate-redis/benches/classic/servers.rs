@@ -58,6 +58,8 @@ impl Node {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
+            // `DEBUG POPULATE` fills the large cells' keyspaces (main.rs).
+            .args(["--enable-debug-command", "local"])
             .arg("--dir")
             .arg(dir)
             .stdin(Stdio::null())
@@ -174,7 +176,15 @@ impl Deployment {
         let mut conns = Vec::new();
         for url in self.node_urls() {
             let client = redis::Client::open(url).unwrap();
-            conns.push(client.get_multiplexed_async_connection().await.unwrap());
+            // No response timeout: filling a large cell's keyspace
+            // (`DEBUG POPULATE`) takes seconds.
+            let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+            conns.push(
+                client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .unwrap(),
+            );
         }
         conns
     }
