@@ -200,11 +200,11 @@ impl<C: Clock> MemoryStore<C> {
         match limits {
             [limit] => {
                 // The `Outcome` (320 bytes) is built here, in the caller,
-                // from a decision made out of line: built inside, it was
+                // from a decision made out of line. Built inside, it was
                 // built on the stack and copied out (memmove was 11% of a
                 // one-key benchmark's samples); here it is written once where
-                // the caller wants it,
-                // or not at all where the caller reads only `allowed()`.
+                // the caller wants it, or not at all where the caller reads
+                // only `allowed()`.
                 let (decision, lease) = self.decide_one(limit, now);
                 Outcome {
                     decisions: smallvec::smallvec![decision],
@@ -578,8 +578,7 @@ where
 /// [`std::future::ready`] writes the `Outcome` once, straight into the poll's
 /// answer, instead of into the future and then out of it: with the `ready`
 /// future an asynchronous check of one key took 38% longer than `check_now`
-/// (docs/benchmarks.md). Like any future, it does nothing until
-/// polled.
+/// (docs/benchmarks.md). Like any future, it does nothing until polled.
 struct Check<'s, 'a, 'l, C> {
     store: &'s MemoryStore<C>,
     /// Taken by the one poll that checks, so that a second poll cannot
