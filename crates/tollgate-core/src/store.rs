@@ -252,6 +252,7 @@ impl Outcome {
     }
 
     /// Whether every limit admitted the request.
+    #[inline]
     pub fn allowed(&self) -> bool {
         self.decisions.iter().all(|d| d.allowed)
     }

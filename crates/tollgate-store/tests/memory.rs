@@ -307,4 +307,28 @@ fn the_store_trait_answers_without_an_executor_wait() {
     }
 }
 
+#[test]
+fn the_store_trait_check_consumes_once_when_polled_and_not_before() {
+    let (store, _) = store(MemoryConfig::default());
+    let limits = [limit("k", per_second(1), Algorithm::Gcra)];
+    // Made and dropped unpolled: a future that was never run took nothing.
+    drop(store.check(&limits));
+    let waker = std::task::Waker::noop();
+    let mut check = std::pin::pin!(store.check(&limits));
+    let polled = check
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(waker));
+    assert!(matches!(polled, std::task::Poll::Ready(Ok(ref o)) if o.allowed()));
+    // Polled again after it completed, it panics rather than checking again.
+    let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = check
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(waker));
+    }));
+    assert!(again.is_err());
+    // The one unit of the burst went to the one poll that checked.
+    let next = store.check_now(&limits);
+    assert!(!next.allowed());
+}
+
 use std::future::Future;
