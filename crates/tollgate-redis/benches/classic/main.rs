@@ -272,7 +272,11 @@ async fn deployment_cells<C>(
         let ballast = keys >= BALLAST_FROM;
         if ballast {
             let per_master = (keys / admin.len() as u64).to_string();
-            on_masters(&mut admin, &["DEBUG", "POPULATE", &per_master, "ballast", "16"]).await;
+            on_masters(
+                &mut admin,
+                &["DEBUG", "POPULATE", &per_master, "ballast", "16"],
+            )
+            .await;
         }
         for &side in sides {
             seed += 1;
