@@ -4,11 +4,10 @@
 
 mod common;
 
-use std::io::Read;
-use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitStatus;
+use std::time::Instant;
 
-use common::{SHUTDOWN, STARTUP, Server, config_dir, rls_request, tollgate};
+use common::{SHUTDOWN, Server, config_dir, exit_of, rls_request, tollgate};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const DAILY: &str = "
@@ -23,32 +22,6 @@ fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
     let mut command = tollgate();
     command.args(args);
     exit_of(command)
-}
-
-/// Runs `command` to its exit (bounded) and gives its status and stderr.
-fn exit_of(mut command: Command) -> (ExitStatus, String) {
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the tollgate binary starts");
-    let deadline = Instant::now() + STARTUP;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("the child can be polled") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{command:?} did not exit within {STARTUP:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    if let Some(mut pipe) = child.stderr.take() {
-        pipe.read_to_string(&mut stderr).expect("stderr is UTF-8");
-    }
-    (status, stderr)
 }
 
 #[test]

@@ -7,10 +7,9 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Redis, STARTUP, Server, free_port, ratelimit, rls_request, tollgate};
+use common::{Redis, Server, exit_of, free_port, ratelimit, rls_request, tollgate};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 fn config(requests_per_unit: u32) -> String {
@@ -31,29 +30,6 @@ fn configmap(dir: &Path, stamp: &str, contents: &str) {
     if std::fs::symlink_metadata(&link).is_err() {
         std::os::unix::fs::symlink("..data/config.yaml", link).expect("a symlink");
     }
-}
-
-/// Runs `command` to its exit (bounded); its status and stderr.
-fn exit_of(mut command: Command) -> (bool, String) {
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary starts");
-    let id = child.id();
-    let (done, exited) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(child.wait_with_output());
-    });
-    let Ok(output) = exited.recv_timeout(STARTUP) else {
-        // Killed, so that the waiting thread and the test end.
-        let _ = Command::new("kill").args(["-9", &id.to_string()]).status();
-        panic!("{command:?} did not exit");
-    };
-    let output = output.expect("the child can be waited for");
-    let stderr = String::from_utf8(output.stderr).expect("UTF-8");
-    (output.status.success(), stderr)
 }
 
 #[tokio::test]
@@ -196,8 +172,8 @@ fn a_bad_value_is_an_error_naming_the_variable() {
         let mut command = ratelimit(dir.path());
         // PROMETHEUS_PATH is read with USE_PROMETHEUS only.
         command.env(var, value).env("USE_PROMETHEUS", "true");
-        let (success, stderr) = exit_of(command);
-        assert!(!success, "{var}={value} started");
+        let (status, stderr) = exit_of(command);
+        assert!(!status.success(), "{var}={value} started");
         assert!(stderr.contains(needle), "{var}={value}: {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
@@ -209,8 +185,8 @@ fn serve_reads_the_env_only_when_asked() {
     asked
         .args(["serve", "--envoy-env"])
         .env("GRPC_PORT", "not-a-port");
-    let (success, stderr) = exit_of(asked);
-    assert!(!success);
+    let (status, stderr) = exit_of(asked);
+    assert!(!status.success());
     assert!(stderr.contains("GRPC_PORT=\"not-a-port\""), "{stderr}");
 
     let mut by_variable = tollgate();
@@ -218,7 +194,7 @@ fn serve_reads_the_env_only_when_asked() {
         .arg("serve")
         .env("TOLLGATE_ENVOY_ENV", "true")
         .env("GRPC_PORT", "not-a-port");
-    assert!(!exit_of(by_variable).0);
+    assert!(!exit_of(by_variable).0.success());
 
     // A platform's PORT (or any of its variables) changes nothing otherwise.
     let mut plain = tollgate();
@@ -300,8 +276,8 @@ fn a_tls_file_that_cannot_be_used_stops_the_start_naming_it() {
             .env("REDIS_SOCKET_TYPE", "tcp")
             .env("REDIS_URL", "127.0.0.1:1")
             .envs(vars.iter().map(|(k, v)| (*k, v.as_str())));
-        let (success, stderr) = exit_of(command);
-        assert!(!success, "{vars:?} started");
+        let (status, stderr) = exit_of(command);
+        assert!(!status.success(), "{vars:?} started");
         assert!(stderr.contains(&needle), "{needle}: {stderr}");
     }
 }

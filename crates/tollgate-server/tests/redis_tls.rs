@@ -7,10 +7,10 @@ mod common;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use common::pki::{Ca, Issued, Role};
-use common::{Redis, STARTUP, Server, free_port, ratelimit, rls_request, tollgate};
+use common::{Redis, Server, exit_of, free_port, ratelimit, rls_request, tollgate};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const CONFIG: &str = "domain: shop\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n";
@@ -102,30 +102,6 @@ fn ratelimit_on(redis: &TlsRedis, tls: &[(&str, &PathBuf)]) -> Command {
     ]);
     command.envs(tls.iter().map(|(k, v)| (*k, v.as_os_str())));
     command
-}
-
-/// Runs `command` to its exit (bounded); whether it succeeded, and stderr.
-fn exit_of(mut command: Command) -> (bool, String) {
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary starts");
-    let id = child.id();
-    let (done, exited) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(child.wait_with_output());
-    });
-    let Ok(output) = exited.recv_timeout(STARTUP) else {
-        let _ = Command::new("kill").args(["-9", &id.to_string()]).status();
-        panic!("{command:?} did not exit");
-    };
-    let output = output.expect("the child can be waited for");
-    (
-        output.status.success(),
-        String::from_utf8(output.stderr).expect("UTF-8"),
-    )
 }
 
 #[tokio::test]
@@ -237,8 +213,8 @@ fn a_redis_signed_by_another_ca_or_a_bad_file_stops_the_start() {
             vec!["REDIS_TLS_CLIENT_CERT: a client certificate to Redis needs both".to_owned()],
         ),
     ] {
-        let (success, stderr) = exit_of(ratelimit_on(&redis, &vars));
-        assert!(!success, "{vars:?} started");
+        let (status, stderr) = exit_of(ratelimit_on(&redis, &vars));
+        assert!(!status.success(), "{vars:?} started");
         for needle in needles {
             assert!(stderr.contains(&needle), "{needle}: {stderr}");
         }
@@ -252,7 +228,7 @@ fn a_redis_signed_by_another_ca_or_a_bad_file_stops_the_start() {
         "--redis-tls-ca",
         missing.to_str().expect("UTF-8"),
     ]);
-    let (success, stderr) = exit_of(command);
-    assert!(!success);
+    let (status, stderr) = exit_of(command);
+    assert!(!status.success());
     assert!(stderr.contains("--redis-tls-ca: cannot read"), "{stderr}");
 }

@@ -56,6 +56,30 @@ pub(crate) fn ratelimit(dir: &Path) -> Command {
     command
 }
 
+/// Runs `command` to its exit (bounded by [`STARTUP`], then killed): its
+/// status and stderr. The wait is a thread's, woken when the child exits.
+pub(crate) fn exit_of(mut command: Command) -> (ExitStatus, String) {
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    let id = child.id();
+    let (done, exited) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    let Ok(output) = exited.recv_timeout(STARTUP) else {
+        // Killed, so that the waiting thread and the test end.
+        let _ = Command::new("kill").args(["-9", &id.to_string()]).status();
+        panic!("{command:?} did not exit within {STARTUP:?}");
+    };
+    let output = output.expect("the child can be waited for");
+    let stderr = String::from_utf8(output.stderr).expect("stderr is UTF-8");
+    (output.status, stderr)
+}
+
 /// The binary run by `sh` with at most `files` open files (soft and hard
 /// limit), so that it cannot raise its own.
 pub(crate) fn tollgate_with_file_limit(files: u32) -> Command {
