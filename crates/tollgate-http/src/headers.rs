@@ -661,10 +661,16 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_draft_pairs_list_every_limit() {
-        let per_ip = Quota::per_minute(60).unwrap();
-        let global = Quota::per_second(1000).unwrap();
+    /// 1000 a second (global) and 60 a minute (per-ip).
+    fn global_and_per_ip_quotas() -> [Quota; 2] {
+        [
+            Quota::per_second(1000).unwrap(),
+            Quota::per_minute(60).unwrap(),
+        ]
+    }
+
+    /// The global limit admits with 990 left; per-ip denies, retry in 1.5 s.
+    fn global_admits_per_ip_denies(quotas: &[Quota; 2]) -> [LimitReport<'_>; 2] {
         let ip = Decision {
             allowed: false,
             limit: 60,
@@ -681,10 +687,16 @@ mod tests {
             retry_after: None,
             ..ip
         };
-        let limits = [
-            LimitReport::new("global", &global, Algorithm::SlidingCounter, all),
-            LimitReport::new("per-ip", &per_ip, Algorithm::Gcra, ip),
-        ];
+        [
+            LimitReport::new("global", &quotas[0], Algorithm::SlidingCounter, all),
+            LimitReport::new("per-ip", &quotas[1], Algorithm::Gcra, ip),
+        ]
+    }
+
+    #[test]
+    fn the_draft_pairs_list_every_limit() {
+        let quotas = global_and_per_ip_quotas();
+        let limits = global_admits_per_ip_denies(&quotas);
         let [(policy, policy_value), (limit, limit_value)] =
             draft_every_limit(&limits).expect("two limits");
         assert_eq!(policy, "RateLimit-Policy");
@@ -701,28 +713,8 @@ mod tests {
 
     #[test]
     fn every_limit_lists_each_limit_in_ratelimit_and_styles_parse() {
-        let per_ip = Quota::per_minute(60).unwrap();
-        let global = Quota::per_second(1000).unwrap();
-        let ip = Decision {
-            allowed: false,
-            limit: 60,
-            remaining: 0,
-            reset_after: Duration::from_millis(57_000),
-            retry_after: Some(Duration::from_millis(1_500)),
-            delay: Duration::ZERO,
-        };
-        let all = Decision {
-            allowed: true,
-            remaining: 990,
-            limit: 1000,
-            reset_after: Duration::from_millis(10),
-            retry_after: None,
-            ..ip
-        };
-        let limits = [
-            LimitReport::new("global", &global, Algorithm::SlidingCounter, all),
-            LimitReport::new("per-ip", &per_ip, Algorithm::Gcra, ip),
-        ];
+        let quotas = global_and_per_ip_quotas();
+        let limits = global_admits_per_ip_denies(&quotas);
         let style: HeaderStyle = "x-ratelimit, draft-every-limit".parse().unwrap();
         assert!(style.x_ratelimit && style.ietf && style.every_limit && style.retry_after);
         let headers = written(style, &limits, EPOCH);
