@@ -39,6 +39,7 @@ pub(crate) fn until_window_end(t: Nanos, period: Nanos, windows_ahead: u64) -> N
 impl StateMachine for FixedWindow {
     type State = WindowCount;
 
+    #[inline]
     fn step(&self, quota: &Quota, state: &mut WindowCount, now: Nanos, cost: u64) -> Decision {
         window_step(quota, state, now, cost, false)
     }
@@ -48,6 +49,7 @@ impl StateMachine for HitCounter {
     type State = WindowCount;
     const COUNTS_DENIED: bool = true;
 
+    #[inline]
     fn step(&self, quota: &Quota, state: &mut WindowCount, now: Nanos, cost: u64) -> Decision {
         window_step(quota, state, now, cost, true)
     }

@@ -27,6 +27,7 @@ pub struct Gcra;
 impl StateMachine for Gcra {
     type State = Tat;
 
+    #[inline]
     fn step(&self, quota: &Quota, state: &mut Tat, now: Nanos, cost: u64) -> Decision {
         let metered = meter(quota, now, state.0.saturating_sub(now), cost);
         if let Some(used) = metered.used {

@@ -21,6 +21,7 @@ pub struct LeakyBucket;
 impl StateMachine for LeakyBucket {
     type State = Level;
 
+    #[inline]
     fn step(&self, quota: &Quota, state: &mut Level, now: Nanos, cost: u64) -> Decision {
         let now = now.max(state.last);
         let metered = meter(
@@ -55,6 +56,7 @@ pub struct LeakyBucketShaping {
 impl StateMachine for LeakyBucketShaping {
     type State = Tat;
 
+    #[inline]
     fn step(&self, quota: &Quota, state: &mut Tat, now: Nanos, cost: u64) -> Decision {
         let wait = state.0.saturating_sub(now);
         let metered = meter(quota, now, wait, cost);

@@ -22,6 +22,7 @@ pub(crate) struct Metered {
 /// `now + used` only moves forward), when it would drain after `u64::MAX` ns.
 /// The token bucket and the policing leaky bucket apply the same rule, so that
 /// all four buckets still decide alike within `burst × T` of the end of time.
+#[inline]
 pub(crate) fn meter(quota: &Quota, now: Nanos, used: u64, cost: u64) -> Metered {
     let t = quota.emission_ns();
     let capacity = quota.capacity_ns();

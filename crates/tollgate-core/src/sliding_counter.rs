@@ -65,6 +65,7 @@ fn first_fit(
 impl StateMachine for SlidingCounter {
     type State = WindowPair;
 
+    #[inline]
     fn step(&self, quota: &Quota, state: &mut WindowPair, now: Nanos, cost: u64) -> Decision {
         let period = quota.period_ns();
         let limit = quota.limit();

@@ -33,6 +33,7 @@ pub struct TokenBucket;
 impl StateMachine for TokenBucket {
     type State = Tokens;
 
+    #[inline]
     fn step(&self, quota: &Quota, state: &mut Tokens, now: Nanos, cost: u64) -> Decision {
         let capacity = quota.capacity_ns();
         let now = now.max(state.last);

@@ -345,8 +345,10 @@ impl<C: Clock> MemoryStore<C> {
     /// Drops every entry whose state is back to full, now, in every shard.
     pub fn sweep(&self) {
         let now = self.clock.now();
+        // Not `maintain`, which would skip a shard whose periodic sweep
+        // is not due yet.
         for shard in self.shards.iter() {
-            shard.0.lock().maintain(now, 0);
+            shard.0.lock().sweep(now, self.sweep_ns);
         }
     }
 

@@ -171,6 +171,7 @@ macro_rules! tables {
             // reset counts from the latest time the state has seen, which is
             // later than `now` when the clock went back: counted from `now`,
             // the entry was swept while still spent.
+            #[inline]
             fn expires_at(&self, decision: &Decision, now: Nanos) -> Nanos {
                 let reset = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
                 now.max(latest(self)).saturating_add(reset)
@@ -287,8 +288,9 @@ impl Shard {
         }
     }
 
+    /// Drops expired entries now, and next after `interval`.
     #[cold]
-    fn sweep(&mut self, now: Nanos, interval: Nanos) {
+    pub(crate) fn sweep(&mut self, now: Nanos, interval: Nanos) {
         self.tables.all().for_each(|t| t.sweep(now));
         self.next_sweep = now.saturating_add(interval);
     }

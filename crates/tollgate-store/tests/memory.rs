@@ -101,6 +101,23 @@ fn entries_expire_once_their_state_is_back_to_full() {
 }
 
 #[test]
+fn a_sweep_asked_for_drops_what_is_at_rest_though_no_periodic_sweep_is_due() {
+    let (store, clock) = store(MemoryConfig {
+        sweep_interval: Duration::from_secs(3600),
+        ..MemoryConfig::default()
+    });
+    let quota = Quota::new(1, Duration::from_millis(1)).unwrap();
+    assert!(
+        store
+            .check_now(&[limit("a", quota, Algorithm::Gcra)])
+            .allowed()
+    );
+    clock.advance(Duration::from_millis(1));
+    store.sweep();
+    assert!(store.is_empty());
+}
+
+#[test]
 fn denied_and_read_only_requests_store_nothing() {
     let (store, _) = store(MemoryConfig::default());
     let q = per_second(1);
@@ -290,6 +307,100 @@ fn threads_sharing_a_key_admit_exactly_the_burst() {
         .map(|t| t.join().unwrap())
         .sum();
     assert_eq!(admitted, 1000);
+}
+
+/// What any faster path for one-integer states (GCRA, shaping) must keep:
+/// under threads racing on one key, single-limit checks, multi-limit checks
+/// that another limit denies, sweeps and evictions of other keys together
+/// admit exactly the key's burst, and a multi-limit check denied elsewhere
+/// takes nothing from it.
+#[test]
+fn racing_single_and_multi_limit_checks_admit_exactly_the_burst() {
+    let burst = 3_000;
+    let (store, clock) = store(MemoryConfig {
+        // Small enough that the flood below fills it and evicts.
+        max_keys: 256,
+        shards: 4,
+        ..MemoryConfig::default()
+    });
+    // One more per hour: the 20 ms the flood moves the clock adds nothing.
+    let hot = Quota::new(1, Duration::from_secs(3600))
+        .unwrap()
+        .with_burst(burst)
+        .unwrap();
+    // Back to full a millisecond after its one admission.
+    let brief = Quota::new(1, Duration::from_millis(1)).unwrap();
+    // Admits 500 of the multi-limit checks (the 20 ms stay in one window)
+    // and denies the rest, each of which must then give back what it took
+    // from the hot key.
+    let gate = per_second(500);
+    let algorithms = [
+        Algorithm::Gcra,
+        Algorithm::LeakyBucketShaping { delay_after: burst },
+        Algorithm::TokenBucket,
+    ];
+    for algorithm in algorithms {
+        // Both keys are in before the flood fills their shards.
+        let charged = [
+            limit("hot", hot, algorithm),
+            limit("gate", gate, Algorithm::FixedWindow),
+        ];
+        assert!(store.check_now(&charged).allowed(), "{algorithm:?}");
+        let (store, clock) = (&store, &clock);
+        let admitted: u64 = std::thread::scope(|scope| {
+            let single: Vec<_> = (0..2)
+                .map(|_| {
+                    scope.spawn(move || {
+                        (0..2_000)
+                            .filter(|_| store.check_now(&[limit("hot", hot, algorithm)]).allowed())
+                            .count() as u64
+                    })
+                })
+                .collect();
+            let multi: Vec<_> = (0..2)
+                .map(|_| {
+                    scope.spawn(move || {
+                        (0..2_000)
+                            .filter(|_| {
+                                let both = [
+                                    limit("hot", hot, algorithm),
+                                    limit("gate", gate, Algorithm::FixedWindow),
+                                ];
+                                store.check_now(&both).allowed()
+                            })
+                            .count() as u64
+                    })
+                })
+                .collect();
+            let churn = scope.spawn(move || {
+                for i in 0..2_000 {
+                    let key = format!("flood:{i}");
+                    store.check_now(&[limit(&key, brief, algorithm)]);
+                    if i % 100 == 0 {
+                        clock.advance(Duration::from_millis(1));
+                    }
+                    if i % 500 == 0 {
+                        store.sweep();
+                    }
+                }
+            });
+            let admitted = single
+                .into_iter()
+                .chain(multi)
+                .map(|t| t.join().unwrap())
+                .sum();
+            churn.join().unwrap();
+            admitted
+        });
+        assert_eq!(admitted, burst - 1, "{algorithm:?}");
+        let after = store.check_now(&[limit("hot", hot, algorithm).with_cost(0)]);
+        assert_eq!(after.decisions[0].remaining, 0, "{algorithm:?}");
+        store.reset_now(&[limit("gate", gate, Algorithm::FixedWindow)]);
+    }
+    assert!(
+        store.stats().evictions > 0,
+        "the flood made room by evicting"
+    );
 }
 
 #[test]
