@@ -448,7 +448,9 @@ fn main() {
     println!(
         "| keys | threads | governor | p99 | tollgate check_now | p99 | ratio | tollgate Store::check | p99 | ratio | floor | ceiling |"
     );
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!(
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
     let mut met = true;
     for row in &rows {
         let g = row.governor.median();

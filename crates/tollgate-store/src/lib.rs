@@ -8,7 +8,10 @@
 //! This crate holds the in-process backend, [`MemoryStore`]: a sharded map with
 //! one small table per kind of algorithm state, entries that expire once their
 //! state is back to full, and a hard cap on the number of keys, so a flood of
-//! unique keys cannot exhaust memory. It needs no async runtime.
+//! unique keys cannot exhaust memory. It needs no async runtime. A few GCRA
+//! and shaping keys per shard sit in hot slots that a check of that one limit
+//! updates with a single compare-and-swap, without the shard's lock, so that
+//! threads checking one hot key do not queue on it.
 //!
 //! And the wrappers, each a `Store` over any `Store`, composed as a stack:
 //!
@@ -32,6 +35,7 @@ mod clock;
 mod decision;
 mod deny_cache;
 mod fallback;
+mod hot;
 mod hybrid;
 mod memory;
 mod shard;

@@ -1,6 +1,8 @@
 use std::future::{Future, ready};
 use std::hash::{BuildHasher, Hasher, RandomState};
+use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -15,7 +17,8 @@ use tollgate_core::{
 };
 
 use crate::FastClock;
-use crate::shard::{Entry, Shard, Slot};
+use crate::hot::{HotSlots, Lanes};
+use crate::shard::{Entries, Entry, Shard, Slot};
 
 /// How the memory store is sized.
 #[derive(Debug, Clone)]
@@ -59,10 +62,48 @@ pub struct MemoryStats {
     pub refusals: u64,
 }
 
-/// Shards on their own cache lines, so that threads working on different
-/// shards do not slow each other down.
-#[repr(align(128))]
-struct Padded(Mutex<Shard>);
+/// A shard and its hot slots (see [`crate::hot`]), on their own cache lines,
+/// so that threads working on different shards do not slow each other down.
+/// The hot slots' lanes and address come first, on the line of the lock's
+/// own word: a check that finds its key in no slot costs no line the lock
+/// does not.
+#[repr(C, align(128))]
+struct Padded {
+    lanes: AtomicU64,
+    hot: Arc<HotSlots>,
+    shard: Mutex<Shard>,
+}
+
+/// A shard locked: when let go, it first writes back and unlocks the hot
+/// slots it holds, so that none stays locked past the decision that took it,
+/// and brings their lanes up to date.
+struct Locked<'a> {
+    shard: MutexGuard<'a, Shard>,
+    lanes: &'a AtomicU64,
+}
+
+impl Deref for Locked<'_> {
+    type Target = Shard;
+
+    fn deref(&self) -> &Shard {
+        &self.shard
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Shard {
+        &mut self.shard
+    }
+}
+
+impl Drop for Locked<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(lanes) = self.shard.release_hot() {
+            self.lanes.store(lanes, Ordering::Relaxed);
+        }
+    }
+}
 
 /// The in-process store: keyed, sharded and bounded.
 ///
@@ -178,7 +219,14 @@ impl<C: Clock> MemoryStore<C> {
         let cap = |i: usize| max_keys / shards + usize::from(i < max_keys % shards);
         Self {
             shards: (0..shards)
-                .map(|i| Padded(Mutex::new(Shard::new(cap(i)))))
+                .map(|i| {
+                    let hot = Arc::<HotSlots>::default();
+                    Padded {
+                        lanes: AtomicU64::new(0),
+                        shard: Mutex::new(Shard::new(cap(i), Arc::clone(&hot))),
+                        hot,
+                    }
+                })
                 .collect(),
             shard_shift: 64 - shards.trailing_zeros(),
             sweep_ns: u64::try_from(config.sweep_interval.as_nanos()).unwrap_or(u64::MAX),
@@ -220,6 +268,9 @@ impl<C: Clock> MemoryStore<C> {
     #[inline(never)]
     fn decide_one(&self, limit: &Limit<'_>, now: Nanos) -> (Decision, Option<u64>) {
         let (key, shard) = self.locate(limit.algorithm, limit.key);
+        if let Some(decision) = self.check_hot(limit, key, shard, now) {
+            return (decision, None);
+        }
         let lease = wants_lease(limit).then(|| self.lease_ids.next());
         let decision = {
             let mut guard = self.lock(shard, now);
@@ -243,7 +294,7 @@ impl<C: Clock> MemoryStore<C> {
         let mut order: SmallVec<[usize; 4]> = located.iter().map(|&(_, s)| s).collect();
         order.sort_unstable();
         order.dedup();
-        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 4]> =
+        let mut guards: SmallVec<[Locked<'_>; 4]> =
             order.iter().map(|&s| self.lock(s, now)).collect();
 
         let mut undo: SmallVec<[(usize, Undo); 4]> = SmallVec::new();
@@ -319,7 +370,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Keys held now, including those expired but not yet swept.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.0.lock().len()).sum()
+        self.shards.iter().map(|s| s.shard.lock().len()).sum()
     }
 
     /// Keys held, evictions and refusals, summed over the shards (each shard
@@ -328,7 +379,7 @@ impl<C: Clock> MemoryStore<C> {
         self.shards
             .iter()
             .fold(MemoryStats::default(), |total, shard| {
-                let shard = shard.0.lock();
+                let shard = shard.shard.lock();
                 MemoryStats {
                     keys: total.keys + shard.len(),
                     evictions: total.evictions.saturating_add(shard.evictions),
@@ -348,7 +399,11 @@ impl<C: Clock> MemoryStore<C> {
         // Not `maintain`, which would skip a shard whose periodic sweep
         // is not due yet.
         for shard in self.shards.iter() {
-            shard.0.lock().sweep(now, self.sweep_ns);
+            Locked {
+                shard: shard.shard.lock(),
+                lanes: &shard.lanes,
+            }
+            .sweep(now, self.sweep_ns);
         }
     }
 
@@ -370,10 +425,36 @@ impl<C: Clock> MemoryStore<C> {
         ((u128::from(high) << 64) | u128::from(low), shard)
     }
 
-    fn lock(&self, shard: usize, now: Nanos) -> MutexGuard<'_, Shard> {
-        let mut guard = self.shards[shard].0.lock();
+    #[inline]
+    fn lock(&self, shard: usize, now: Nanos) -> Locked<'_> {
+        let cell = &self.shards[shard];
+        let mut guard = Locked {
+            shard: cell.shard.lock(),
+            lanes: &cell.lanes,
+        };
         guard.maintain(now, self.sweep_ns);
         guard
+    }
+
+    /// One limit on a key in a hot slot, without the shard's lock: `None`
+    /// when the key is not in one, or a writer holds it.
+    #[inline]
+    fn check_hot(
+        &self,
+        limit: &Limit<'_>,
+        key: u128,
+        shard: usize,
+        now: Nanos,
+    ) -> Option<Decision> {
+        let cell = &self.shards[shard];
+        let hot = || (&*cell.hot, cell.lanes.load(Ordering::Relaxed));
+        match limit.algorithm {
+            Algorithm::Gcra => check_hot(&Gcra, hot(), key, limit, now),
+            Algorithm::LeakyBucketShaping { delay_after } => {
+                check_hot(&LeakyBucketShaping { delay_after }, hot(), key, limit, now)
+            }
+            _ => None,
+        }
     }
 
     /// One limit alone: no undo to prepare, nothing to peek. A concurrency
@@ -455,6 +536,21 @@ fn tag(algorithm: Algorithm) -> u8 {
         Algorithm::Concurrency => 7,
         Algorithm::HitCounter => 8,
     }
+}
+
+/// [`MemoryStore::check_hot`] for one algorithm.
+#[inline]
+fn check_hot<M: StateMachine<State = Tat>>(
+    machine: &M,
+    (hot, lanes): (&HotSlots, Lanes),
+    key: u128,
+    limit: &Limit<'_>,
+    now: Nanos,
+) -> Option<Decision> {
+    hot.check(key, lanes, |mut state| {
+        let decision = machine.step(&limit.quota, &mut state, now, limit.cost);
+        (decision, writes::<M>(&decision, limit).then_some(state))
+    })
 }
 
 /// One limit alone: write what it decides, with none of [`step`]'s undo and

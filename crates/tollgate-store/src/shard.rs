@@ -2,9 +2,14 @@
 //!
 //! Keeping the kinds apart lets each entry be exactly as large as its state: a
 //! GCRA key costs its 128-bit key hash, one `u64` TAT and one `u64` expiry.
+//! GCRA and shaping keys also have the shard's hot slots (see [`crate::hot`]).
+
+use std::sync::Arc;
 
 use hashbrown::HashTable;
 use tollgate_core::{Decision, Leases, Level, Log, Nanos, Tat, Tokens, WindowCount, WindowPair};
+
+use crate::hot::{HotSlots, Lanes, TatEntries};
 
 pub(crate) struct Entry<S> {
     pub(crate) state: S,
@@ -21,6 +26,17 @@ fn bucket_hash(key: u128) -> u64 {
     key as u64
 }
 
+/// Where the entries of one kind of state are, keyed by their 128-bit key
+/// hash: what checks, resets and undos need of them.
+pub(crate) trait Entries<S> {
+    fn get_mut(&mut self, key: u128) -> Option<&mut Entry<S>>;
+    /// Inserts `entry` under `key`, replacing what was there.
+    fn insert(&mut self, key: u128, entry: Entry<S>);
+    fn remove(&mut self, key: u128) -> Option<Entry<S>>;
+    /// Inserts a key known to be absent (the shard made room for it).
+    fn insert_new(&mut self, key: u128, entry: Entry<S>);
+}
+
 /// The entries of one kind of state, keyed by their 128-bit key hash.
 pub(crate) struct Table<S> {
     entries: HashTable<(u128, Entry<S>)>,
@@ -35,15 +51,25 @@ impl<S> Default for Table<S> {
 }
 
 impl<S> Table<S> {
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    #[cfg(test)]
+    fn buckets(&self) -> usize {
+        self.entries.num_buckets()
+    }
+}
+
+impl<S> Entries<S> for Table<S> {
     #[inline]
-    pub(crate) fn get_mut(&mut self, key: u128) -> Option<&mut Entry<S>> {
+    fn get_mut(&mut self, key: u128) -> Option<&mut Entry<S>> {
         self.entries
             .find_mut(bucket_hash(key), |(k, _)| *k == key)
             .map(|(_, entry)| entry)
     }
 
-    /// Inserts `entry` under `key`, replacing what was there.
-    pub(crate) fn insert(&mut self, key: u128, entry: Entry<S>) {
+    fn insert(&mut self, key: u128, entry: Entry<S>) {
         match self.entries.entry(
             bucket_hash(key),
             |(k, _)| *k == key,
@@ -56,14 +82,14 @@ impl<S> Table<S> {
         }
     }
 
-    pub(crate) fn remove(&mut self, key: u128) -> Option<Entry<S>> {
+    fn remove(&mut self, key: u128) -> Option<Entry<S>> {
         self.entries
             .find_entry(bucket_hash(key), |(k, _)| *k == key)
             .ok()
             .map(|held| held.remove().0.1)
     }
 
-    /// Inserts a key known to be absent. If removals have left no free slot
+    /// If removals have left no free slot
     /// though the table is not at its load factor (hashbrown's 7/8), the
     /// table is first rebuilt at the size its entries need, rather than let
     /// hashbrown double it once it is over half full. Evictions and sweeps
@@ -84,16 +110,13 @@ impl<S> Table<S> {
         self.entries
             .insert_unique(bucket_hash(key), (key, entry), |(k, _)| bucket_hash(*k));
     }
-
-    #[cfg(test)]
-    fn buckets(&self) -> usize {
-        self.entries.num_buckets()
-    }
 }
 
-/// A state kind and the shard table that holds it.
+/// A state kind and where the shard holds it.
 pub(crate) trait Slot: Default + Clone + Send + 'static {
-    fn table(shard: &mut Shard) -> &mut Table<Self>;
+    type Entries: Entries<Self>;
+
+    fn table(shard: &mut Shard) -> &mut Self::Entries;
 
     /// When an entry in this state, just written with `decision` at `now`,
     /// can be forgotten.
@@ -101,7 +124,7 @@ pub(crate) trait Slot: Default + Clone + Send + 'static {
 }
 
 /// What the shard needs of a table without knowing its state type.
-trait Sweep {
+pub(crate) trait Sweep {
     fn sweep(&mut self, now: Nanos);
     /// Removes one entry at rest by `now` (see [`Shard::insert_new`]) among the
     /// first few found from bucket `start` on; when none of them is at rest,
@@ -155,30 +178,60 @@ impl<S> Sweep for Table<S> {
 }
 
 macro_rules! tables {
-    (until_reset { $($field:ident: $state:ty),* } until_lapse { $($leases:ident: $lease_state:ty),* }) => {
-        #[derive(Default)]
+    (
+        until_reset { $($field:ident: $state:ty),* }
+        until_lapse { $($leases:ident: $lease_state:ty),* }
+        hot { $hot:ident: $hot_state:ty }
+    ) => {
+        // The hot table first, on the line of the shard's lock (see
+        // [`Shard`]): GCRA, the default, is the most checked.
+        #[repr(C)]
         struct Tables {
+            $hot: TatEntries,
             $($field: Table<$state>,)*
             $($leases: Table<$lease_state>,)*
         }
 
+        impl Tables {
+            fn new(hot: Arc<HotSlots>) -> Self {
+                Self {
+                    $($field: Table::default(),)*
+                    $($leases: Table::default(),)*
+                    $hot: TatEntries::new(hot),
+                }
+            }
+        }
+
         $(impl Slot for $state {
-            fn table(shard: &mut Shard) -> &mut Table<Self> {
+            type Entries = Table<Self>;
+
+            fn table(shard: &mut Shard) -> &mut Self::Entries {
                 &mut shard.tables.$field
             }
 
-            // Once back to full, the state is the same as a new one. The
-            // reset counts from the latest time the state has seen, which is
-            // later than `now` when the clock went back: counted from `now`,
-            // the entry was swept while still spent.
             #[inline]
             fn expires_at(&self, decision: &Decision, now: Nanos) -> Nanos {
-                let reset = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
-                now.max(latest(self)).saturating_add(reset)
+                until_reset(self, decision, now)
             }
         })*
+
+        impl Slot for $hot_state {
+            type Entries = TatEntries;
+
+            fn table(shard: &mut Shard) -> &mut Self::Entries {
+                &mut shard.tables.$hot
+            }
+
+            #[inline]
+            fn expires_at(&self, decision: &Decision, now: Nanos) -> Nanos {
+                until_reset(self, decision, now)
+            }
+        }
+
         $(impl Slot for $lease_state {
-            fn table(shard: &mut Shard) -> &mut Table<Self> {
+            type Entries = Table<Self>;
+
+            fn table(shard: &mut Shard) -> &mut Self::Entries {
                 &mut shard.tables.$leases
             }
 
@@ -191,14 +244,28 @@ macro_rules! tables {
 
         impl Tables {
             fn len(&self) -> usize {
-                0 $(+ self.$field.entries.len())* $(+ self.$leases.entries.len())*
+                0 $(+ self.$field.len())* $(+ self.$leases.len())* + self.$hot.len()
             }
 
             fn all(&mut self) -> impl Iterator<Item = &mut dyn Sweep> {
-                [$(&mut self.$field as &mut dyn Sweep,)* $(&mut self.$leases as &mut dyn Sweep,)*].into_iter()
+                [
+                    $(&mut self.$field as &mut dyn Sweep,)*
+                    $(&mut self.$leases as &mut dyn Sweep,)*
+                    &mut self.$hot as &mut dyn Sweep,
+                ]
+                .into_iter()
             }
         }
     };
+}
+
+/// Once back to full, the state is the same as a new one. The reset counts
+/// from the latest time the state has seen, which is later than `now` when the
+/// clock went back: counted from `now`, the entry was swept while still spent.
+#[inline]
+fn until_reset<S: Latest>(state: &S, decision: &Decision, now: Nanos) -> Nanos {
+    let reset = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
+    now.max(latest(state)).saturating_add(reset)
 }
 
 /// The latest time a state has seen, which its algorithm reads a clock that
@@ -250,10 +317,14 @@ impl Latest for Log {
 // Every table counts against the cap and gives up only entries at rest: a
 // concurrency key rests once its last lease is released or has lapsed.
 tables! {
-    until_reset { tat: Tat, tokens: Tokens, level: Level, window: WindowCount, pair: WindowPair, log: Log }
+    until_reset { tokens: Tokens, level: Level, window: WindowCount, pair: WindowPair, log: Log }
     until_lapse { leases: Leases }
+    hot { tat: Tat }
 }
 
+/// Laid out for a check: the tables first, then when to sweep, beside the
+/// lock.
+#[repr(C)]
 pub(crate) struct Shard {
     tables: Tables,
     next_sweep: Nanos,
@@ -266,9 +337,9 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
-    pub(crate) fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize, hot: Arc<HotSlots>) -> Self {
         Self {
-            tables: Tables::default(),
+            tables: Tables::new(hot),
             next_sweep: 0,
             cap,
             evictions: 0,
@@ -278,6 +349,14 @@ impl Shard {
 
     pub(crate) fn len(&self) -> usize {
         self.tables.len()
+    }
+
+    /// Writes back and unlocks the hot slots this holder of the shard's lock
+    /// holds, and says their new lanes if they moved; see [`crate::hot`].
+    /// Called as the lock is let go.
+    #[inline]
+    pub(crate) fn release_hot(&mut self) -> Option<Lanes> {
+        self.tables.tat.release()
     }
 
     /// Drops expired entries once per `interval`.
@@ -349,11 +428,15 @@ impl Shard {
 mod tests {
     use super::*;
 
-    fn entry(expires_at: Nanos) -> Entry<Tat> {
+    fn entry(expires_at: Nanos) -> Entry<Level> {
         Entry {
-            state: Tat(expires_at),
+            state: Level::default(),
             expires_at,
         }
+    }
+
+    fn shard(cap: usize) -> Shard {
+        Shard::new(cap, Arc::default())
     }
 
     /// Distinct, well spread keys, as the store's hashes are.
@@ -366,28 +449,28 @@ mod tests {
     #[test]
     fn a_full_shard_churns_without_growing() {
         let cap = 700;
-        let mut shard = Shard::new(cap);
+        let mut shard = shard(cap);
         // Key i is at rest from i on, so every older key is at rest when a
         // newer one comes.
         for i in 0..cap as u64 {
             assert_eq!(shard.insert_new(key(i), entry(i), i), Ok(()));
         }
-        let buckets = shard.tables.tat.buckets();
+        let buckets = shard.tables.level.buckets();
         for i in cap as u64..50 * cap as u64 {
             assert_eq!(shard.insert_new(key(i), entry(i), i), Ok(()));
             assert_eq!(shard.len(), cap);
         }
-        assert_eq!(shard.tables.tat.buckets(), buckets);
+        assert_eq!(shard.tables.level.buckets(), buckets);
         assert_eq!(shard.evictions, 49 * cap as u64);
         // The newest key is always kept.
         let last = key(50 * cap as u64 - 1);
-        assert!(Tat::table(&mut shard).get_mut(last).is_some());
+        assert!(Level::table(&mut shard).get_mut(last).is_some());
     }
 
     #[test]
     fn a_shard_churning_through_evictions_and_sweeps_does_not_grow() {
         let cap = 781;
-        let mut shard = Shard::new(cap);
+        let mut shard = shard(cap);
         let mut buckets = None;
         // Key i is at rest from i on: at the cap each new key evicts one,
         // and every 5,000 keys a sweep drops all the others, so the table
@@ -396,7 +479,7 @@ mod tests {
             shard.maintain(i, 5_000);
             assert_eq!(shard.insert_new(key(i), entry(i), i), Ok(()));
             if shard.len() == cap {
-                let now = shard.tables.tat.buckets();
+                let now = shard.tables.level.buckets();
                 assert_eq!(*buckets.get_or_insert(now), now, "key {i}");
             }
         }
@@ -404,7 +487,7 @@ mod tests {
 
     #[test]
     fn eviction_takes_only_entries_at_rest_and_else_refuses() {
-        let mut shard = Shard::new(3);
+        let mut shard = shard(3);
         for (i, expires_at) in [(1, 100), (2, 5), (3, 50)] {
             assert_eq!(shard.insert_new(key(i), entry(expires_at), 0), Ok(()));
         }
@@ -413,7 +496,7 @@ mod tests {
         // None is at rest now: the new key is refused until the soonest
         // (key 3, at 50) is.
         assert_eq!(shard.insert_new(key(5), entry(70), 10), Err(40));
-        let table = Tat::table(&mut shard);
+        let table = Level::table(&mut shard);
         for gone in [2, 5] {
             assert!(table.get_mut(key(gone)).is_none(), "{gone}");
         }
@@ -425,7 +508,7 @@ mod tests {
 
     #[test]
     fn a_refusal_whose_search_found_nothing_waits_for_the_next_sweep() {
-        let mut shard = Shard::new(200);
+        let mut shard = shard(200);
         for i in 0..200 {
             assert_eq!(shard.insert_new(key(i), entry(0), 0), Ok(()));
         }
@@ -442,7 +525,7 @@ mod tests {
 
     #[test]
     fn leases_count_against_the_cap_and_go_only_once_lapsed() {
-        let mut shard = Shard::new(1);
+        let mut shard = shard(1);
         let leases = Entry {
             state: Leases::default(),
             expires_at: 100,
@@ -456,7 +539,7 @@ mod tests {
 
     #[test]
     fn insert_replaces_and_remove_takes_out() {
-        let mut table = Table::<Tat>::default();
+        let mut table = Table::<Level>::default();
         table.insert(key(1), entry(1));
         table.insert(key(1), entry(2));
         assert_eq!(table.get_mut(key(1)).map(|e| e.expires_at), Some(2));
