@@ -110,9 +110,6 @@ where
                     drop(permits.take());
                     this.state.set(State::Done);
                     return Poll::Ready(result.map(|mut response| {
-                        // Room for all of them at once: `extend` reserves
-                        // for half, so the map would grow twice.
-                        response.headers_mut().reserve(headers.len());
                         response.headers_mut().extend(headers);
                         response.map(ResponseBody::inner)
                     }));
