@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{Request, Response};
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tollgate_core::Store;
@@ -118,10 +118,55 @@ impl Gateway {
         O: Fn(Outcome, Duration) + Clone + Send + 'static,
     {
         let layer = layer(&self.settings, enforcer);
-        let (upstream, client_ip) = (self.settings.upstream, self.settings.client_ip);
-        let routes = self.settings.routes;
-        // Each worker gets a proxy, and so a pool of upstream connections, of
-        // its own.
+        let (upstream, client_ip) = (
+            self.settings.upstream.clone(),
+            self.settings.client_ip.clone(),
+        );
+        let routes = Arc::clone(&self.settings.routes);
+        self.serve(stopped, move || {
+            let service = layer.layer(Proxy::new(upstream.clone(), client_ip.clone()));
+            let routes = Arc::clone(&routes);
+            let observe = observe.clone();
+            move |peer, request| handle(&service, &routes, &observe, peer, request)
+        })
+    }
+
+    /// Serves as a bare reverse proxy until `stopped` changes: the same
+    /// listeners, workers, connection limits and upstream pools as
+    /// [`Gateway::spawn`], with no rate limit step (no descriptors, check,
+    /// headers or hook). It is the floor `scripts/bench-gateway` measures the
+    /// gateway against, so that what the limiter costs shows apart from what
+    /// the proxy costs (`examples/bare-proxy.rs`).
+    pub fn spawn_bare(self, stopped: watch::Receiver<()>) -> JoinHandle<Result<(), Error>> {
+        let (upstream, client_ip) = (
+            self.settings.upstream.clone(),
+            self.settings.client_ip.clone(),
+        );
+        self.serve(stopped, move || {
+            let proxy = Proxy::new(upstream.clone(), client_ip.clone());
+            move |peer, mut request: Request<Incoming>| {
+                request.extensions_mut().insert(peer);
+                proxy.clone().call(request)
+            }
+        })
+    }
+
+    /// Serves every worker with the handler `make` builds on it (each
+    /// worker gets a proxy, and so a pool of upstream connections, of its
+    /// own) until `stopped` changes.
+    fn serve<M, H, F, B>(
+        self,
+        stopped: watch::Receiver<()>,
+        make: M,
+    ) -> JoinHandle<Result<(), Error>>
+    where
+        M: Fn() -> H + Clone + Send + 'static,
+        H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + 'static,
+        F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+        B: Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let limits = ConnectionLimits {
             max_connections: self.settings.max_connections,
             header_read_timeout: HEADER_READ_TIMEOUT,
@@ -130,12 +175,7 @@ impl Gateway {
             idle_timeout: HEADER_READ_TIMEOUT,
         };
         let acceptor = Acceptor::new("gateway", limits, Protocol::Http1);
-        self.listeners.serve(stopped, acceptor, move || {
-            let service = layer.layer(Proxy::new(upstream.clone(), client_ip.clone()));
-            let routes = Arc::clone(&routes);
-            let observe = observe.clone();
-            move |peer, request| handle(&service, &routes, &observe, peer, request)
-        })
+        self.listeners.serve(stopped, acceptor, make)
     }
 }
 

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{
     CONNECTION, CONTENT_TYPE, EXPECT, FORWARDED, HOST, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE,
     TRAILER, TRANSFER_ENCODING, UPGRADE,
@@ -37,7 +37,7 @@ use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
 };
 use hyper::body::Incoming;
-use tollgate_http::{ClientIpConfig, ResponseBody};
+use tollgate_http::{ClientIpConfig, IpText, ResponseBody};
 use tower_service::Service;
 
 use crate::pool::{Pool, PooledBody};
@@ -49,9 +49,11 @@ pub(crate) const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
+/// How many names [`HOP_BY_HOP`] holds.
+const HOPS: usize = 10;
 /// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1,
 /// and the non-standard `Keep-Alive` and `Proxy-Connection`).
-const HOP_BY_HOP: [HeaderName; 10] = [
+const HOP_BY_HOP: [HeaderName; HOPS] = [
     CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -269,20 +271,40 @@ impl Inner {
 
 /// Drops hop-by-hop headers: the fixed set and whatever `Connection` names.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // `Connection` usually names only `keep-alive` or `close`: nothing to
-    // collect then.
-    let named: Vec<HeaderName> = headers
-        .get_all(CONNECTION)
+    // One pass over the message's few names finds which of the set it
+    // carries (most carry none, or only `Connection`): cheaper than hashing
+    // every name of the set to remove it.
+    let mut present = [false; HOPS];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+            present[i] = true;
+        }
+    }
+    // `Connection` (the first of the set) usually names only `keep-alive`
+    // or `close`: nothing to collect then.
+    let named: Vec<HeaderName> = if present[0] {
+        headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|name| {
+                !name.eq_ignore_ascii_case("close") && !name.eq_ignore_ascii_case("keep-alive")
+            })
+            .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    for name in &named {
+        headers.remove(name);
+    }
+    for (name, _) in HOP_BY_HOP
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|name| {
-            !name.eq_ignore_ascii_case("close") && !name.eq_ignore_ascii_case("keep-alive")
-        })
-        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
-        .collect();
-    for name in named.iter().chain(&HOP_BY_HOP) {
+        .zip(present)
+        .filter(|(_, present)| *present)
+    {
         headers.remove(name);
     }
 }
@@ -291,19 +313,23 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// that readers of only the first line see the whole chain), and sets
 /// `X-Forwarded-Proto: http` unless a trusted proxy already set it.
 fn add_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted: bool) {
-    use std::fmt::Write;
-    // One buffer for both values; writing into a String cannot fail.
-    let mut text = String::with_capacity(96);
+    let ip = IpText::new(peer);
+    let ip = ip.as_str().as_bytes();
+    // One allocation for both values: each is split off the buffer and
+    // shared, not copied.
+    let mut text = BytesMut::with_capacity(128);
     prior(headers, &X_FORWARDED_FOR, &mut text);
-    let _ = write!(text, "{peer}");
-    set(headers, X_FORWARDED_FOR, &text);
-    text.clear();
+    text.extend_from_slice(ip);
+    set(headers, X_FORWARDED_FOR, text.split());
     prior(headers, &FORWARDED, &mut text);
-    let _ = match peer {
-        IpAddr::V4(v4) => write!(text, "for={v4};proto=http"),
-        IpAddr::V6(v6) => write!(text, "for=\"[{v6}]\";proto=http"),
+    let (open, close): (&[u8], &[u8]) = match peer {
+        IpAddr::V4(_) => (b"for=", b";proto=http"),
+        IpAddr::V6(_) => (b"for=\"[", b"]\";proto=http"),
     };
-    set(headers, FORWARDED, &text);
+    text.extend_from_slice(open);
+    text.extend_from_slice(ip);
+    text.extend_from_slice(close);
+    set(headers, FORWARDED, text.split());
     if !trusted || !headers.contains_key(X_FORWARDED_PROTO) {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
@@ -311,17 +337,17 @@ fn add_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted: bool) {
 
 /// Writes the lines of `name` so far into `text`, each followed by `, `.
 /// A line that is not visible ASCII is dropped rather than forwarded.
-fn prior(headers: &HeaderMap, name: &HeaderName, text: &mut String) {
+fn prior(headers: &HeaderMap, name: &HeaderName, text: &mut BytesMut) {
     for line in headers.get_all(name) {
         if let Ok(line) = line.to_str() {
-            text.push_str(line);
-            text.push_str(", ");
+            text.extend_from_slice(line.as_bytes());
+            text.extend_from_slice(b", ");
         }
     }
 }
 
-fn set(headers: &mut HeaderMap, name: HeaderName, text: &str) {
-    if let Ok(value) = HeaderValue::from_str(text) {
+fn set(headers: &mut HeaderMap, name: HeaderName, text: BytesMut) {
+    if let Ok(value) = HeaderValue::from_maybe_shared(text.freeze()) {
         headers.insert(name, value);
     }
 }

@@ -133,6 +133,47 @@ async fn on_the_caller_runtime_the_gateway_serves_on_the_callers_thread() {
         .expect("the gateway served without error");
 }
 
+/// The benchmark's floor: the same listeners and proxy with no limit step,
+/// so every request is forwarded and no answer carries rate limit headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_gateway_forwards_every_request_with_no_limit_step() {
+    let options = Options {
+        proxy_listen: Some("127.0.0.1:0".into()),
+        upstream: Some(upstream().await.parse().expect("an upstream URL")),
+        ..Options::default()
+    };
+    let settings = Settings::resolve(options)
+        .expect("valid options")
+        .expect("a gateway is asked for");
+    let gateway = Gateway::bind(settings, &Policy::builtin())
+        .await
+        .expect("bind");
+    let url = format!("http://{}/anything", gateway.local_addr());
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    let task = gateway.spawn_bare(stopped);
+
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        let response = client.get(&url).send().await.expect("a response");
+        assert_eq!(response.status(), StatusCode::OK);
+        let limit_headers: Vec<_> = response
+            .headers()
+            .keys()
+            .filter(|name| name.as_str().contains("ratelimit"))
+            .collect();
+        assert!(limit_headers.is_empty(), "{limit_headers:?}");
+        assert_eq!(response.text().await.expect("body"), "hello");
+    }
+
+    drop(client);
+    stop.send(()).expect("the gateway listens for the signal");
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the workers stop")
+        .expect("no worker panicked")
+        .expect("the gateway served without error");
+}
+
 #[test]
 fn no_address_and_no_upstream_is_no_gateway() {
     assert!(matches!(Settings::resolve(Options::default()), Ok(None)));

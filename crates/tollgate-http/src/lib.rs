@@ -47,7 +47,7 @@ pub mod headers;
 mod layer;
 pub mod problem;
 
-pub use client_ip::{ClientIpConfig, ForwardedHeader};
+pub use client_ip::{ClientIpConfig, ForwardedHeader, IpText};
 pub use headers::{HeaderStyle, LimitReport};
 pub use layer::{
     Builder, ClientIpKey, Composite, DescriptorSource, FixedKey, HeaderKey, HeaderMatch,
