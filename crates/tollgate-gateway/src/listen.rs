@@ -256,7 +256,11 @@ impl Acceptor {
         auto.http2()
             .timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(MAX_HEAD_SIZE).unwrap_or(u32::MAX));
-        Builders::Auto(auto)
+        if self.protocol == Protocol::Http2 {
+            Builders::Http2(auto)
+        } else {
+            Builders::Auto(auto)
+        }
     }
 }
 
@@ -264,7 +268,9 @@ impl Acceptor {
 enum Builders {
     /// hyper's own: it alone bounds an HTTP/1 head.
     Http1(http1::Builder),
-    /// hyper-util's, for HTTP/2 and for either version.
+    /// hyper-util's, for HTTP/2 only, its writes [`Coalesced`].
+    Http2(auto::Builder<TokioExecutor>),
+    /// hyper-util's, for either version.
     Auto(auto::Builder<TokioExecutor>),
 }
 
@@ -285,11 +291,89 @@ impl Builders {
                 let connection = http1.serve_connection(io, service);
                 watch.serve(connection, |c| c.graceful_shutdown()).await;
             }
+            Builders::Http2(auto) => {
+                let io = Coalesced {
+                    io,
+                    deferred: false,
+                };
+                let connection = auto.serve_connection(io, service);
+                watch.serve(connection, |c| c.graceful_shutdown()).await;
+            }
             Builders::Auto(auto) => {
                 let connection = auto.serve_connection(io, service);
                 watch.serve(connection, |c| c.graceful_shutdown()).await;
             }
         }
+    }
+}
+
+/// An HTTP/2 connection's socket, whose every write waits for one turn of
+/// the runtime first, so that answers finished meanwhile leave with it.
+///
+/// Each stream's answer is its own task; one finished wakes the
+/// connection's task, which wrote that answer alone: a `writev` (and on
+/// loopback, the peer's wake-up) per answer. Waiting one turn (the
+/// connection's task wakes itself, and tokio runs it after the tasks
+/// already queued, the other streams' answers among them) lets h2 write
+/// every answer ready by then in one go (docs/benchmarks.md, "HTTP and gRPC
+/// checks vs throttlecrab-server").
+struct Coalesced<I> {
+    io: I,
+    /// The next write has waited its turn.
+    deferred: bool,
+}
+
+impl<I> Coalesced<I> {
+    /// Ready when the write may go: the second time it is asked.
+    fn turn(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if std::mem::take(&mut self.deferred) {
+            return Poll::Ready(());
+        }
+        self.deferred = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+impl<I: hyper::rt::Read + Unpin> hyper::rt::Read for Coalesced<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: hyper::rt::Write + Unpin> hyper::rt::Write for Coalesced<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        std::task::ready!(self.turn(cx));
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        std::task::ready!(self.turn(cx));
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -532,5 +616,50 @@ async fn sleep_until_some(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::task::{Wake, Waker};
+
+    use tokio::io::{AsyncRead, ReadBuf};
+
+    use super::*;
+
+    /// Counts its wakes.
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn each_write_waits_one_turn_then_goes_whole() {
+        let (client, mut peer) = tokio::io::duplex(64);
+        let mut io = Coalesced {
+            io: TokioIo::new(client),
+            deferred: false,
+        };
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&wakes));
+        let mut cx = Context::from_waker(&waker);
+        let mut write =
+            |io: &mut Coalesced<_>| hyper::rt::Write::poll_write(Pin::new(io), &mut cx, b"answer");
+
+        assert!(write(&mut io).is_pending());
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "asks to be polled again");
+        assert!(matches!(write(&mut io), Poll::Ready(Ok(6))));
+        assert!(write(&mut io).is_pending(), "the next write waits again");
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 2);
+
+        let mut got = [0; 16];
+        let mut buf = ReadBuf::new(&mut got);
+        let read = Pin::new(&mut peer).poll_read(&mut Context::from_waker(Waker::noop()), &mut buf);
+        assert!(matches!(read, Poll::Ready(Ok(()))));
+        assert_eq!(buf.filled(), b"answer", "written once, whole");
     }
 }

@@ -48,6 +48,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
 use hyper_util::rt::TokioIo;
+use prost::Message as _;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
@@ -80,6 +81,30 @@ enum Command {
         /// Its concurrency.
         #[arg(long, default_value_t = 50)]
         concurrency: u64,
+    },
+    /// Writes the gRPC request for key `bench-key-0` as it goes on the wire
+    /// (the 5-byte gRPC message prefix, then the protobuf) to stdout, for
+    /// `h2load --data`.
+    GrpcBody {
+        /// Which server's request.
+        #[arg(long)]
+        server: Server,
+        #[command(flatten)]
+        quota: Quota,
+    },
+    /// Turns h2load's output (read on stdin) and its `--log-file` into a
+    /// result line.
+    FromH2load {
+        /// Which server h2load drove.
+        #[arg(long)]
+        server: Server,
+        /// Its streams in flight (clients × streams per client).
+        #[arg(long)]
+        concurrency: u64,
+        /// Its `--log-file`: one request a line, the third column the
+        /// microseconds it took.
+        #[arg(long)]
+        log: PathBuf,
     },
     /// Prints `count` free loopback ports, one a line.
     FreePorts {
@@ -132,15 +157,8 @@ struct Load {
     /// How many distinct keys the requests name.
     #[arg(long, default_value_t = 1)]
     keys: u64,
-    /// Requests allowed per period.
-    #[arg(long, default_value_t = 1000)]
-    limit: u64,
-    /// The period, in whole seconds.
-    #[arg(long, default_value_t = 1)]
-    period_secs: u64,
-    /// The burst (capacity).
-    #[arg(long, default_value_t = 1000)]
-    burst: u64,
+    #[command(flatten)]
+    quota: Quota,
     /// Tollgate's algorithm for the HTTP checks (`scripts/bench-fallback`
     /// measures each); the burst is sent only to the bucket algorithms.
     #[arg(long, default_value = "gcra")]
@@ -152,6 +170,20 @@ struct Load {
     /// answers other than 200 and 429 count as errors).
     #[arg(long)]
     path: Option<String>,
+}
+
+/// The quota both servers are given.
+#[derive(Debug, Clone, Copy, clap::Args)]
+struct Quota {
+    /// Requests allowed per period.
+    #[arg(long, default_value_t = 1000)]
+    limit: u64,
+    /// The period, in whole seconds.
+    #[arg(long, default_value_t = 1)]
+    period_secs: u64,
+    /// The burst (capacity).
+    #[arg(long, default_value_t = 1000)]
+    burst: u64,
 }
 
 /// One measured case.
@@ -265,6 +297,12 @@ fn main() -> anyhow::Result<()> {
             keys,
             concurrency,
         } => from_oha(server, keys, concurrency),
+        Command::GrpcBody { server, quota } => grpc_body(server, quota),
+        Command::FromH2load {
+            server,
+            concurrency,
+            log,
+        } => from_h2load(server, concurrency, &log),
         Command::FreePorts { count } => free_ports(count),
         Command::Wait { timeout, addrs } => wait(&addrs, Duration::from_secs_f64(timeout)),
         Command::Report { files } => report(&files),
@@ -368,18 +406,18 @@ fn http_bodies(load: &Load) -> Vec<Bytes> {
                 Server::Tollgate => {
                     let burst = match load.algorithm.as_str() {
                         "gcra" | "token-bucket" | "leaky-bucket" => {
-                            format!(r#","burst":{}"#, load.burst)
+                            format!(r#","burst":{}"#, load.quota.burst)
                         }
                         _ => String::new(),
                     };
                     format!(
                         r#"{{"key":"{key}","limit":{},"period":"{}s"{burst},"algorithm":"{}","cost":1}}"#,
-                        load.limit, load.period_secs, load.algorithm
+                        load.quota.limit, load.quota.period_secs, load.algorithm
                     )
                 }
                 Server::Throttlecrab => format!(
                     r#"{{"key":"{key}","max_burst":{},"count_per_period":{},"period":{},"quantity":1}}"#,
-                    load.burst, load.limit, load.period_secs
+                    load.quota.burst, load.quota.limit, load.quota.period_secs
                 ),
             };
             Bytes::from(json)
@@ -527,9 +565,9 @@ enum GrpcRequests {
     Throttlecrab(Vec<ThrottleRequest>),
 }
 
-fn grpc_requests(load: &Load) -> anyhow::Result<GrpcRequests> {
-    let keys = 0..load.keys.max(1);
-    Ok(match load.server {
+fn grpc_requests(server: Server, keys: u64, quota: Quota) -> anyhow::Result<GrpcRequests> {
+    let keys = 0..keys.max(1);
+    Ok(match server {
         Server::Tollgate => GrpcRequests::Tollgate(
             keys.map(|i| RateLimitRequest {
                 domain: DOMAIN.to_owned(),
@@ -547,8 +585,11 @@ fn grpc_requests(load: &Load) -> anyhow::Result<GrpcRequests> {
         Server::Throttlecrab => {
             let int =
                 |n: u64| i32::try_from(n).context("the quota does not fit throttlecrab's int32");
-            let (max_burst, count_per_period, period) =
-                (int(load.burst)?, int(load.limit)?, int(load.period_secs)?);
+            let (max_burst, count_per_period, period) = (
+                int(quota.burst)?,
+                int(quota.limit)?,
+                int(quota.period_secs)?,
+            );
             GrpcRequests::Throttlecrab(
                 keys.map(|i| ThrottleRequest {
                     key: key_name(i),
@@ -563,8 +604,21 @@ fn grpc_requests(load: &Load) -> anyhow::Result<GrpcRequests> {
     })
 }
 
+fn grpc_body(server: Server, quota: Quota) -> anyhow::Result<()> {
+    let message = match grpc_requests(server, 1, quota)? {
+        GrpcRequests::Tollgate(all) => all[0].encode_to_vec(),
+        GrpcRequests::Throttlecrab(all) => all[0].encode_to_vec(),
+    };
+    let length = u32::try_from(message.len()).context("a request of 4 GiB")?;
+    let mut framed = vec![0];
+    framed.extend_from_slice(&length.to_be_bytes());
+    framed.extend_from_slice(&message);
+    std::io::stdout().lock().write_all(&framed)?;
+    Ok(())
+}
+
 async fn grpc_load(load: &Load) -> anyhow::Result<(Tally, f64)> {
-    let requests = Arc::new(grpc_requests(load)?);
+    let requests = Arc::new(grpc_requests(load.server, load.keys, load.quota)?);
     let mut channels = Vec::with_capacity(load.connections);
     for _ in 0..load.connections {
         let channel = Endpoint::from_shared(format!("http://{}", load.addr))?
@@ -694,6 +748,73 @@ fn from_oha(server: Server, keys: u64, concurrency: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn from_h2load(server: Server, concurrency: u64, log: &std::path::Path) -> anyhow::Result<()> {
+    let mut output = String::new();
+    std::io::stdin().read_to_string(&mut output)?;
+    // `finished in 6.00s, 51234.40 req/s, 4.56MB/s`: the time includes the
+    // warm-up, the rate and the counts do not.
+    let rps = output
+        .lines()
+        .find_map(|l| l.strip_prefix("finished in "))
+        .context("not h2load's output: no `finished in` line")?
+        .split(", ")
+        .nth(1)
+        .and_then(|s| s.strip_suffix(" req/s"))
+        .and_then(|s| s.parse::<f64>().ok())
+        .context("h2load's req/s")?;
+    // `requests: 10 total, 10 started, 10 done, 10 succeeded, 0 failed, 0 errored, 0 timeout`
+    let counts: BTreeMap<&str, u64> = output
+        .lines()
+        .find_map(|l| l.strip_prefix("requests: "))
+        .context("not h2load's output: no `requests:` line")?
+        .split(", ")
+        .filter_map(|c| {
+            let (n, what) = c.split_once(' ')?;
+            Some((what, n.parse().ok()?))
+        })
+        .collect();
+    let count = |what: &str| counts.get(what).copied().unwrap_or(0);
+    let text =
+        std::fs::read_to_string(log).with_context(|| format!("cannot read {}", log.display()))?;
+    let mut micros = text
+        .lines()
+        .map(|l| {
+            l.split('\t')
+                .nth(2)
+                .and_then(|m| m.trim().parse::<f64>().ok())
+                .with_context(|| format!("{}: not h2load's log line: {l:?}", log.display()))
+        })
+        .collect::<anyhow::Result<Vec<f64>>>()?;
+    micros.sort_by(f64::total_cmp);
+    let percentile = |p: f64| {
+        if micros.is_empty() {
+            return f64::NAN;
+        }
+        let rank = ((p / 100.0) * micros.len() as f64).ceil() as usize;
+        micros[rank.clamp(1, micros.len()) - 1]
+    };
+    let record = Record {
+        api: "grpc".to_owned(),
+        generator: "h2load".to_owned(),
+        server,
+        keys: 1,
+        concurrency,
+        seconds: count("succeeded") as f64 / rps,
+        requests: count("succeeded"),
+        rps,
+        p50_us: percentile(50.0),
+        p99_us: percentile(99.0),
+        max_us: micros.last().copied().unwrap_or(f64::NAN),
+        // Every gRPC answer is HTTP 200, its verdict inside: h2load reads
+        // neither (0 / 0 is "n/a" in the report).
+        allowed: 0,
+        denied: 0,
+        errors: count("failed") + count("errored") + count("timeout"),
+    };
+    println!("{}", serde_json::to_string(&record)?);
+    Ok(())
+}
+
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     match values.len() {
@@ -724,7 +845,8 @@ fn summarize(records: &[&Record]) -> Option<Summary> {
         rps: column(|r| r.rps),
         p50: column(|r| r.p50_us),
         p99: column(|r| r.p99_us),
-        allowed_share: column(|r| r.allowed as f64 / (r.allowed + r.denied).max(1) as f64),
+        // NaN when no run could tell allowed from denied.
+        allowed_share: column(|r| r.allowed as f64 / (r.allowed + r.denied) as f64),
         errors: records.iter().map(|r| r.errors).sum(),
     })
 }
@@ -748,12 +870,20 @@ fn report(files: &[PathBuf]) -> anyhow::Result<()> {
         .iter()
         .map(|r| (r.api.clone(), r.generator.clone(), r.keys, r.concurrency))
         .collect();
+    // HTTP before gRPC, then by keys, each case's generators together, ours
+    // first.
+    let rank = |generator: &str| {
+        ["loadgen", "wrk", "oha", "h2load"]
+            .iter()
+            .position(|g| *g == generator)
+            .unwrap_or(usize::MAX)
+    };
     cases.sort_by(|a, b| {
-        // HTTP before gRPC, our generator before oha, then by keys.
-        (a.0 != "http", a.1 != "loadgen", a.2, a.3).cmp(&(
+        (a.0 != "http", a.2, rank(&a.1), &a.1, a.3).cmp(&(
             b.0 != "http",
-            b.1 != "loadgen",
             b.2,
+            rank(&b.1),
+            &b.1,
             b.3,
         ))
     });
@@ -797,6 +927,8 @@ fn report(files: &[PathBuf]) -> anyhow::Result<()> {
         let share = |s: &Option<Summary>, server: Server| match s {
             // oha reads no bodies, and throttlecrab answers 200 either way.
             Some(_) if generator == "oha" && server == Server::Throttlecrab => "n/a".to_owned(),
+            // A generator that could not tell (see `from_h2load`, wrk's script).
+            Some(s) if s.allowed_share.is_nan() => "n/a".to_owned(),
             Some(s) => format!("{:.1}%", s.allowed_share * 100.0),
             None => "–".to_owned(),
         };

@@ -16,6 +16,7 @@
 //! `/live.json` needs `Authorization: Bearer <token>`; the page itself holds
 //! no data, and asks for the token (kept in the tab's `sessionStorage`).
 
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -117,6 +118,35 @@ struct Denied {
     rule: Option<Box<str>>,
     /// The descriptor's entries (`key=value, ...`), or an ad-hoc key.
     key: Box<str>,
+}
+
+/// A [`Denied`] borrowed, as each denial offers it: a key already in the
+/// top-K is counted without allocating. Its fields are [`Denied`]'s in the
+/// same order, so the two hash alike (a `Box<str>` hashes as its `str`).
+#[derive(Hash)]
+struct DeniedRef<'a> {
+    domain: Option<&'a str>,
+    rule: Option<&'a str>,
+    key: &'a str,
+}
+
+impl hashbrown::Equivalent<Denied> for DeniedRef<'_> {
+    fn equivalent(&self, denied: &Denied) -> bool {
+        self.key == &*denied.key
+            && self.rule == denied.rule.as_deref()
+            && self.domain == denied.domain.as_deref()
+    }
+}
+
+impl DeniedRef<'_> {
+    /// Its owned form, made when the top-K starts watching it.
+    fn owned(&self) -> Denied {
+        Denied {
+            domain: self.domain.map(Into::into),
+            rule: self.rule.map(Into::into),
+            key: self.key.into(),
+        }
+    }
 }
 
 /// Every counter's total at one instant.
@@ -415,12 +445,14 @@ impl Observer for Observe {
                 SHADOW_OVER_LIMIT => &live.shadow_denied,
                 _ => continue,
             };
-            let denied = Denied {
-                domain: decided.domain.map(Into::into),
-                rule: rule.map(Into::into),
-                key: key_of(decided, index),
-            };
-            lock(top).offer(denied);
+            with_key(decided, index, |key| {
+                let denied = DeniedRef {
+                    domain: decided.domain,
+                    rule,
+                    key,
+                };
+                lock(top).offer(&denied, DeniedRef::owned);
+            });
         }
     }
 
@@ -431,10 +463,31 @@ impl Observer for Observe {
     }
 }
 
-/// The key of the descriptor at `index`: its entries as `key=value, ...`,
-/// or the ad-hoc key, cut to [`KEY_BYTES`].
-fn key_of(decided: &Decided<'_>, index: usize) -> Box<str> {
-    let mut key = String::new();
+thread_local! {
+    /// Where [`with_key`] writes a descriptor's key: each denial would
+    /// otherwise allocate one.
+    static KEY: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Calls `f` with the key of the descriptor at `index` (see [`key_into`]):
+/// an ad-hoc key as it is when short enough, else written into this
+/// thread's buffer.
+fn with_key<R>(decided: &Decided<'_>, index: usize, f: impl FnOnce(&str) -> R) -> R {
+    if let Some(adhoc) = decided.adhoc_key
+        && adhoc.len() <= KEY_BYTES
+    {
+        return f(adhoc);
+    }
+    KEY.with_borrow_mut(|key| {
+        key.clear();
+        key_into(key, decided, index);
+        f(key)
+    })
+}
+
+/// Writes into the empty `key` the key of the descriptor at `index`: its
+/// entries as `key=value, ...`, or the ad-hoc key, cut to [`KEY_BYTES`].
+fn key_into(key: &mut String, decided: &Decided<'_>, index: usize) {
     if let Some(adhoc) = decided.adhoc_key {
         key.push_str(adhoc);
     } else if let Some(descriptor) = decided.descriptors.get(index) {
@@ -458,7 +511,6 @@ fn key_of(decided: &Decided<'_>, index: usize) -> Box<str> {
         key.truncate(end);
         key.push('…');
     }
-    key.into_boxed_str()
 }
 
 /// `/live.json`.
@@ -787,8 +839,35 @@ rules:
             hits_addend: 1,
             adhoc_key: None,
         };
-        let key = key_of(&decided, 0);
+        let key = with_key(&decided, 0, str::to_owned);
         assert!(key.len() <= KEY_BYTES + '…'.len_utf8(), "{}", key.len());
         assert!(key.starts_with("k=éé") && key.ends_with('…'));
+        let long = "x".repeat(KEY_BYTES + 1);
+        let adhoc = Decided {
+            adhoc_key: Some(&long),
+            ..decided
+        };
+        let key = with_key(&adhoc, 0, str::to_owned);
+        assert!(key.len() <= KEY_BYTES + '…'.len_utf8() && key.ends_with('…'));
+    }
+
+    /// The top-K finds an owned key by its borrowed form: both hash alike
+    /// and compare equal, and each field tells keys apart.
+    #[test]
+    fn a_borrowed_denied_key_finds_its_owned_form() {
+        let mut top = SpaceSaving::new(4);
+        let offer = |top: &mut SpaceSaving<Denied>, domain, rule, key| {
+            let denied = DeniedRef { domain, rule, key };
+            top.offer(&denied, DeniedRef::owned);
+        };
+        for _ in 0..3 {
+            offer(&mut top, Some("api"), Some("per-ip"), "ip=1");
+        }
+        offer(&mut top, None, Some("per-ip"), "ip=1");
+        offer(&mut top, Some("api"), None, "ip=1");
+        offer(&mut top, Some("api"), Some("per-ip"), "ip=2");
+        let counts: Vec<u64> = top.top().iter().map(|c| c.count).collect();
+        assert_eq!(counts, [3, 1, 1, 1]);
+        assert_eq!(top.max_error(), 1);
     }
 }

@@ -13,8 +13,9 @@
 //!   ([`SpaceSaving::max_error`] says what it is now);
 //! - a key offered more than [`SpaceSaving::max_error`] times is watched.
 
-use std::collections::HashMap;
 use std::hash::Hash;
+
+use hashbrown::{Equivalent, HashMap};
 
 /// One watched key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,8 +34,9 @@ pub(crate) struct Counter<K> {
 pub(crate) struct SpaceSaving<K> {
     capacity: usize,
     counters: Vec<Counter<K>>,
-    /// Where each watched key's counter is in `counters`.
-    index: HashMap<K, usize>,
+    /// Where each watched key's counter is in `counters`; hashbrown's, to
+    /// be looked up by a borrowed form of a key (see [`SpaceSaving::offer`]).
+    index: HashMap<K, usize, foldhash::fast::RandomState>,
     /// Offers so far (`N`).
     offers: u64,
 }
@@ -46,20 +48,27 @@ impl<K: Hash + Eq + Clone> SpaceSaving<K> {
         Self {
             capacity,
             counters: Vec::with_capacity(capacity),
-            index: HashMap::with_capacity(capacity),
+            index: HashMap::with_capacity_and_hasher(capacity, Default::default()),
             offers: 0,
         }
     }
 
-    /// Counts one occurrence of `key`. O(1) for a watched key or while there
-    /// is room; O(capacity) (a scan for the smallest counter) otherwise.
-    pub(crate) fn offer(&mut self, key: K) {
+    /// Counts one occurrence of `key`, a borrowed form of a `K` that
+    /// `owned` makes only when the key is not watched yet: offering a key
+    /// already watched allocates nothing. O(1) for a watched key or while
+    /// there is room; O(capacity) (a scan for the smallest counter)
+    /// otherwise.
+    pub(crate) fn offer<Q>(&mut self, key: &Q, owned: impl FnOnce(&Q) -> K)
+    where
+        Q: Hash + Equivalent<K> + ?Sized,
+    {
         self.offers = self.offers.saturating_add(1);
-        if let Some(&at) = self.index.get(&key) {
+        if let Some(&at) = self.index.get(key) {
             let counter = &mut self.counters[at];
             counter.count = counter.count.saturating_add(1);
             return;
         }
+        let key = owned(key);
         if self.counters.len() < self.capacity {
             self.index.insert(key.clone(), self.counters.len());
             self.counters.push(Counter {
@@ -152,7 +161,7 @@ mod tests {
     fn counts_are_exact_while_there_is_room() {
         let mut top = SpaceSaving::new(4);
         for key in ["a", "b", "a", "c", "a", "b"] {
-            top.offer(key);
+            top.offer(&key, |k| *k);
         }
         let got: Vec<(&str, u64, u64)> = top
             .top()
@@ -168,7 +177,7 @@ mod tests {
     fn a_new_key_takes_over_the_smallest_counter() {
         let mut top = SpaceSaving::new(2);
         for key in ["a", "a", "a", "b", "c"] {
-            top.offer(key);
+            top.offer(&key, |k| *k);
         }
         // "c" replaced "b" (count 1) and inherited its count as its error.
         let got: Vec<(&str, u64, u64)> = top
@@ -187,7 +196,7 @@ mod tests {
             let mut top = SpaceSaving::new(capacity);
             let mut truth: HashMap<u64, u64> = HashMap::new();
             for &key in &stream {
-                top.offer(key);
+                top.offer(&key, |k| *k);
                 *truth.entry(key).or_default() += 1;
                 assert!(top.counters.len() <= capacity);
                 assert!(top.index.len() <= capacity);
@@ -232,7 +241,7 @@ mod tests {
             } else {
                 rng.next() % 5_000
             };
-            top.offer(key);
+            top.offer(&key, |k| *k);
         }
         let first: Vec<u64> = top.top().iter().take(3).map(|c| c.key).collect();
         assert_eq!(first, [1_000_000, 1_000_001, 1_000_002]);
