@@ -389,6 +389,11 @@ impl Entries<Tat> for TatEntries {
     }
 
     fn insert(&mut self, key: u128, entry: Entry<Tat>) {
+        if self.held(key).is_none()
+            && let Some(index) = self.hot_slot(key)
+        {
+            self.take(index, key);
+        }
         match self.held(key) {
             Some(i) => {
                 let held = &mut self.held[i];
@@ -578,6 +583,17 @@ mod tests {
         tat.release();
         assert_eq!(tat.len(), 1);
         assert_eq!(add(&hot, 7, 0), Some(100));
+    }
+
+    #[test]
+    fn inserting_over_a_hot_key_replaces_it_in_its_slot() {
+        let (hot, mut tat) = entries();
+        tat.insert_new(7, entry(100));
+        tat.release();
+        tat.insert(7, entry(300));
+        tat.release();
+        assert_eq!(tat.len(), 1);
+        assert_eq!(add(&hot, 7, 0), Some(300));
     }
 
     #[test]
