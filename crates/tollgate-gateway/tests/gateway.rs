@@ -33,16 +33,22 @@ async fn upstream() -> String {
     format!("http://{addr}")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bound_gateway_forwards_limits_tells_the_hook_and_stops() {
+/// The settings of a gateway on a free loopback port in front of a fresh
+/// [`upstream`], with `extra` options on top.
+async fn settings(extra: Options) -> Settings {
     let options = Options {
         proxy_listen: Some("127.0.0.1:0".into()),
         upstream: Some(upstream().await.parse().expect("an upstream URL")),
-        ..Options::default()
+        ..extra
     };
-    let settings = Settings::resolve(options)
+    Settings::resolve(options)
         .expect("valid options")
-        .expect("a gateway is asked for");
+        .expect("a gateway is asked for")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_gateway_forwards_limits_tells_the_hook_and_stops() {
+    let settings = settings(Options::default()).await;
     let policy = Policy::parse(
         "inline",
         "
@@ -91,15 +97,7 @@ rules:
 /// served on the thread that runs it: here, the test's own.
 #[tokio::test]
 async fn on_the_caller_runtime_the_gateway_serves_on_the_callers_thread() {
-    let options = Options {
-        proxy_listen: Some("127.0.0.1:0".into()),
-        upstream: Some(upstream().await.parse().expect("an upstream URL")),
-        ..Options::default()
-    };
-    let settings = Settings::resolve(options)
-        .expect("valid options")
-        .expect("a gateway is asked for")
-        .on_caller_runtime();
+    let settings = settings(Options::default()).await.on_caller_runtime();
     let policy = Policy::builtin();
     let gateway = Gateway::bind(settings, &policy).await.expect("bind");
     let url = format!("http://{}/anything", gateway.local_addr());
@@ -137,14 +135,7 @@ async fn on_the_caller_runtime_the_gateway_serves_on_the_callers_thread() {
 /// so every request is forwarded and no answer carries rate limit headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bare_gateway_forwards_every_request_with_no_limit_step() {
-    let options = Options {
-        proxy_listen: Some("127.0.0.1:0".into()),
-        upstream: Some(upstream().await.parse().expect("an upstream URL")),
-        ..Options::default()
-    };
-    let settings = Settings::resolve(options)
-        .expect("valid options")
-        .expect("a gateway is asked for");
+    let settings = settings(Options::default()).await;
     let gateway = Gateway::bind(settings, &Policy::builtin())
         .await
         .expect("bind");
@@ -217,15 +208,11 @@ async fn connections_past_the_cap_are_closed_until_one_closes() {
         (stream, buf)
     }
 
-    let options = Options {
-        proxy_listen: Some("127.0.0.1:0".into()),
-        upstream: Some(upstream().await.parse().expect("an upstream URL")),
+    let settings = settings(Options {
         proxy_max_connections: Some(2),
         ..Options::default()
-    };
-    let settings = Settings::resolve(options)
-        .expect("valid")
-        .expect("a gateway");
+    })
+    .await;
     let policy =
         Policy::parse("inline", "domain: gateway\nrules: []\n").unwrap_or_else(|e| panic!("{e}"));
     let gateway = Gateway::bind(settings, &policy).await.expect("bind");

@@ -356,6 +356,17 @@ impl TatEntries {
         self.hold(index, key, entry)
     }
 
+    /// Where `key` is among those held, taking its slot first if one holds
+    /// it; `None` when no slot does.
+    fn held_or_taken(&mut self, key: u128) -> Option<usize> {
+        if let held @ Some(_) = self.held(key) {
+            return held;
+        }
+        let index = self.hot_slot(key)?;
+        self.take(index, key);
+        Some(self.held.len() - 1)
+    }
+
     /// Locks the slot `index`, holding `key` with `entry`.
     fn hold(&mut self, index: usize, key: u128, entry: Entry<Tat>) -> &mut Held {
         self.dirty = true;
@@ -389,12 +400,7 @@ impl Entries<Tat> for TatEntries {
     }
 
     fn insert(&mut self, key: u128, entry: Entry<Tat>) {
-        if self.held(key).is_none()
-            && let Some(index) = self.hot_slot(key)
-        {
-            self.take(index, key);
-        }
-        match self.held(key) {
+        match self.held_or_taken(key) {
             Some(i) => {
                 let held = &mut self.held[i];
                 self.hot_len += usize::from(!held.present);
@@ -406,12 +412,7 @@ impl Entries<Tat> for TatEntries {
     }
 
     fn remove(&mut self, key: u128) -> Option<Entry<Tat>> {
-        if self.held(key).is_none()
-            && let Some(index) = self.hot_slot(key)
-        {
-            self.take(index, key);
-        }
-        match self.held(key) {
+        match self.held_or_taken(key) {
             Some(i) => {
                 let held = &mut self.held[i];
                 if !held.present {
