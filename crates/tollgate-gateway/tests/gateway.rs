@@ -33,6 +33,20 @@ async fn upstream() -> String {
     format!("http://{addr}")
 }
 
+/// Signals the gateway to stop and waits for its workers, which must all
+/// have served without error.
+async fn stop_and_join(
+    stop: tokio::sync::watch::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), tollgate_gateway::Error>>,
+) {
+    stop.send(()).expect("the gateway listens for the signal");
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the workers stop")
+        .expect("no worker panicked")
+        .expect("the gateway served without error");
+}
+
 /// The settings of a gateway on a free loopback port in front of a fresh
 /// [`upstream`], with `extra` options on top.
 async fn settings(extra: Options) -> Settings {
@@ -85,12 +99,7 @@ rules:
     );
 
     drop(client);
-    stop.send(()).expect("the gateway listens for the signal");
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .expect("the workers stop")
-        .expect("no worker panicked")
-        .expect("the gateway served without error");
+    stop_and_join(stop, task).await;
 }
 
 /// On the caller's runtime (for tests under paused time), every request is
@@ -157,12 +166,7 @@ async fn a_bare_gateway_forwards_every_request_with_no_limit_step() {
     }
 
     drop(client);
-    stop.send(()).expect("the gateway listens for the signal");
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .expect("the workers stop")
-        .expect("no worker panicked")
-        .expect("the gateway served without error");
+    stop_and_join(stop, task).await;
 }
 
 #[test]
