@@ -89,7 +89,7 @@ impl Slot {
                 .compare_exchange_weak(seen, locked, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return locked,
-                Err(now) => seen = now,
+                Err(actual) => seen = actual,
             }
         }
     }
@@ -110,7 +110,7 @@ impl Slot {
                 Ordering::Acquire,
             ) {
                 Ok(_) => return true,
-                Err(now) => seen = now,
+                Err(actual) => seen = actual,
             }
         }
     }
@@ -204,7 +204,7 @@ fn swap(
         ) {
             Ok(_) => return Some(decision),
             // Another lock-free check moved the TAT: decide again.
-            Err(now) if tag_of(now) == tag => seen = now,
+            Err(actual) if tag_of(actual) == tag => seen = actual,
             Err(_) => return None,
         }
     }
