@@ -157,33 +157,29 @@ impl HotSlots {
         step: impl Fn(Tat) -> (Decision, Option<Tat>),
     ) -> Option<Decision> {
         let mut candidates = matching(lanes, lane_tag(key));
-        // A key read is trusted once a tag read after it and another after
-        // that agree: keys change only while a slot is locked, and locking
-        // and unlocking each change the tag. At most one slot holds the key.
+        // At most one slot holds the key.
         while candidates != 0 {
             let slot = &self.slots[candidates.trailing_zeros() as usize / 16];
             candidates &= candidates - 1;
-            if slot.key() != key {
-                continue;
-            }
-            let tag = tag_of(slot.word.load(Ordering::Acquire));
-            if tag & (LIVE | LOCKED) != LIVE || slot.key() != key {
-                continue;
-            }
             let seen = slot.word.load(Ordering::Acquire);
-            return if tag_of(seen) == tag {
-                swap(slot, seen, step)
-            } else {
-                None
-            };
+            if tag_of(seen) & (LIVE | LOCKED) != LIVE || slot.key() != key {
+                continue;
+            }
+            return swap(slot, seen, step);
         }
         None
     }
 }
 
-/// Decides from `seen`, a word of `slot` holding the key, and swaps in the
-/// TAT decided, deciding again while other lock-free checks beat it to it.
-/// `None` once a writer under the lock has touched the slot.
+/// Decides from `seen`, a word of `slot` read before the slot's key was found
+/// to be the key checked, and swaps in the TAT decided, deciding again while
+/// other lock-free checks beat it to it. `None` once a writer under the lock
+/// has touched the slot.
+///
+/// The key read is trusted once the tag has not changed from `seen` to a
+/// later read of the word: keys change only while a slot is locked, and
+/// locking and unlocking each change the tag. The swap itself is that read
+/// when it succeeds; a decision that writes nothing reads the tag once more.
 #[inline]
 fn swap(
     slot: &Slot,
@@ -194,7 +190,7 @@ fn swap(
     loop {
         let (decision, write) = step(Tat(tat_of(seen)));
         let Some(Tat(tat)) = write else {
-            return Some(decision);
+            return (tag_of(slot.word.load(Ordering::Acquire)) == tag).then_some(decision);
         };
         match slot.word.compare_exchange_weak(
             seen,
@@ -541,6 +537,7 @@ mod tests {
         tat.release();
         assert_eq!(tat_of(slot.word.load(Ordering::Acquire)), 100);
         assert_eq!(swap(slot, stale, |Tat(t)| (saw(t), Some(Tat(t + 1)))), None);
+        assert_eq!(swap(slot, stale, |Tat(t)| (saw(t), None)), None);
         // The slot freed and taken by another key: the old key's read fails.
         let stale = slot.word.load(Ordering::Acquire);
         assert!(tat.remove(7).is_some());
