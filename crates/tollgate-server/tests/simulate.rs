@@ -64,6 +64,12 @@ fn run(args: &[&str], stdin: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// The error output of a run that must have failed.
+fn failed(output: &Output) -> String {
+    assert!(!output.status.success());
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
 fn stdout(output: &Output) -> String {
     assert!(
         output.status.success(),
@@ -182,8 +188,7 @@ fn a_bad_line_fails_with_its_number() {
         ],
         trace,
     );
-    assert!(!output.status.success());
-    let stderr = String::from_utf8(output.stderr).unwrap();
+    let stderr = failed(&output);
     assert!(stderr.contains("line 4"), "{stderr}");
     assert!(stderr.contains("3 c 1 extra"), "{stderr}");
     assert!(output.stdout.is_empty());
@@ -203,8 +208,7 @@ fn a_bad_line_fails_with_its_number() {
         .arg(&path)
         .output()
         .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8(output.stderr).unwrap();
+    let stderr = failed(&output);
     assert!(stderr.contains("line 2"), "{stderr}");
     assert!(stderr.contains("sorted"), "{stderr}");
 }
@@ -571,8 +575,7 @@ fn a_bad_request_line_fails_with_its_file_and_line() {
         &["--policy", "{}", "--requests", "{}"],
         &[&policy, &requests],
     );
-    assert!(!output.status.success());
-    let stderr = String::from_utf8(output.stderr).unwrap();
+    let stderr = failed(&output);
     assert!(
         stderr.contains(&format!("{}:3: unknown field `hits`", requests.display())),
         "{stderr}"
@@ -595,8 +598,7 @@ fn a_bad_request_line_fails_with_its_file_and_line() {
         ],
         &[&policy, &log],
     );
-    assert!(!output.status.success());
-    let stderr = String::from_utf8(output.stderr).unwrap();
+    let stderr = failed(&output);
     assert!(
         stderr.contains(&format!(
             "{}:2: expected Envoy's default access log format",
@@ -816,8 +818,7 @@ fn a_request_a_policy_refuses_and_a_bad_policy_are_named() {
         &["--policy", "{}", "--requests", "{}"],
         &[&policy, &requests],
     );
-    assert!(!output.status.success());
-    let stderr = String::from_utf8(output.stderr).unwrap();
+    let stderr = failed(&output);
     assert!(
         stderr.contains(&format!(
             "{}:2: {} refuses the request: the request has 129 descriptors; at most 128 are taken",
@@ -832,8 +833,7 @@ fn a_request_a_policy_refuses_and_a_bad_policy_are_named() {
         &["--policy", "{}", "--baseline", "{}", "--requests", "{}"],
         &[&policy, &bad, &requests],
     );
-    assert!(!output.status.success());
-    let stderr = String::from_utf8(output.stderr).unwrap();
+    let stderr = failed(&output);
     assert!(
         stderr.contains(&format!("policy {}", bad.display()))
             && stderr.contains("rules[0].limit.per"),
