@@ -112,9 +112,9 @@ impl StateMachine for Concurrency {
                     });
                     leases.in_flight = after;
                 }
-                Decision::allow(limit, limit - after, 0)
+                Decision::allow_ns(limit, limit - after, 0)
             }
-            None => Decision::deny(limit, limit.saturating_sub(leases.in_flight), 0, None),
+            None => Decision::deny_ns(limit, limit.saturating_sub(leases.in_flight), 0, None),
         }
     }
 }
@@ -155,7 +155,7 @@ impl ConcurrencyLimiter {
                 in_flight: Arc::clone(&self.in_flight),
                 cost,
             })
-            .map_err(|n| Decision::deny(max, max.saturating_sub(n), 0, None))
+            .map_err(|n| Decision::deny_ns(max, max.saturating_sub(n), 0, None))
     }
 
     /// Units in flight now.
@@ -180,7 +180,7 @@ mod tests {
         let a = limiter.try_acquire(1).unwrap();
         let b = limiter.try_acquire(1).unwrap();
         let denied = limiter.try_acquire(1).unwrap_err();
-        assert!(!denied.allowed && denied.retry_after.is_none());
+        assert!(!denied.allowed() && denied.retry_after().is_none());
         drop(a);
         assert_eq!(limiter.in_flight(), 1);
         let _c = limiter.try_acquire(1).unwrap();
@@ -192,9 +192,9 @@ mod tests {
     fn state_machine_acquires_and_releases_by_id() {
         let q = Quota::per_second(3).unwrap();
         let mut n = Leases::default();
-        assert!(Concurrency::lease(1).step(&q, &mut n, 0, 2).allowed);
-        assert!(Concurrency::lease(2).step(&q, &mut n, 500, 1).allowed);
-        assert!(!Concurrency::lease(3).step(&q, &mut n, 500, 1).allowed);
+        assert!(Concurrency::lease(1).step(&q, &mut n, 0, 2).allowed());
+        assert!(Concurrency::lease(2).step(&q, &mut n, 500, 1).allowed());
+        assert!(!Concurrency::lease(3).step(&q, &mut n, 500, 1).allowed());
         // The cost-2 lease goes, whatever its cost; the other keeps its lapse.
         assert!(Concurrency::release(&mut n, 1, 600));
         assert_eq!(n.in_flight(), 1);

@@ -80,7 +80,7 @@ fn window_step(
                     count: after,
                 };
             }
-            Decision::allow(limit, limit - after, reset_after(after))
+            Decision::allow_ns(limit, limit - after, reset_after(after))
         }
         None => {
             // The next window starts empty; a cost above the limit never fits,
@@ -96,7 +96,7 @@ fn window_step(
                     count: seen,
                 };
             }
-            Decision::deny(limit, limit.saturating_sub(count), reset_after(seen), retry)
+            Decision::deny_ns(limit, limit.saturating_sub(count), reset_after(seen), retry)
         }
     }
 }
@@ -111,11 +111,11 @@ mod tests {
     fn counts_per_aligned_window() {
         let q = Quota::per_second(2).unwrap();
         let mut s = WindowCount::default();
-        assert!(FixedWindow.step(&q, &mut s, 400_000_000, 2).allowed);
+        assert!(FixedWindow.step(&q, &mut s, 400_000_000, 2).allowed());
         let d = FixedWindow.step(&q, &mut s, 900_000_000, 1);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, Some(std::time::Duration::from_millis(100)));
-        assert!(FixedWindow.step(&q, &mut s, 1_000_000_000, 2).allowed);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Some(std::time::Duration::from_millis(100)));
+        assert!(FixedWindow.step(&q, &mut s, 1_000_000_000, 2).allowed());
     }
 
     /// envoyproxy/ratelimit's counter (`test/redis/fixed_cache_impl_test.go`:
@@ -131,24 +131,24 @@ mod tests {
                 count: 9,
             };
         }
-        assert!(!FixedWindow.step(&q, &mut fixed, 200, 5).allowed);
-        assert!(FixedWindow.step(&q, &mut fixed, 300, 1).allowed);
+        assert!(!FixedWindow.step(&q, &mut fixed, 200, 5).allowed());
+        assert!(FixedWindow.step(&q, &mut fixed, 300, 1).allowed());
 
         let over = HitCounter.step(&q, &mut counter, 200, 5);
-        assert!(!over.allowed);
-        assert_eq!(over.remaining, 1);
+        assert!(!over.allowed());
+        assert_eq!(over.remaining(), 1);
         assert_eq!(
-            over.retry_after,
+            over.retry_after(),
             Some(std::time::Duration::from_nanos(SEC - 200))
         );
         assert_eq!(counter.count, 11, "kept one past the limit");
         let after = HitCounter.step(&q, &mut counter, 300, 1);
-        assert!(!after.allowed);
-        assert_eq!(after.remaining, 0);
+        assert!(!after.allowed());
+        assert_eq!(after.remaining(), 0);
         assert_eq!(counter.count, 11);
         // A read still counts nothing, and the next window starts empty.
-        assert!(!HitCounter.step(&q, &mut counter, 400, 0).allowed);
-        assert!(HitCounter.step(&q, &mut counter, SEC, 10).allowed);
+        assert!(!HitCounter.step(&q, &mut counter, 400, 0).allowed());
+        assert!(HitCounter.step(&q, &mut counter, SEC, 10).allowed());
     }
 
     #[test]
@@ -156,9 +156,9 @@ mod tests {
         let q = Quota::per_second(2).unwrap();
         let mut s = WindowCount::default();
         let d = HitCounter.step(&q, &mut s, 250_000_000, 3);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, None, "a cost above the limit never fits");
-        assert_eq!(d.reset_after, std::time::Duration::from_millis(750));
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), None, "a cost above the limit never fits");
+        assert_eq!(d.reset_after(), std::time::Duration::from_millis(750));
         assert_eq!(s.count, 3);
     }
 }

@@ -49,14 +49,14 @@ mod tests {
         let mut s = Tat::default();
         for remaining in [2, 1, 0] {
             let d = Gcra.step(&q, &mut s, 0, 1);
-            assert!(d.allowed);
-            assert_eq!(d.remaining, remaining);
+            assert!(d.allowed());
+            assert_eq!(d.remaining(), remaining);
         }
         let d = Gcra.step(&q, &mut s, 0, 1);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, Some(Duration::from_millis(100)));
-        assert_eq!(d.reset_after, Duration::from_millis(300));
-        assert!(!Gcra.step(&q, &mut s, 99_999_999, 1).allowed);
-        assert!(Gcra.step(&q, &mut s, 100_000_000, 1).allowed);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(100)));
+        assert_eq!(d.reset_after(), Duration::from_millis(300));
+        assert!(!Gcra.step(&q, &mut s, 99_999_999, 1).allowed());
+        assert!(Gcra.step(&q, &mut s, 100_000_000, 1).allowed());
     }
 }

@@ -65,9 +65,9 @@ impl StateMachine for LeakyBucketShaping {
             // `meter` admits only what drains by u64::MAX: this cannot saturate.
             state.0 = now + used;
         }
-        if decision.allowed {
+        if decision.allowed() {
             let free = self.delay_after.saturating_mul(quota.emission_ns());
-            decision.delay = std::time::Duration::from_nanos(wait.saturating_sub(free));
+            decision = decision.delayed_ns(wait.saturating_sub(free));
         }
         decision
     }
@@ -82,11 +82,11 @@ mod tests {
     fn policing_rejects_overflow_at_once() {
         let q = Quota::per_second(10).unwrap().with_burst(1).unwrap();
         let mut s = Level::default();
-        assert!(LeakyBucket.step(&q, &mut s, 0, 1).allowed);
+        assert!(LeakyBucket.step(&q, &mut s, 0, 1).allowed());
         let d = LeakyBucket.step(&q, &mut s, 50_000_000, 1);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, Some(Duration::from_millis(50)));
-        assert!(LeakyBucket.step(&q, &mut s, 100_000_000, 1).allowed);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(50)));
+        assert!(LeakyBucket.step(&q, &mut s, 100_000_000, 1).allowed());
     }
 
     /// NGINX `rate=10r/s burst=2` (Tollgate burst 3): one request passes, two wait
@@ -97,12 +97,12 @@ mod tests {
         let shaper = LeakyBucketShaping::default();
         let mut s = Tat::default();
         let delays: Vec<_> = (0..3)
-            .map(|_| shaper.step(&q, &mut s, 0, 1).delay)
+            .map(|_| shaper.step(&q, &mut s, 0, 1).delay())
             .collect();
         assert_eq!(delays, [0, 100, 200].map(Duration::from_millis).to_vec());
         let d = shaper.step(&q, &mut s, 0, 1);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, Some(Duration::from_millis(100)));
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(100)));
     }
 
     /// NGINX `burst=4 delay=2` (Tollgate burst 5, delay_after 2): three pass at
@@ -113,12 +113,12 @@ mod tests {
         let shaper = LeakyBucketShaping { delay_after: 2 };
         let mut s = Tat::default();
         let delays: Vec<_> = (0..5)
-            .map(|_| shaper.step(&q, &mut s, 0, 1).delay)
+            .map(|_| shaper.step(&q, &mut s, 0, 1).delay())
             .collect();
         assert_eq!(
             delays,
             [0, 0, 0, 100, 200].map(Duration::from_millis).to_vec()
         );
-        assert!(!shaper.step(&q, &mut s, 0, 1).allowed);
+        assert!(!shaper.step(&q, &mut s, 0, 1).allowed());
     }
 }

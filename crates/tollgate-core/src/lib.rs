@@ -19,11 +19,11 @@
 //!
 //! let quota = Quota::per_second(10)?.with_burst(2)?;
 //! let mut tat = Default::default();
-//! assert!(Gcra.step(&quota, &mut tat, 0, 1).allowed);
-//! assert!(Gcra.step(&quota, &mut tat, 0, 1).allowed);
+//! assert!(Gcra.step(&quota, &mut tat, 0, 1).allowed());
+//! assert!(Gcra.step(&quota, &mut tat, 0, 1).allowed());
 //! let denied = Gcra.step(&quota, &mut tat, 0, 1);
-//! assert!(!denied.allowed);
-//! assert_eq!(denied.retry_after, Some(Duration::from_millis(100)));
+//! assert!(!denied.allowed());
+//! assert_eq!(denied.retry_after(), Some(Duration::from_millis(100)));
 //! # Ok::<(), tollgate_core::QuotaError>(())
 //! ```
 

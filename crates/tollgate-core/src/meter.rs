@@ -24,13 +24,21 @@ pub(crate) struct Metered {
 /// all four buckets still decide alike within `burst × T` of the end of time.
 #[inline]
 pub(crate) fn meter(quota: &Quota, now: Nanos, used: u64, cost: u64) -> Metered {
-    let t = quota.emission_ns();
+    let per_unit = quota.emission();
+    let t = per_unit.get();
     let capacity = quota.capacity_ns();
     let limit = quota.burst();
     // The most `used` may reach: the capacity, and no further than the end of time.
     let top = capacity.min(u64::MAX - now);
     let deny = |retry_after| Metered {
-        decision: Decision::deny(limit, top.saturating_sub(used) / t, used, retry_after),
+        decision: Decision::metered(
+            false,
+            limit,
+            top.saturating_sub(used),
+            per_unit,
+            used,
+            retry_after,
+        ),
         used: None,
     };
     // Fits: cost <= burst and burst * t was checked when the quota was built.
@@ -51,7 +59,7 @@ pub(crate) fn meter(quota: &Quota, now: Nanos, used: u64, cost: u64) -> Metered 
     if used <= room {
         let after = used + need;
         Metered {
-            decision: Decision::allow(limit, (top - after) / t, after),
+            decision: Decision::metered(true, limit, top - after, per_unit, after, None),
             used: (cost > 0).then_some(after),
         }
     } else {

@@ -158,6 +158,12 @@ impl Quota {
         self.emission.get()
     }
 
+    /// Nanoseconds per unit, never zero.
+    #[inline]
+    pub(crate) fn emission(&self) -> NonZeroU64 {
+        self.emission
+    }
+
     /// The capacity expressed as the time a full bucket takes to drain: `burst × emission`.
     pub(crate) fn capacity_ns(&self) -> Nanos {
         // Checked when the quota was built.

@@ -96,7 +96,7 @@ impl StateMachine for SlidingCounter {
                     current: after,
                 };
             }
-            return Decision::allow(limit, remaining(after), reset_after(after));
+            return Decision::allow_ns(limit, remaining(after), reset_after(after));
         }
         // The instant at which the cost first fits, if the clock reaches it: in
         // this window, in the next one (where `current` becomes the previous
@@ -113,7 +113,7 @@ impl StateMachine for SlidingCounter {
                 .and_then(|next| next.checked_add(at))
         };
         let retry = retry_at.map(|at| at - now);
-        Decision::deny(limit, remaining(current), reset_after(current), retry)
+        Decision::deny_ns(limit, remaining(current), reset_after(current), retry)
     }
 }
 
@@ -126,15 +126,15 @@ mod tests {
     fn weighs_the_previous_window() {
         let q = Quota::per_second(10).unwrap();
         let mut s = WindowPair::default();
-        assert!(SlidingCounter.step(&q, &mut s, 900_000_000, 10).allowed);
+        assert!(SlidingCounter.step(&q, &mut s, 900_000_000, 10).allowed());
         // At 1.25 s, 75% of the previous window's 10 still count: 2 fit, not 3.
         let d = SlidingCounter.step(&q, &mut s, 1_250_000_000, 0);
-        assert_eq!(d.remaining, 2);
-        assert!(!SlidingCounter.step(&q, &mut s, 1_250_000_000, 3).allowed);
+        assert_eq!(d.remaining(), 2);
+        assert!(!SlidingCounter.step(&q, &mut s, 1_250_000_000, 3).allowed());
         let d = SlidingCounter.step(&q, &mut s, 1_250_000_000, 2);
-        assert!(d.allowed);
+        assert!(d.allowed());
         let d = SlidingCounter.step(&q, &mut s, 1_250_000_000, 1);
         // 10·(1 − e/1s) + 3 ≤ 10 once e ≥ 300 ms.
-        assert_eq!(d.retry_after, Some(Duration::from_millis(50)));
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(50)));
     }
 }

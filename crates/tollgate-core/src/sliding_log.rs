@@ -56,14 +56,14 @@ impl StateMachine for SlidingLog {
                 } else {
                     newest
                 };
-                Decision::allow(limit, limit - after, reset_after(newest))
+                Decision::allow_ns(limit, limit - after, reset_after(newest))
             }
             None => {
                 let live = state.entries.range(expired..);
                 let retry = (cost <= limit)
                     .then(|| retry_after(live, total, limit, cost, period, now))
                     .flatten();
-                Decision::deny(
+                Decision::deny_ns(
                     limit,
                     limit.saturating_sub(total),
                     reset_after(newest),
@@ -105,13 +105,13 @@ mod tests {
         let q = Quota::per_second(3).unwrap();
         let mut s = Log::default();
         for t in [0, 100, 200] {
-            assert!(SlidingLog.step(&q, &mut s, t * 1_000_000, 1).allowed);
+            assert!(SlidingLog.step(&q, &mut s, t * 1_000_000, 1).allowed());
         }
         let d = SlidingLog.step(&q, &mut s, 999_000_000, 1);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, Some(Duration::from_millis(1)));
-        assert!(SlidingLog.step(&q, &mut s, 1_000_000_000, 1).allowed);
-        assert!(!SlidingLog.step(&q, &mut s, 1_000_000_000, 1).allowed);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(1)));
+        assert!(SlidingLog.step(&q, &mut s, 1_000_000_000, 1).allowed());
+        assert!(!SlidingLog.step(&q, &mut s, 1_000_000_000, 1).allowed());
     }
 
     #[test]
@@ -119,11 +119,11 @@ mod tests {
         let q = Quota::per_second(4).unwrap();
         let mut s = Log::default();
         for t in [0, 10, 20, 30] {
-            assert!(SlidingLog.step(&q, &mut s, t, 1).allowed);
+            assert!(SlidingLog.step(&q, &mut s, t, 1).allowed());
         }
         let d = SlidingLog.step(&q, &mut s, 40, 3);
         assert_eq!(
-            d.retry_after,
+            d.retry_after(),
             Some(Duration::from_nanos(1_000_000_000 + 20 - 40))
         );
     }

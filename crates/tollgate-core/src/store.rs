@@ -70,14 +70,7 @@ impl<'a> Limit<'a> {
     /// The decision of this limit when it was not counted: allowed, its whole
     /// capacity left.
     pub fn untouched(&self) -> Decision {
-        Decision {
-            allowed: true,
-            limit: self.capacity(),
-            remaining: self.capacity(),
-            reset_after: Duration::ZERO,
-            retry_after: None,
-            delay: Duration::ZERO,
-        }
+        Decision::allow(self.capacity(), self.capacity(), Duration::ZERO)
     }
 }
 
@@ -107,14 +100,12 @@ impl FailurePolicy {
     pub fn decide(self, limit: &Limit<'_>, retry_after: Option<Duration>) -> Option<Decision> {
         match self {
             FailurePolicy::FailOpen => Some(limit.untouched()),
-            FailurePolicy::FailClosed => Some(Decision {
-                allowed: false,
-                limit: limit.capacity(),
-                remaining: 0,
-                reset_after: Duration::ZERO,
+            FailurePolicy::FailClosed => Some(Decision::deny(
+                limit.capacity(),
+                0,
+                Duration::ZERO,
                 retry_after,
-                delay: Duration::ZERO,
-            }),
+            )),
             FailurePolicy::Local => None,
         }
     }
@@ -254,7 +245,7 @@ impl Outcome {
     /// Whether every limit admitted the request.
     #[inline]
     pub fn allowed(&self) -> bool {
-        self.decisions.iter().all(|d| d.allowed)
+        self.decisions.iter().all(|d| d.allowed())
     }
 
     /// The decision to report to the client: on a deny, the denying limit that
@@ -264,13 +255,13 @@ impl Outcome {
         if self.allowed() {
             self.decisions
                 .iter()
-                .min_by_key(|d| (d.remaining, std::cmp::Reverse(d.reset_after)))
+                .min_by_key(|d| (d.remaining(), std::cmp::Reverse(d.reset_after())))
         } else {
             // A denial that can never pass (`None`) outranks any finite wait.
             self.decisions
                 .iter()
-                .filter(|d| !d.allowed)
-                .max_by_key(|d| d.retry_after.map_or((1, Duration::ZERO), |r| (0, r)))
+                .filter(|d| !d.allowed())
+                .max_by_key(|d| d.retry_after().map_or((1, Duration::ZERO), |r| (0, r)))
         }
     }
 }

@@ -58,13 +58,13 @@ mod tests {
     fn refills_lazily_up_to_capacity() {
         let q = Quota::per_second(2).unwrap();
         let mut s = Tokens::default();
-        assert!(TokenBucket.step(&q, &mut s, 0, 2).allowed);
+        assert!(TokenBucket.step(&q, &mut s, 0, 2).allowed());
         let d = TokenBucket.step(&q, &mut s, 0, 1);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, Some(Duration::from_millis(500)));
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
         // Hours later the bucket holds its capacity, not more.
         let d = TokenBucket.step(&q, &mut s, 7_200_000_000_000, 0);
-        assert_eq!(d.remaining, 2);
-        assert!(!TokenBucket.step(&q, &mut s, 7_200_000_000_000, 3).allowed);
+        assert_eq!(d.remaining(), 2);
+        assert!(!TokenBucket.step(&q, &mut s, 7_200_000_000_000, 3).allowed());
     }
 }

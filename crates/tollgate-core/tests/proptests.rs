@@ -177,7 +177,7 @@ fn admitted(events: &[(Nanos, u64)], decisions: &[Decision]) -> Vec<(Nanos, u64)
     events
         .iter()
         .zip(decisions)
-        .filter(|&(&(_, cost), d)| d.allowed && cost > 0)
+        .filter(|&(&(_, cost), d)| d.allowed() && cost > 0)
         .map(|(&e, _)| e)
         .collect()
 }
@@ -215,7 +215,7 @@ fn step_properties<M: StateMachine>(
     let shaping = matches!(algorithm, Algorithm::LeakyBucketShaping { .. });
     let read = |state: &M::State, at: Nanos| m.step(quota, &mut state.clone(), at, 0);
     let allows = |state: &M::State, at: Nanos, cost: u64| {
-        m.step(quota, &mut state.clone(), at, cost).allowed
+        m.step(quota, &mut state.clone(), at, cost).allowed()
     };
     let mut state = M::State::default();
     for (i, &(now, cost)) in events.iter().enumerate() {
@@ -224,25 +224,37 @@ fn step_properties<M: StateMachine>(
         let d = m.step(quota, &mut state, now, cost);
 
         // The shape of every decision.
-        prop_assert_eq!(d.limit, cap, "limit is the capacity");
-        prop_assert!(d.remaining <= d.limit, "remaining {} > limit", d.remaining);
-        if d.allowed {
-            prop_assert_eq!(d.retry_after, None, "an allow has no retry_after");
+        prop_assert_eq!(d.limit(), cap, "limit is the capacity");
+        prop_assert!(
+            d.remaining() <= d.limit(),
+            "remaining {} > limit",
+            d.remaining()
+        );
+        if d.allowed() {
+            prop_assert_eq!(d.retry_after(), None, "an allow has no retry_after");
         }
-        if !d.allowed || !shaping {
-            prop_assert_eq!(d.delay, Duration::ZERO, "only shaping admissions wait");
+        if !d.allowed() || !shaping {
+            prop_assert_eq!(d.delay(), Duration::ZERO, "only shaping admissions wait");
         }
         if cost == 0 {
-            prop_assert!(d.allowed, "a read is always allowed");
+            prop_assert!(d.allowed(), "a read is always allowed");
         }
 
         // The decision reports the state it leaves: a read right after agrees.
         let after = read(&state, now);
-        prop_assert_eq!(after.remaining, d.remaining, "remaining of the state left");
-        prop_assert_eq!(after.reset_after, d.reset_after, "reset of the state left");
+        prop_assert_eq!(
+            after.remaining(),
+            d.remaining(),
+            "remaining of the state left"
+        );
+        prop_assert_eq!(
+            after.reset_after(),
+            d.reset_after(),
+            "reset of the state left"
+        );
 
         // remaining is exact: the largest cost that would be admitted right now.
-        let r = after.remaining;
+        let r = after.remaining();
         if r > 0 {
             prop_assert!(allows(&state, now, r), "remaining {} is not admitted", r);
         }
@@ -252,9 +264,9 @@ fn step_properties<M: StateMachine>(
             r
         );
 
-        if !d.allowed {
+        if !d.allowed() {
             // retry_after is exact, and None only for a cost that can never fit.
-            match d.retry_after {
+            match d.retry_after() {
                 None => prop_assert!(cost > cap, "retry None for cost {} <= {}", cost, cap),
                 Some(retry) => {
                     let retry = ns(retry);
@@ -283,7 +295,7 @@ fn step_properties<M: StateMachine>(
             );
         }
         if cost > cap {
-            prop_assert!(!d.allowed && d.retry_after.is_none());
+            prop_assert!(!d.allowed() && d.retry_after().is_none());
         }
 
         // A read changes nothing that follows.
@@ -300,20 +312,20 @@ fn step_properties<M: StateMachine>(
         // instant t1 + r1 is when the capacity is whole again: any later read at
         // t2 (no admission in between) reports t2 + r2 = max(t1 + r1, t2), so the
         // announced instant never wobbles, and it is full then, not earlier.
-        let r1 = ns(after.reset_after);
+        let r1 = ns(after.reset_after());
         let reset_at = now + r1;
         let at_reset = read(&state, reset_at);
-        prop_assert_eq!(at_reset.remaining, cap, "not full at the announced reset");
-        prop_assert_eq!(at_reset.reset_after, Duration::ZERO);
+        prop_assert_eq!(at_reset.remaining(), cap, "not full at the announced reset");
+        prop_assert_eq!(at_reset.reset_after(), Duration::ZERO);
         if r1 > 0 {
             prop_assert!(
-                read(&state, reset_at - 1).remaining < cap,
+                read(&state, reset_at - 1).remaining() < cap,
                 "full before the announced reset"
             );
         }
         for later in [1, r1.saturating_sub(1), r1 + 1, quota.period_ns(), 3 * r1] {
             let t2 = now + later;
-            let r2 = ns(read(&state, t2).reset_after);
+            let r2 = ns(read(&state, t2).reset_after());
             prop_assert_eq!(t2 + r2, reset_at.max(t2), "reset wobbled: read at {}", t2);
         }
     }
@@ -438,14 +450,13 @@ fn naive_sliding_log(quota: &Quota, events: &[(Nanos, u64)]) -> Vec<Decision> {
                 .expect("the cost fits once the window is empty")
                 - now
         });
-        out.push(Decision {
-            allowed,
-            limit,
-            remaining: limit - used_after,
-            reset_after: Duration::from_nanos(reset),
-            retry_after: retry.map(Duration::from_nanos),
-            delay: Duration::ZERO,
-        });
+        let (remaining, reset) = (limit - used_after, Duration::from_nanos(reset));
+        let decision = if allowed {
+            Decision::allow(limit, remaining, reset)
+        } else {
+            Decision::deny(limit, remaining, reset, None)
+        };
+        out.push(decision.with_retry_after(retry.map(Duration::from_nanos)));
     }
     out
 }
@@ -465,10 +476,10 @@ where
     for &(now, cost) in events {
         let mut probe = state.clone();
         let read = m.step(quota, &mut probe, now, 0);
-        prop_assert!(read.allowed);
+        prop_assert!(read.allowed());
         prop_assert_eq!(&probe, &state, "a read at {} changed the state", now);
         let before = state.clone();
-        if !m.step(quota, &mut state, now, cost).allowed {
+        if !m.step(quota, &mut state, now, cost).allowed() {
             prop_assert_eq!(&state, &before, "a deny at {} changed the state", now);
         }
     }
@@ -530,7 +541,7 @@ proptest! {
         );
         prop_assert_eq!(&gcra, &token);
         prop_assert_eq!(&leaky, &token);
-        let undelayed: Vec<_> = shaping.iter().map(|d| Decision { delay: Duration::ZERO, ..*d }).collect();
+        let undelayed: Vec<_> = shaping.iter().map(|d| d.with_delay(Duration::ZERO)).collect();
         prop_assert_eq!(&undelayed, &token);
     }
 
@@ -548,14 +559,14 @@ proptest! {
         );
         let mut next_free = 0;
         for ((&(now, cost), d), d2) in case.events.iter().zip(&full).zip(&two_stage) {
-            if !d.allowed {
+            if !d.allowed() {
                 continue;
             }
-            let leaves = now + ns(d.delay);
+            let leaves = now + ns(d.delay());
             prop_assert!(leaves >= next_free, "left at {} before {}", leaves, next_free);
-            prop_assert!(ns(d.delay) + cost * t <= case.quota.burst() * t, "waited past the queue");
+            prop_assert!(ns(d.delay()) + cost * t <= case.quota.burst() * t, "waited past the queue");
             next_free = leaves + cost * t;
-            prop_assert_eq!(ns(d2.delay), ns(d.delay).saturating_sub(case.delay_after * t));
+            prop_assert_eq!(ns(d2.delay()), ns(d.delay()).saturating_sub(case.delay_after * t));
         }
     }
 
@@ -582,7 +593,7 @@ proptest! {
             for (i, &(now, cost)) in case.events.iter().enumerate() {
                 let at = now.max(latest);
                 clamped.push((at, cost));
-                if cost > 0 && replay(algorithm, case.quota, &clamped)[i].allowed {
+                if cost > 0 && replay(algorithm, case.quota, &clamped)[i].allowed() {
                     latest = at;
                 }
             }
@@ -628,18 +639,18 @@ proptest! {
             }
             let before: u64 = model.iter().map(|&(_, c, _)| c).sum();
             let d = Concurrency::lease(next).step(&quota, &mut leases, now, cost);
-            prop_assert_eq!(d.allowed, before + cost <= limit);
-            if d.allowed && cost > 0 {
+            prop_assert_eq!(d.allowed(), before + cost <= limit);
+            if d.allowed() && cost > 0 {
                 model.push((now + 1_000_000_000, cost, next));
             }
             next += 1;
             let in_flight = leases.in_flight();
             prop_assert_eq!(in_flight, model.iter().map(|&(_, c, _)| c).sum::<u64>());
             prop_assert!(in_flight <= limit);
-            prop_assert_eq!(d.limit, limit);
-            prop_assert_eq!(d.remaining, limit - in_flight);
-            prop_assert_eq!(d.retry_after, None);
-            prop_assert_eq!(d.reset_after, Duration::ZERO);
+            prop_assert_eq!(d.limit(), limit);
+            prop_assert_eq!(d.remaining(), limit - in_flight);
+            prop_assert_eq!(d.retry_after(), None);
+            prop_assert_eq!(d.reset_after(), Duration::ZERO);
         }
     }
 
@@ -660,8 +671,8 @@ proptest! {
                     }
                     Err(d) => {
                         prop_assert!(taken + cost > max);
-                        prop_assert_eq!(d.remaining, max - taken);
-                        prop_assert_eq!(d.retry_after, None);
+                        prop_assert_eq!(d.remaining(), max - taken);
+                        prop_assert_eq!(d.retry_after(), None);
                     }
                 }
             } else {
@@ -688,17 +699,17 @@ impl Visitor for NoMoreThanAtLatest<'_> {
         let mut state = M::State::default();
         let mut latest = 0;
         for &(now, cost) in self.events {
-            let read = |at| m.step(&self.quota, &mut state.clone(), at, 0).remaining;
+            let read = |at| m.step(&self.quota, &mut state.clone(), at, 0).remaining();
             prop_assert!(read(now) <= read(now.max(latest)));
             let at_latest = m.step(&self.quota, &mut state.clone(), now.max(latest), cost);
             let d = m.step(&self.quota, &mut state, now, cost);
             prop_assert!(
-                !d.allowed || at_latest.allowed,
+                !d.allowed() || at_latest.allowed(),
                 "admitted at {} but not at {}",
                 now,
                 latest
             );
-            if d.allowed && cost > 0 {
+            if d.allowed() && cost > 0 {
                 latest = latest.max(now);
             }
         }

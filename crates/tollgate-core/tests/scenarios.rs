@@ -37,7 +37,9 @@ fn probe<M: StateMachine>(m: &M, q: &Quota, state: &M::State, now: Nanos, cost: 
 
 /// Sends `n` requests of cost 1 at `now` and counts the admitted ones.
 fn admit_many<M: StateMachine>(m: &M, q: &Quota, state: &mut M::State, now: Nanos, n: u64) -> u64 {
-    (0..n).filter(|_| m.step(q, state, now, 1).allowed).count() as u64
+    (0..n)
+        .filter(|_| m.step(q, state, now, 1).allowed())
+        .count() as u64
 }
 
 /// What every decision must satisfy, at any value: `remaining ≤ limit`, and a
@@ -51,19 +53,19 @@ fn assert_sane<M: StateMachine>(
     cost: u64,
     d: &Decision,
 ) {
-    assert!(d.remaining <= d.limit, "{d:?}");
-    if d.allowed {
-        assert_eq!(d.retry_after, None);
+    assert!(d.remaining() <= d.limit(), "{d:?}");
+    if d.allowed() {
+        assert_eq!(d.retry_after(), None);
     }
-    if let Some(retry) = d.retry_after {
+    if let Some(retry) = d.retry_after() {
         let retry = ns(retry);
         assert!(retry > 0, "a deny that says retry now: {d:?}");
         let at = now
             .checked_add(retry)
             .expect("retry_after points past the end of time");
-        assert!(probe(m, q, state, at, cost).allowed, "denied at {at}");
+        assert!(probe(m, q, state, at, cost).allowed(), "denied at {at}");
         assert!(
-            !probe(m, q, state, at - 1, cost).allowed,
+            !probe(m, q, state, at - 1, cost).allowed(),
             "allowed at {at} - 1"
         );
     }
@@ -82,34 +84,34 @@ fn bursts_then_refills_one_unit_per_100ms<M: StateMachine>(m: M) {
     let mut s = M::State::default();
     for remaining in [2, 1, 0] {
         let d = m.step(&q, &mut s, clock.now(), 1);
-        assert!(d.allowed);
-        assert_eq!(d.remaining, remaining);
+        assert!(d.allowed());
+        assert_eq!(d.remaining(), remaining);
     }
     let d = m.step(&q, &mut s, clock.now(), 1);
-    assert!(!d.allowed);
-    assert_eq!(d.limit, 3);
-    assert_eq!(d.retry_after, Some(ms(100)));
-    assert_eq!(d.reset_after, ms(300));
+    assert!(!d.allowed());
+    assert_eq!(d.limit(), 3);
+    assert_eq!(d.retry_after(), Some(ms(100)));
+    assert_eq!(d.reset_after(), ms(300));
 
     clock.advance(ms(99));
     let d = m.step(&q, &mut s, clock.now(), 1);
-    assert!(!d.allowed);
-    assert_eq!(d.retry_after, Some(ms(1)));
+    assert!(!d.allowed());
+    assert_eq!(d.retry_after(), Some(ms(1)));
 
     clock.advance(ms(1));
     let d = m.step(&q, &mut s, clock.now(), 1);
-    assert!(d.allowed);
-    assert_eq!((d.remaining, d.reset_after), (0, ms(300)));
+    assert!(d.allowed());
+    assert_eq!((d.remaining(), d.reset_after()), (0, ms(300)));
 
     clock.advance(ms(250));
     let read = m.step(&q, &mut s, clock.now(), 0);
-    assert_eq!((read.remaining, read.reset_after), (2, ms(50)));
-    assert!(!m.step(&q, &mut s, clock.now(), 3).allowed);
-    assert!(m.step(&q, &mut s, clock.now(), 2).allowed);
+    assert_eq!((read.remaining(), read.reset_after()), (2, ms(50)));
+    assert!(!m.step(&q, &mut s, clock.now(), 3).allowed());
+    assert!(m.step(&q, &mut s, clock.now(), 2).allowed());
 
     clock.advance(Duration::from_secs(3600));
     let read = m.step(&q, &mut s, clock.now(), 0);
-    assert_eq!((read.remaining, read.reset_after), (3, Duration::ZERO));
+    assert_eq!((read.remaining(), read.reset_after()), (3, Duration::ZERO));
     assert_eq!(admit_many(&m, &q, &mut s, clock.now(), 10), 3);
 }
 
@@ -143,19 +145,19 @@ fn shaping_leaky_bucket_delays_a_burst_then_drains_at_the_rate() {
     let clock = ManualClock::new(SEC);
     let mut s = Tat::default();
     let delays: Vec<_> = (0..3)
-        .map(|_| shaper.step(&q, &mut s, clock.now(), 1).delay)
+        .map(|_| shaper.step(&q, &mut s, clock.now(), 1).delay())
         .collect();
     assert_eq!(delays, [ms(0), ms(100), ms(200)]);
-    assert!(!shaper.step(&q, &mut s, clock.now(), 1).allowed);
+    assert!(!shaper.step(&q, &mut s, clock.now(), 1).allowed());
 
     clock.advance(ms(150));
     let d = shaper.step(&q, &mut s, clock.now(), 1);
-    assert!(d.allowed);
-    assert_eq!(d.delay, ms(150));
+    assert!(d.allowed());
+    assert_eq!(d.delay(), ms(150));
     let d = shaper.step(&q, &mut s, clock.now(), 1);
-    assert!(!d.allowed);
-    assert_eq!(d.retry_after, Some(ms(50)));
-    assert_eq!(d.delay, Duration::ZERO, "a deny is not delayed");
+    assert!(!d.allowed());
+    assert_eq!(d.retry_after(), Some(ms(50)));
+    assert_eq!(d.delay(), Duration::ZERO, "a deny is not delayed");
 }
 
 // ---------------------------------------------------------------------------
@@ -236,7 +238,7 @@ where
     let q = Quota::per_second(5).unwrap();
     let clock = ManualClock::new(SEC + 500 * MS);
     let mut s = M::State::default();
-    assert!(m.step(&q, &mut s, clock.now(), 3).allowed);
+    assert!(m.step(&q, &mut s, clock.now(), 3).allowed());
     let latest = clock.now();
 
     clock.set(900 * MS);
@@ -253,7 +255,7 @@ where
         .map(|_| m.step(&q, &mut at_latest, latest, 1))
         .collect();
     assert_eq!(back, ahead);
-    assert_eq!(back.iter().filter(|d| d.allowed).count(), 2);
+    assert_eq!(back.iter().filter(|d| d.allowed()).count(), 2);
     assert_eq!(
         s, at_latest,
         "the jump back left the state of no time passing"
@@ -283,8 +285,8 @@ fn fixed_window_treats_a_clock_going_back_as_no_time_passing() {
     // Going back into the previous window does not open a fresh one.
     let q = Quota::per_second(5).unwrap();
     let mut s = WindowCount::default();
-    assert!(FixedWindow.step(&q, &mut s, SEC + 500 * MS, 5).allowed);
-    assert!(!FixedWindow.step(&q, &mut s, 900 * MS, 1).allowed);
+    assert!(FixedWindow.step(&q, &mut s, SEC + 500 * MS, 5).allowed());
+    assert!(!FixedWindow.step(&q, &mut s, 900 * MS, 1).allowed());
 }
 
 #[test]
@@ -297,8 +299,8 @@ fn sliding_counter_treats_a_clock_going_back_as_no_time_passing() {
     clock_back_is_no_time_passing(SlidingCounter);
     let q = Quota::per_second(5).unwrap();
     let mut s = WindowPair::default();
-    assert!(SlidingCounter.step(&q, &mut s, SEC + 500 * MS, 5).allowed);
-    assert!(!SlidingCounter.step(&q, &mut s, 900 * MS, 1).allowed);
+    assert!(SlidingCounter.step(&q, &mut s, SEC + 500 * MS, 5).allowed());
+    assert!(!SlidingCounter.step(&q, &mut s, 900 * MS, 1).allowed());
 }
 
 /// Limit 1 per second. Admitted at 1 s; a read at 2.5 s finds the admission
@@ -310,21 +312,21 @@ fn sliding_log_read_after_expiry_then_clock_back_keeps_the_latest_admission() {
     let q = Quota::per_second(1).unwrap();
     let clock = ManualClock::new(SEC);
     let mut s = Log::default();
-    assert!(SlidingLog.step(&q, &mut s, clock.now(), 1).allowed);
+    assert!(SlidingLog.step(&q, &mut s, clock.now(), 1).allowed());
     let without_read = s.clone();
 
     clock.set(2 * SEC + 500 * MS);
     let read = SlidingLog.step(&q, &mut s, clock.now(), 0);
-    assert_eq!((read.remaining, read.reset_after), (1, Duration::ZERO));
+    assert_eq!((read.remaining(), read.reset_after()), (1, Duration::ZERO));
     assert_eq!(s, without_read, "a read changes nothing");
     // The same goes for a deny of a cost that can never fit.
-    assert!(!SlidingLog.step(&q, &mut s, clock.now(), 2).allowed);
+    assert!(!SlidingLog.step(&q, &mut s, clock.now(), 2).allowed());
     assert_eq!(s, without_read, "a deny changes nothing");
 
     clock.set(SEC + 500 * MS);
     let d = SlidingLog.step(&q, &mut s, clock.now(), 1);
-    assert!(!d.allowed);
-    assert_eq!(d.retry_after, Some(ms(500)));
+    assert!(!d.allowed());
+    assert_eq!(d.retry_after(), Some(ms(500)));
 }
 
 /// GCRA keeps one future timestamp, so a jump back looks like less time
@@ -334,16 +336,16 @@ fn clock_back_never_admits_more<M: StateMachine>(m: M) {
     let q = ten_per_second_burst_3();
     let clock = ManualClock::new(SEC);
     let mut s = M::State::default();
-    assert!(m.step(&q, &mut s, clock.now(), 1).allowed);
+    assert!(m.step(&q, &mut s, clock.now(), 1).allowed());
     let latest = clock.now();
     clock.set(latest - 50 * MS);
     for cost in 0..=4 {
         let back = probe(&m, &q, &s, clock.now(), cost);
         let ahead = probe(&m, &q, &s, latest, cost);
-        assert!(!back.allowed || ahead.allowed, "cost {cost}");
+        assert!(!back.allowed() || ahead.allowed(), "cost {cost}");
     }
     let read_back = probe(&m, &q, &s, clock.now(), 0);
-    assert!(read_back.remaining <= probe(&m, &q, &s, latest, 0).remaining);
+    assert!(read_back.remaining() <= probe(&m, &q, &s, latest, 0).remaining());
     assert_eq!(admit_many(&m, &q, &mut s.clone(), latest, 5), 2);
     assert_eq!(admit_many(&m, &q, &mut s, clock.now(), 5), 1);
 }
@@ -370,14 +372,17 @@ fn cost_above_burst_never_fits<M: StateMachine>(m: M) {
     let mut s = M::State::default();
     for cost in [6, 100, MAX] {
         let d = m.step(&q, &mut s, clock.now(), cost);
-        assert!(!d.allowed);
-        assert_eq!((d.retry_after, d.remaining, d.limit), (None, 5, 5));
+        assert!(!d.allowed());
+        assert_eq!((d.retry_after(), d.remaining(), d.limit()), (None, 5, 5));
     }
-    assert!(m.step(&q, &mut s, clock.now(), 5).allowed);
+    assert!(m.step(&q, &mut s, clock.now(), 5).allowed());
     let d = m.step(&q, &mut s, clock.now(), 6);
-    assert_eq!((d.allowed, d.retry_after, d.remaining), (false, None, 0));
+    assert_eq!(
+        (d.allowed(), d.retry_after(), d.remaining()),
+        (false, None, 0)
+    );
     clock.advance(Duration::from_secs(3600));
-    assert_eq!(m.step(&q, &mut s, clock.now(), 6).retry_after, None);
+    assert_eq!(m.step(&q, &mut s, clock.now(), 6).retry_after(), None);
 }
 
 #[test]
@@ -408,14 +413,14 @@ fn cost_above_limit_never_fits<M: StateMachine>(m: M) {
     let mut s = M::State::default();
     for cost in [11, MAX] {
         let d = m.step(&q, &mut s, clock.now(), cost);
-        assert!(!d.allowed);
-        assert_eq!((d.retry_after, d.remaining, d.limit), (None, 10, 10));
+        assert!(!d.allowed());
+        assert_eq!((d.retry_after(), d.remaining(), d.limit()), (None, 10, 10));
     }
     let d = m.step(&q, &mut s, clock.now(), 10);
-    assert!(d.allowed);
-    assert_eq!(d.remaining, 0);
+    assert!(d.allowed());
+    assert_eq!(d.remaining(), 0);
     let d = m.step(&q, &mut s, clock.now(), 11);
-    assert_eq!((d.allowed, d.retry_after), (false, None));
+    assert_eq!((d.allowed(), d.retry_after()), (false, None));
 }
 
 #[test]
@@ -438,11 +443,18 @@ fn concurrency_denies_cost_above_limit_without_retry() {
     let q = Quota::per_second(10).unwrap();
     let mut leases = Leases::default();
     let d = Concurrency::default().step(&q, &mut leases, 0, 11);
-    assert_eq!((d.allowed, d.retry_after, d.remaining), (false, None, 10));
+    assert_eq!(
+        (d.allowed(), d.retry_after(), d.remaining()),
+        (false, None, 10)
+    );
     assert_eq!(leases.in_flight(), 0);
     let d = Concurrency::default().step(&q, &mut leases, 0, MAX);
-    assert_eq!((d.allowed, d.retry_after), (false, None));
-    assert!(Concurrency::default().step(&q, &mut leases, 0, 10).allowed);
+    assert_eq!((d.allowed(), d.retry_after()), (false, None));
+    assert!(
+        Concurrency::default()
+            .step(&q, &mut leases, 0, 10)
+            .allowed()
+    );
     assert_eq!(leases.in_flight(), 10);
 }
 
@@ -455,29 +467,29 @@ fn concurrency_leases_lapse_one_period_after_they_were_taken() {
     assert!(
         Concurrency::lease(1)
             .step(&q, &mut leases, clock.now(), 1)
-            .allowed
+            .allowed()
     );
     clock.advance(Duration::from_secs(30));
     assert!(
         Concurrency::lease(2)
             .step(&q, &mut leases, clock.now(), 1)
-            .allowed
+            .allowed()
     );
     assert!(
         !Concurrency::default()
             .step(&q, &mut leases, clock.now(), 1)
-            .allowed
+            .allowed()
     );
     // The first holder never released: its lease lapses at 60 s, not before.
     clock.advance(Duration::from_nanos(29_999_999_999));
     assert!(
         !Concurrency::default()
             .step(&q, &mut leases, clock.now(), 1)
-            .allowed
+            .allowed()
     );
     clock.advance(Duration::from_nanos(1));
     let d = Concurrency::lease(3).step(&q, &mut leases, clock.now(), 1);
-    assert_eq!((d.allowed, d.remaining), (true, 0));
+    assert_eq!((d.allowed(), d.remaining()), (true, 0));
     // A release gives back the lease it names at once.
     assert!(Concurrency::release(&mut leases, 2, clock.now()));
     assert_eq!(leases.in_flight(), 1);
@@ -506,18 +518,18 @@ where
     let read = |s: &mut M::State, expect: u64| {
         let before = s.clone();
         let d = m.step(&q, s, clock.now(), 0);
-        assert!(d.allowed);
+        assert!(d.allowed());
         assert_eq!(
-            (d.remaining, d.limit, d.retry_after),
+            (d.remaining(), d.limit(), d.retry_after()),
             (expect, capacity, None)
         );
         assert_eq!(*s, before, "a read changed the state");
         d
     };
-    assert_eq!(read(&mut s, capacity).reset_after, Duration::ZERO);
-    assert!(m.step(&q, &mut s, clock.now(), 3).allowed);
-    assert!(read(&mut s, capacity - 3).reset_after > Duration::ZERO);
-    assert!(m.step(&q, &mut s, clock.now(), capacity - 3).allowed);
+    assert_eq!(read(&mut s, capacity).reset_after(), Duration::ZERO);
+    assert!(m.step(&q, &mut s, clock.now(), 3).allowed());
+    assert!(read(&mut s, capacity - 3).reset_after() > Duration::ZERO);
+    assert!(m.step(&q, &mut s, clock.now(), capacity - 3).allowed());
     read(&mut s, 0);
 }
 
@@ -560,10 +572,10 @@ fn sliding_counter_cost_zero_only_reads() {
 fn concurrency_cost_zero_only_reads() {
     let q = Quota::per_second(5).unwrap();
     let mut leases = Leases::default();
-    assert!(Concurrency::default().step(&q, &mut leases, 0, 3).allowed);
+    assert!(Concurrency::default().step(&q, &mut leases, 0, 3).allowed());
     let before = leases.clone();
     let d = Concurrency::default().step(&q, &mut leases, 0, 0);
-    assert_eq!((d.allowed, d.remaining), (true, 2));
+    assert_eq!((d.allowed(), d.remaining()), (true, 2));
     assert_eq!(leases, before);
 }
 
@@ -633,12 +645,12 @@ fn u64_max_cost_on_a_u64_max_quota_is_admitted_once_then_nothing_fits() {
             let clock = ManualClock::new(0);
             let mut s = M::State::default();
             let d = m.step(&q, &mut s, clock.now(), MAX);
-            assert!(d.allowed);
-            assert_eq!((d.limit, d.remaining), (cap, 0));
+            assert!(d.allowed());
+            assert_eq!((d.limit(), d.remaining()), (cap, 0));
             for cost in [1, 2, MAX] {
                 let before = s.clone();
                 let d = m.step(&q, &mut s, clock.now(), cost);
-                assert!(!d.allowed, "cost {cost} admitted on top of u64::MAX");
+                assert!(!d.allowed(), "cost {cost} admitted on top of u64::MAX");
                 assert_sane(&m, &q, &before, clock.now(), cost, &d);
             }
         }
@@ -653,14 +665,14 @@ fn near_u64_max_costs_do_not_wrap_into_an_admission() {
         Quota::new(MAX, Duration::from_nanos(MAX)).unwrap(),
         |m, q, _cap| {
             let mut s = M::State::default();
-            assert!(m.step(&q, &mut s, 0, 1).allowed);
+            assert!(m.step(&q, &mut s, 0, 1).allowed());
             for now in [0, MAX / 2] {
                 let before = s.clone();
                 let d = m.step(&q, &mut s, now, MAX);
-                assert!(!d.allowed, "1 + u64::MAX admitted at {now}");
+                assert!(!d.allowed(), "1 + u64::MAX admitted at {now}");
                 assert_sane(&m, &q, &before, now, MAX, &d);
             }
-            assert!(m.step(&q, &mut s, 0, MAX - 1).allowed);
+            assert!(m.step(&q, &mut s, 0, MAX - 1).allowed());
         }
     );
 }
@@ -672,13 +684,13 @@ fn near_u64_max_costs_do_not_wrap_into_an_admission() {
 fn sliding_log_retry_with_near_u64_max_costs_does_not_overflow() {
     let q = Quota::new(MAX - 1, Duration::from_nanos(MAX - 1)).unwrap();
     let mut s = Log::default();
-    assert!(SlidingLog.step(&q, &mut s, 0, 1).allowed);
-    assert!(SlidingLog.step(&q, &mut s, 1, MAX - 2).allowed);
+    assert!(SlidingLog.step(&q, &mut s, 0, 1).allowed());
+    assert!(SlidingLog.step(&q, &mut s, 1, MAX - 2).allowed());
     let before = s.clone();
     let d = SlidingLog.step(&q, &mut s, 2, 3);
-    assert!(!d.allowed);
+    assert!(!d.allowed());
     // The entry at 1 leaves at 1 + (u64::MAX − 1) = u64::MAX.
-    assert_eq!(d.retry_after, Some(Duration::from_nanos(MAX - 2)));
+    assert_eq!(d.retry_after(), Some(Duration::from_nanos(MAX - 2)));
     assert_sane(&SlidingLog, &q, &before, 2, 3, &d);
 }
 
@@ -697,13 +709,16 @@ fn at_now_u64_max_no_algorithm_admits_more_than_its_capacity() {
             let before = s.clone();
             let d = m.step(&q, &mut s, clock.now(), 1);
             assert_sane(&m, &q, &before, clock.now(), 1, &d);
-            admitted += u64::from(d.allowed);
+            admitted += u64::from(d.allowed());
         }
         assert!(admitted <= cap, "{admitted} admitted at the end of time");
         let read = m.step(&q, &mut s, clock.now(), 0);
-        assert!(read.allowed && read.remaining <= cap);
+        assert!(read.allowed() && read.remaining() <= cap);
         if admitted > 0 {
-            assert!(read.reset_after > Duration::ZERO, "used, yet reports full");
+            assert!(
+                read.reset_after() > Duration::ZERO,
+                "used, yet reports full"
+            );
         }
     });
     // The policing buckets stay one algorithm even there.
@@ -742,10 +757,10 @@ fn approaching_u64_max_the_buckets_stay_within_their_bound_and_agree() {
         assert_eq!(LeakyBucket.step(&q, &mut leaky, now, 1), d, "at {now}");
         let shaped = LeakyBucketShaping::default().step(&q, &mut shaping, now, 1);
         assert_eq!(
-            (shaped.allowed, shaped.retry_after),
-            (d.allowed, d.retry_after)
+            (shaped.allowed(), shaped.retry_after()),
+            (d.allowed(), d.retry_after())
         );
-        admitted += u64::from(d.allowed);
+        admitted += u64::from(d.allowed());
         assert!(
             admitted <= q.burst() + (now - start) / t,
             "{admitted} by {now}"
@@ -763,26 +778,26 @@ fn windows_at_the_end_of_time_never_promise_a_retry_they_cannot_keep() {
     let mut fixed = WindowCount::default();
     let mut counter = WindowPair::default();
     let mut log = Log::default();
-    assert!(FixedWindow.step(&q, &mut fixed, MAX - 1, 5).allowed);
+    assert!(FixedWindow.step(&q, &mut fixed, MAX - 1, 5).allowed());
     let d = FixedWindow.step(&q, &mut fixed, MAX - 1, 1);
-    assert_eq!(d.retry_after, Some(Duration::from_nanos(1)));
-    assert!(FixedWindow.step(&q, &mut fixed, MAX, 5).allowed);
+    assert_eq!(d.retry_after(), Some(Duration::from_nanos(1)));
+    assert!(FixedWindow.step(&q, &mut fixed, MAX, 5).allowed());
     let d = FixedWindow.step(&q, &mut fixed, MAX, 1);
-    assert_eq!((d.allowed, d.retry_after), (false, None));
+    assert_eq!((d.allowed(), d.retry_after()), (false, None));
     assert!(
-        d.reset_after > Duration::ZERO,
+        d.reset_after() > Duration::ZERO,
         "a used window reported as reset"
     );
 
-    assert!(SlidingCounter.step(&q, &mut counter, MAX, 5).allowed);
+    assert!(SlidingCounter.step(&q, &mut counter, MAX, 5).allowed());
     let d = SlidingCounter.step(&q, &mut counter, MAX, 1);
-    assert_eq!((d.allowed, d.retry_after), (false, None));
-    assert!(d.reset_after > Duration::ZERO);
+    assert_eq!((d.allowed(), d.retry_after()), (false, None));
+    assert!(d.reset_after() > Duration::ZERO);
 
-    assert!(SlidingLog.step(&q, &mut log, MAX, 5).allowed);
+    assert!(SlidingLog.step(&q, &mut log, MAX, 5).allowed());
     let d = SlidingLog.step(&q, &mut log, MAX, 1);
-    assert_eq!((d.allowed, d.retry_after), (false, None));
-    assert_eq!(d.reset_after, Duration::from_nanos(MAX));
+    assert_eq!((d.allowed(), d.retry_after()), (false, None));
+    assert_eq!(d.reset_after(), Duration::from_nanos(MAX));
 }
 
 /// Limit 1 per 10 ns, admitted at u64::MAX − 5: that admission counts until
@@ -791,11 +806,11 @@ fn windows_at_the_end_of_time_never_promise_a_retry_they_cannot_keep() {
 fn sliding_log_entry_near_u64_max_does_not_expire_early() {
     let q = Quota::new(1, Duration::from_nanos(10)).unwrap();
     let mut s = Log::default();
-    assert!(SlidingLog.step(&q, &mut s, MAX - 5, 1).allowed);
+    assert!(SlidingLog.step(&q, &mut s, MAX - 5, 1).allowed());
     let d = SlidingLog.step(&q, &mut s, MAX, 1);
-    assert!(!d.allowed, "the admission at u64::MAX - 5 expired early");
-    assert_eq!(d.retry_after, None);
-    assert_eq!(d.reset_after, Duration::from_nanos(5));
+    assert!(!d.allowed(), "the admission at u64::MAX - 5 expired early");
+    assert_eq!(d.retry_after(), None);
+    assert_eq!(d.reset_after(), Duration::from_nanos(5));
 }
 
 /// The longest period with the smallest limit: one unit per u64::MAX ns. A new
@@ -806,11 +821,11 @@ fn one_unit_per_u64_max_nanoseconds_is_admitted_once() {
         Quota::new(1, Duration::from_nanos(MAX)).unwrap(),
         |m, q, _cap| {
             let mut s = M::State::default();
-            assert!(m.step(&q, &mut s, 0, 1).allowed);
+            assert!(m.step(&q, &mut s, 0, 1).allowed());
             for now in [0, 1, MAX / 2, MAX - 1] {
                 let before = s.clone();
                 let d = m.step(&q, &mut s, now, 1);
-                assert!(!d.allowed, "second unit admitted at {now}");
+                assert!(!d.allowed(), "second unit admitted at {now}");
                 assert_sane(&m, &q, &before, now, 1, &d);
             }
             let before = s.clone();

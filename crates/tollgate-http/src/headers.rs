@@ -185,15 +185,15 @@ impl HeaderStyle {
         // allocation for all of them rather than one (or two) each.
         let mut values = Values(BytesMut::with_capacity(VALUES_CAPACITY));
         if self.x_ratelimit {
-            headers.insert(X_RATELIMIT_LIMIT, values.number(d.limit));
-            headers.insert(X_RATELIMIT_REMAINING, values.number(d.remaining));
+            headers.insert(X_RATELIMIT_LIMIT, values.number(d.limit()));
+            headers.insert(X_RATELIMIT_REMAINING, values.number(d.remaining()));
             headers.insert(
                 X_RATELIMIT_RESET,
-                values.number(reset_epoch_secs(now, d.reset_after)),
+                values.number(reset_epoch_secs(now, d.reset_after())),
             );
         }
         if self.reset_after {
-            headers.insert(X_RATELIMIT_RESET_AFTER, seconds_millis(d.reset_after));
+            headers.insert(X_RATELIMIT_RESET_AFTER, seconds_millis(d.reset_after()));
         }
         if self.bucket
             && let Some(bucket) = reported.bucket.and_then(|b| HeaderValue::from_str(b).ok())
@@ -221,7 +221,7 @@ impl HeaderStyle {
                 headers.insert(name, values.number(value));
             }
         }
-        if self.retry_after && !d.allowed {
+        if self.retry_after && !d.allowed() {
             headers.insert(RETRY_AFTER, values.number(retry_after_secs(d)));
         }
     }
@@ -345,7 +345,7 @@ pub fn reports(verdict: &Verdict) -> SmallVec<[LimitReport<'_>; 4]> {
 /// never pass, a rule that blocks everything), its `reset_after` rounded up;
 /// never less than 1, so a client always backs off.
 pub fn retry_after_secs(decision: &Decision) -> u64 {
-    ceil_secs(decision.retry_after.unwrap_or(decision.reset_after)).max(1)
+    ceil_secs(decision.retry_after().unwrap_or(decision.reset_after())).max(1)
 }
 
 /// `X-RateLimit-Reset`: `ceil((now + reset_after) / 1 s)`, with `now` in
@@ -375,7 +375,7 @@ pub fn envoy_headers(limits: &[LimitReport<'_>]) -> Option<[(&'static str, u64);
 /// The envoy family's values for `reported`: quota, remaining, reset seconds.
 fn envoy_values(reported: &LimitReport<'_>) -> [u64; 3] {
     let d = &reported.decision;
-    [reported.quota, d.remaining, ceil_secs(d.reset_after)]
+    [reported.quota, d.remaining(), ceil_secs(d.reset_after())]
 }
 
 /// Whole milliseconds, rounded up, so a wait that is not over never reads
@@ -531,13 +531,13 @@ fn service_limit_field<'r, 'a: 'r>(
     let mut list = List::new(values);
     for reported in reported {
         let d = &reported.decision;
-        let item = list.member(reported.name).integer("r", d.remaining);
-        let t = if !d.allowed {
+        let item = list.member(reported.name).integer("r", d.remaining());
+        let t = if !d.allowed() {
             Some(retry_after_secs(d))
         } else if reported.concurrency {
             None
         } else {
-            Some(ceil_secs(d.reset_after))
+            Some(ceil_secs(d.reset_after()))
         };
         if let Some(t) = t {
             item.integer("t", t);
@@ -585,7 +585,7 @@ mod tests {
         let quota = Quota::per_minute(10).unwrap();
         let mut tat = Default::default();
         for _ in 0..3 {
-            assert!(Gcra.step(&quota, &mut tat, EPOCH, 1).allowed);
+            assert!(Gcra.step(&quota, &mut tat, EPOCH, 1).allowed());
         }
         let mut resets = Vec::new();
         for later in [0, 1, SEC - 1, 1_700 * SEC / 1000, 17 * SEC + 3] {
@@ -606,7 +606,7 @@ mod tests {
             .last()
             .unwrap();
         let second = FixedWindow.step(&window, &mut state, EPOCH + 5 * SEC, 1);
-        assert!(!first.allowed && !second.allowed);
+        assert!(!first.allowed() && !second.allowed());
         let reset = |d: Decision, now| {
             let limits = [LimitReport::new("w", &window, Algorithm::FixedWindow, d)];
             header(
@@ -626,20 +626,8 @@ mod tests {
     fn reports_the_most_restrictive_and_lists_every_policy() {
         let per_ip = Quota::per_minute(60).unwrap();
         let global = Quota::per_second(1000).unwrap();
-        let ip = Decision {
-            allowed: true,
-            limit: 60,
-            remaining: 3,
-            reset_after: Duration::from_millis(57_000),
-            retry_after: None,
-            delay: Duration::ZERO,
-        };
-        let all = Decision {
-            remaining: 990,
-            limit: 1000,
-            reset_after: Duration::from_millis(10),
-            ..ip
-        };
+        let ip = Decision::allow(60, 3, Duration::from_millis(57_000));
+        let all = Decision::allow(1000, 990, Duration::from_millis(10));
         let limits = [
             LimitReport::new("global", &global, Algorithm::SlidingCounter, all),
             LimitReport::new("per-ip", &per_ip, Algorithm::Gcra, ip),
@@ -671,22 +659,13 @@ mod tests {
 
     /// The global limit admits with 990 left; per-ip denies, retry in 1.5 s.
     fn global_admits_per_ip_denies(quotas: &[Quota; 2]) -> [LimitReport<'_>; 2] {
-        let ip = Decision {
-            allowed: false,
-            limit: 60,
-            remaining: 0,
-            reset_after: Duration::from_millis(57_000),
-            retry_after: Some(Duration::from_millis(1_500)),
-            delay: Duration::ZERO,
-        };
-        let all = Decision {
-            allowed: true,
-            remaining: 990,
-            limit: 1000,
-            reset_after: Duration::from_millis(10),
-            retry_after: None,
-            ..ip
-        };
+        let ip = Decision::deny(
+            60,
+            0,
+            Duration::from_millis(57_000),
+            Some(Duration::from_millis(1_500)),
+        );
+        let all = Decision::allow(1000, 990, Duration::from_millis(10));
         [
             LimitReport::new("global", &quotas[0], Algorithm::SlidingCounter, all),
             LimitReport::new("per-ip", &quotas[1], Algorithm::Gcra, ip),
@@ -749,14 +728,12 @@ mod tests {
     #[test]
     fn a_deny_carries_retry_after_rounded_up_and_matching_t() {
         let quota = Quota::per_second(5).unwrap();
-        let denied = Decision {
-            allowed: false,
-            limit: 5,
-            remaining: 0,
-            reset_after: Duration::from_millis(900),
-            retry_after: Some(Duration::from_millis(200)),
-            delay: Duration::ZERO,
-        };
+        let denied = Decision::deny(
+            5,
+            0,
+            Duration::from_millis(900),
+            Some(Duration::from_millis(200)),
+        );
         let limits = [LimitReport::new("search", &quota, Algorithm::Gcra, denied)
             .with_bucket(Some("expensive"))];
         let headers = written(HeaderStyle::ALL, &limits, EPOCH);
@@ -766,23 +743,16 @@ mod tests {
         assert_eq!(header(&headers, &X_RATELIMIT_RESET_AFTER), Some("0.900"));
 
         // No retry time known: the reset decides, and never less than one second.
-        let never = Decision {
-            retry_after: None,
-            reset_after: Duration::from_millis(2_500),
-            ..denied
-        };
+        let never = denied
+            .with_reset_after(Duration::from_millis(2_500))
+            .with_retry_after(None);
         assert_eq!(retry_after_secs(&never), 3);
-        let concurrency = Decision {
-            retry_after: None,
-            reset_after: Duration::ZERO,
-            ..denied
-        };
+        let concurrency = denied
+            .with_reset_after(Duration::ZERO)
+            .with_retry_after(None);
         assert_eq!(retry_after_secs(&concurrency), 1);
         assert_eq!(
-            retry_after_secs(&Decision {
-                retry_after: Some(Duration::from_secs(7)),
-                ..denied
-            }),
+            retry_after_secs(&denied.with_retry_after(Some(Duration::from_secs(7)))),
             7
         );
 
@@ -795,20 +765,8 @@ mod tests {
     #[test]
     fn a_denying_layer_outranks_a_tighter_allowing_one() {
         let q = Quota::per_second(10).unwrap();
-        let allow = Decision {
-            allowed: true,
-            limit: 10,
-            remaining: 0,
-            reset_after: Duration::from_secs(1),
-            retry_after: None,
-            delay: Duration::ZERO,
-        };
-        let deny = Decision {
-            allowed: false,
-            remaining: 4,
-            retry_after: Some(Duration::from_secs(3)),
-            ..allow
-        };
+        let allow = Decision::allow(10, 0, Duration::from_secs(1));
+        let deny = Decision::deny(10, 4, Duration::from_secs(1), Some(Duration::from_secs(3)));
         let limits = [
             LimitReport::new("a", &q, Algorithm::Gcra, allow),
             LimitReport::new("b", &q, Algorithm::Gcra, deny),
@@ -820,14 +778,7 @@ mod tests {
 
     #[test]
     fn policy_names_are_quoted_and_escaped_and_windows_whole_seconds() {
-        let decision = Decision {
-            allowed: true,
-            limit: 1,
-            remaining: 1,
-            reset_after: Duration::ZERO,
-            retry_after: None,
-            delay: Duration::ZERO,
-        };
+        let decision = Decision::allow(1, 1, Duration::ZERO);
         let half = Quota::new(10, Duration::from_millis(500)).unwrap();
         let odd = Quota::new(3, Duration::from_millis(1_500)).unwrap();
         let limits = [
@@ -855,14 +806,7 @@ mod tests {
     #[test]
     fn concurrency_has_no_t_while_allowed_and_times_round_up() {
         let q = Quota::per_second(3).unwrap();
-        let d = Decision {
-            allowed: true,
-            limit: 3,
-            remaining: 2,
-            reset_after: Duration::ZERO,
-            retry_after: None,
-            delay: Duration::ZERO,
-        };
+        let d = Decision::allow(3, 2, Duration::ZERO);
         let limits = [LimitReport::new("jobs", &q, Algorithm::Concurrency, d)];
         let headers = written(HeaderStyle::ALL, &limits, EPOCH);
         assert_eq!(header(&headers, &RATELIMIT), Some(r#""jobs";r=2"#));
@@ -880,18 +824,13 @@ mod tests {
     #[test]
     fn integers_clamp_to_what_a_structured_field_holds() {
         let q = Quota::per_second(3).unwrap();
-        let d = Decision {
-            allowed: false,
-            limit: 3,
-            remaining: u64::MAX,
-            reset_after: Duration::MAX,
-            retry_after: None,
-            delay: Duration::ZERO,
-        };
+        let d = Decision::deny(3, u64::MAX, Duration::MAX, None);
         let limits = [LimitReport::new("k", &q, Algorithm::Gcra, d)];
         let headers = written(HeaderStyle::ALL, &limits, EPOCH);
         let field = header(&headers, &RATELIMIT).unwrap();
-        assert_eq!(field, r#""k";r=999999999999999;t=999999999999999"#);
+        // A decision holds times to the nanosecond in 64 bits: `Duration::MAX`
+        // saturates at u64::MAX ns, 18446744074 s rounded up, which fits.
+        assert_eq!(field, r#""k";r=999999999999999;t=18446744074"#);
         let parsed: sfv::List = sfv::Parser::new(field).parse().unwrap();
         assert_eq!(parsed.len(), 1);
     }

@@ -105,7 +105,7 @@ pub fn body(format: Format, limits: &[LimitReport<'_>], message: &str, retry_aft
         ),
         Format::Problem => {
             let mut violated: Vec<&str> = Vec::new();
-            for limit in limits.iter().filter(|l| !l.decision.allowed) {
+            for limit in limits.iter().filter(|l| !l.decision.allowed()) {
                 if !violated.contains(&limit.name) {
                     violated.push(limit.name);
                 }
@@ -163,13 +163,11 @@ mod tests {
     }
 
     fn report(name: &str, allowed: bool) -> LimitReport<'_> {
-        let decision = Decision {
-            allowed,
-            limit: 5,
-            remaining: 0,
-            reset_after: Duration::from_secs(2),
-            retry_after: (!allowed).then_some(Duration::from_secs(2)),
-            delay: Duration::ZERO,
+        let two = Duration::from_secs(2);
+        let decision = if allowed {
+            Decision::allow(5, 0, two)
+        } else {
+            Decision::deny(5, 0, two, Some(two))
         };
         LimitReport::new(
             name,

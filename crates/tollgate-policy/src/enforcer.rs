@@ -251,12 +251,12 @@ impl DescriptorVerdict {
 
     /// Whether this descriptor lets the request through (shadow limits always do).
     pub fn allowed(&self) -> bool {
-        !self.enforcing() || self.decision.is_none_or(|d| d.allowed)
+        !self.enforcing() || self.decision.is_none_or(|d| d.allowed())
     }
 
     /// Whether a shadow limit would have denied the request.
     pub fn shadow_denied(&self) -> bool {
-        self.state == State::Shadow && self.decision.is_some_and(|d| !d.allowed)
+        self.state == State::Shadow && self.decision.is_some_and(|d| !d.allowed())
     }
 
     /// The `result` label of the decision metrics: `ok`, `over_limit`,
@@ -330,7 +330,7 @@ impl Verdict {
         self.descriptors
             .iter()
             .filter(|d| d.state == State::Limited)
-            .filter_map(|d| d.decision.map(|decision| decision.delay))
+            .filter_map(|d| d.decision.map(|decision| decision.delay()))
             .max()
             .unwrap_or_default()
     }
@@ -982,11 +982,13 @@ impl<S: Store> Enforcer<S> {
                     // denied request was not charged, so what it has left is
                     // what it had (as envoyproxy/ratelimit reports a count it
                     // did not increment).
-                    if denied && decision.allowed {
-                        decision.remaining = decision
-                            .remaining
-                            .saturating_add(applied.cost)
-                            .min(decision.limit);
+                    if denied && decision.allowed() {
+                        decision = decision.with_remaining(
+                            decision
+                                .remaining()
+                                .saturating_add(applied.cost)
+                                .min(decision.limit()),
+                        );
                     }
                     descriptors[*index].decision = Some(decision);
                 }
@@ -1107,14 +1109,7 @@ impl<S: Store> Enforcer<S> {
 /// current `unit` window (aligned to the epoch) ends, and no retry helps.
 pub(crate) fn blocked(unit: Unit, now: Nanos) -> Decision {
     let unit_ns = u64::try_from(unit.duration().as_nanos()).unwrap_or(u64::MAX);
-    Decision {
-        allowed: false,
-        limit: 0,
-        remaining: 0,
-        reset_after: Duration::from_nanos(unit_ns - now % unit_ns),
-        retry_after: None,
-        delay: Duration::ZERO,
-    }
+    Decision::deny(0, 0, Duration::from_nanos(unit_ns - now % unit_ns), None)
 }
 
 /// What a limit's failure policy decides when its store returns an error
@@ -1124,5 +1119,5 @@ pub(crate) fn blocked(unit: Unit, now: Nanos) -> Decision {
 /// limit undecided (admitted, reported by no header). No retry time is
 /// known.
 fn fail(limit: &Limit<'_>) -> Option<Decision> {
-    limit.failure.decide(limit, None).filter(|d| !d.allowed)
+    limit.failure.decide(limit, None).filter(|d| !d.allowed())
 }

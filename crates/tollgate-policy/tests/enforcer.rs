@@ -147,7 +147,7 @@ async fn a_deny_by_one_layer_consumes_nothing_from_the_others() {
     assert!(reported.rule.as_ref().is_some_and(|r| r.id() == "user"));
     let global = run(&enforcer, "api", &[descriptor("global", "all")]).await;
     assert_eq!(
-        global.descriptors[0].decision.map(|d| d.remaining),
+        global.descriptors[0].decision.map(|d| d.remaining()),
         Some(97),
         "two admitted + this one; the deny took nothing"
     );
@@ -189,7 +189,9 @@ async fn blocked_shadow_rule_is_a_shadow_denial() {
     assert!(!enforced.allowed());
     assert_eq!(enforced.descriptors[0].state, State::Blocked);
     assert_eq!(
-        enforced.descriptors[0].decision.and_then(|d| d.retry_after),
+        enforced.descriptors[0]
+            .decision
+            .and_then(|d| d.retry_after()),
         None
     );
 }
@@ -215,7 +217,7 @@ async fn global_shadow_mode_counts_everything_and_denies_nothing() {
     // Counted as enforcement would count: the third request, a would-be
     // denial by `user`, charged nothing beside it (all-or-nothing).
     assert_eq!(
-        global.descriptors[0].decision.map(|d| d.remaining),
+        global.descriptors[0].decision.map(|d| d.remaining()),
         Some(97)
     );
 
@@ -266,12 +268,15 @@ async fn a_blocked_rule_charges_nothing_to_the_limits_beside_it_all_or_nothing()
     .await;
     assert!(!denied.allowed());
     assert_eq!(
-        denied.descriptors[0].decision.map(|d| d.remaining),
+        denied.descriptors[0].decision.map(|d| d.remaining()),
         Some(10)
     );
     assert!(denied.descriptors[0].peeked);
     let alone = run(&enforcer, "blocked", &[descriptor("user", "dave")]).await;
-    assert_eq!(alone.descriptors[0].decision.map(|d| d.remaining), Some(9));
+    assert_eq!(
+        alone.descriptors[0].decision.map(|d| d.remaining()),
+        Some(9)
+    );
 }
 
 /// envoyproxy/ratelimit's default counting (`fixed_cache_impl.go`, `DoLimit`
@@ -288,10 +293,16 @@ async fn envoy_domains_charge_every_descriptor_of_a_denied_request() {
     .await;
     assert!(!denied.allowed());
     assert!(denied.descriptors[0].allowed());
-    assert_eq!(denied.descriptors[0].decision.map(|d| d.remaining), Some(9));
+    assert_eq!(
+        denied.descriptors[0].decision.map(|d| d.remaining()),
+        Some(9)
+    );
     assert!(!denied.descriptors[0].peeked);
     let alone = run(&enforcer, "blocked", &[descriptor("user", "dave")]).await;
-    assert_eq!(alone.descriptors[0].decision.map(|d| d.remaining), Some(8));
+    assert_eq!(
+        alone.descriptors[0].decision.map(|d| d.remaining()),
+        Some(8)
+    );
 
     // A native domain stays all-or-nothing.
     let native = memory(POLICY);
@@ -306,7 +317,7 @@ async fn envoy_domains_charge_every_descriptor_of_a_denied_request() {
     assert!(!run(&native, "api", &both).await.allowed());
     let global = run(&native, "api", &[descriptor("global", "all")]).await;
     assert_eq!(
-        global.descriptors[0].decision.map(|d| d.remaining),
+        global.descriptors[0].decision.map(|d| d.remaining()),
         Some(99)
     );
 }
@@ -368,11 +379,14 @@ async fn an_override_of_the_rules_unit_shares_its_count() {
         ..descriptor("user", "u")
     };
     let minute = run(&enforcer, "envoy", &[overridden(5, Unit::Minute)]).await;
-    assert_eq!(minute.descriptors[0].decision.map(|d| d.remaining), Some(1));
+    assert_eq!(
+        minute.descriptors[0].decision.map(|d| d.remaining()),
+        Some(1)
+    );
     let hour = run(&enforcer, "envoy", &[overridden(5, Unit::Hour)]).await;
-    assert_eq!(hour.descriptors[0].decision.map(|d| d.remaining), Some(4));
+    assert_eq!(hour.descriptors[0].decision.map(|d| d.remaining()), Some(4));
     let rule = run(&enforcer, "envoy", &[descriptor("user", "u")]).await;
-    assert_eq!(rule.descriptors[0].decision.map(|d| d.remaining), Some(5));
+    assert_eq!(rule.descriptors[0].decision.map(|d| d.remaining()), Some(5));
 }
 
 /// `shouldRateLimitWorker`: over a quota-mode limit, a request is denied only
@@ -457,7 +471,7 @@ async fn adhoc_keys_are_namespaced_and_reads_consume_nothing() {
                 .read(&key, adhoc.quota, adhoc.algorithm)
                 .await
                 .expect("memory answers")
-                .map(|d| d.remaining)
+                .map(|d| d.remaining())
         }
     };
     assert_eq!(read(adhoc.store_key()).await, Some(1));
@@ -692,7 +706,7 @@ async fn requests_past_the_limits_are_refused_before_the_store() {
     // Nothing was spent by the refused requests.
     let verdict = run(&enforcer, "api", &many[..1]).await;
     assert_eq!(
-        verdict.descriptors[0].decision.map(|d| d.remaining),
+        verdict.descriptors[0].decision.map(|d| d.remaining()),
         Some(1)
     );
 }

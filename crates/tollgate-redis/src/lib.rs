@@ -60,7 +60,7 @@
 //!     .with_failure(FailurePolicy::FailClosed);
 //! let outcome = store.check(&[user, uploads]).await?;
 //! if !outcome.allowed() {
-//!     let retry = outcome.most_restrictive().and_then(|d| d.retry_after);
+//!     let retry = outcome.most_restrictive().and_then(|d| d.retry_after());
 //! }
 //! # Ok(()) }
 //! ```

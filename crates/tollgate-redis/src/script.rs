@@ -162,11 +162,13 @@ pub(crate) fn decode(bytes: &[u8]) -> Vec<i64> {
         .collect()
 }
 
-/// Parses a check reply: `(now_us, all_allowed, decisions)`.
+/// Parses a check reply, given the capacity of each limit checked:
+/// `(now_us, all_allowed, decisions)`.
 pub(crate) fn parse_check(
     reply: &[i64],
-    limits: usize,
+    capacities: &[u64],
 ) -> Result<(u64, bool, Vec<Decision>), StoreError> {
+    let limits = capacities.len();
     if reply.len() != 2 + 5 * limits {
         return Err(StoreError::Backend {
             source: format!(
@@ -179,17 +181,19 @@ pub(crate) fn parse_check(
     }
     let n = |i: usize| u64::try_from(reply[i]).unwrap_or(0);
     let us = |i: usize| Duration::from_micros(n(i));
-    let decisions = (0..limits)
-        .map(|l| {
+    let decisions = capacities
+        .iter()
+        .enumerate()
+        .map(|(l, &limit)| {
             let o = 2 + 5 * l;
-            Decision {
-                allowed: reply[o] == 1,
-                limit: 0,
-                remaining: n(o + 1),
-                reset_after: us(o + 2),
-                retry_after: (reply[o + 3] >= 0).then(|| us(o + 3)),
-                delay: us(o + 4),
-            }
+            let (remaining, reset_after) = (n(o + 1), us(o + 2));
+            let decision = if reply[o] == 1 {
+                Decision::allow(limit, remaining, reset_after)
+            } else {
+                let retry_after = (reply[o + 3] >= 0).then(|| us(o + 3));
+                Decision::deny(limit, remaining, reset_after, retry_after)
+            };
+            decision.with_delay(us(o + 4))
         })
         .collect();
     Ok((n(0), reply[1] == 1, decisions))

@@ -350,10 +350,9 @@ impl RedisStore {
                 self.call(op, now_us, lease, members, prepared).await?
             }
         };
-        let (now_us, allowed, mut decisions) = parse_check(&reply, members.len())?;
-        for (d, &i) in decisions.iter_mut().zip(members) {
-            d.limit = limits[i].capacity();
-        }
+        let capacities: SmallVec<[u64; 4]> =
+            members.iter().map(|&i| limits[i].capacity()).collect();
+        let (now_us, allowed, decisions) = parse_check(&reply, &capacities)?;
         Ok(GroupReply {
             now_us,
             allowed,

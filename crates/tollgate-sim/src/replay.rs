@@ -145,7 +145,7 @@ impl<'a> Simulation<'a> {
     pub fn new(trace: &'a Trace, quota: Quota) -> Self {
         let mut reference = Vec::with_capacity(trace.len());
         drive(&SlidingLog, trace, &quota, |_, _, decision, _| {
-            reference.push(decision.allowed);
+            reference.push(decision.allowed());
         });
         Simulation {
             trace,
@@ -207,10 +207,10 @@ impl<'a> Simulation<'a> {
             &self.quota,
             |i, request, decision, state| {
                 let reference = self.reference[i];
-                if decision.allowed {
+                if decision.allowed() {
                     report.admitted += 1;
                     report.false_admits += u64::from(!reference);
-                    report.max_delay = report.max_delay.max(decision.delay);
+                    report.max_delay = report.max_delay.max(decision.delay());
                     let window = &mut windows[request.key.index()];
                     max_in_period =
                         max_in_period.max(window.admit(request.time, request.cost, period));

@@ -400,10 +400,7 @@ fn ceil_us(d: Duration) -> Duration {
 }
 
 fn normalized(d: &Decision) -> Decision {
-    Decision {
-        retry_after: d.retry_after.map(ceil_us),
-        ..*d
-    }
+    d.with_retry_after(d.retry_after().map(ceil_us))
 }
 
 /// Asserts that `actual` matches the reference outcomes decision by decision
@@ -484,9 +481,9 @@ pub async fn reference(scenario: &Scenario) -> Vec<Outcome> {
 pub fn assert_sane(outcomes: &[Outcome]) {
     for o in outcomes {
         for d in &o.decisions {
-            assert!(d.remaining <= d.limit, "{d:?}");
-            if d.allowed {
-                assert_eq!(d.retry_after, None, "{d:?}");
+            assert!(d.remaining() <= d.limit(), "{d:?}");
+            if d.allowed() {
+                assert_eq!(d.retry_after(), None, "{d:?}");
             }
         }
     }
@@ -531,7 +528,7 @@ mod tests {
         let outcomes = reference(&scenario).await;
         let said: Vec<(bool, u64)> = outcomes
             .iter()
-            .map(|o| (o.allowed(), o.decisions[0].remaining))
+            .map(|o| (o.allowed(), o.decisions[0].remaining()))
             .collect();
         assert_eq!(
             said,
@@ -645,7 +642,11 @@ pub async fn assert_reset_forgets<S: Store>(store: &S, tag: &str) {
             .await
             .expect("the store answers");
         assert!(fresh.allowed(), "{algorithm}: reset");
-        assert_eq!(fresh.decisions[0].remaining, 2, "{algorithm}: whole again");
+        assert_eq!(
+            fresh.decisions[0].remaining(),
+            2,
+            "{algorithm}: whole again"
+        );
         let kept = store
             .check(&[Limit::new(&kept_key, quota, algorithm)])
             .await

@@ -85,20 +85,21 @@ impl Denials {
             return None;
         }
         let elapsed = Duration::from_nanos(now.saturating_sub(entry.at));
-        Some(Decision {
-            reset_after: entry.decision.reset_after.saturating_sub(elapsed),
-            retry_after: Some(Duration::from_nanos(entry.until - now)),
-            ..entry.decision
-        })
+        Some(
+            entry
+                .decision
+                .with_reset_after(entry.decision.reset_after().saturating_sub(elapsed))
+                .with_retry_after(Some(Duration::from_nanos(entry.until - now))),
+        )
     }
 
     /// Remembers a deny that the inner store gave for a request sent at `sent`
     /// that took `cost` from the limit's key in all.
     fn insert(&self, limit: &Limit<'_>, cost: u64, decision: &Decision, sent: Nanos) {
-        let Some(retry) = decision.retry_after else {
+        let Some(retry) = decision.retry_after() else {
             return;
         };
-        if decision.allowed || limit.algorithm == Algorithm::Concurrency {
+        if decision.allowed() || limit.algorithm == Algorithm::Concurrency {
             return;
         }
         let key = budget(limit);
@@ -246,8 +247,9 @@ impl<S: Store> DenyCache<S> {
             others.iter().map(|&i| limits[i].with_cost(0)).collect();
         if let Ok(read) = self.inner.check(&reads).await {
             for (&i, mut decision) in others.iter().zip(read.decisions) {
-                if decision.allowed {
-                    decision.remaining = decision.remaining.saturating_sub(limits[i].cost);
+                if decision.allowed() {
+                    decision = decision
+                        .with_remaining(decision.remaining().saturating_sub(limits[i].cost));
                 }
                 outcome.decisions[i] = decision;
             }
@@ -361,14 +363,12 @@ mod tests {
     use tollgate_core::{FailurePolicy, ManualClock};
 
     fn deny(retry_ms: Option<u64>) -> Decision {
-        Decision {
-            allowed: false,
-            limit: 5,
-            remaining: 0,
-            reset_after: Duration::from_millis(500),
-            retry_after: retry_ms.map(Duration::from_millis),
-            delay: Duration::ZERO,
-        }
+        Decision::deny(
+            5,
+            0,
+            Duration::from_millis(500),
+            retry_ms.map(Duration::from_millis),
+        )
     }
 
     fn limit(cost: u64) -> Limit<'static> {
@@ -387,8 +387,8 @@ mod tests {
         let ms = 1_000_000;
         cache.insert(&limit(2), 2, &deny(Some(100)), 1000 * ms);
         let hit = cache.lookup(&limit(2), 2, 1040 * ms).unwrap();
-        assert_eq!(hit.retry_after, Some(Duration::from_millis(60)));
-        assert_eq!(hit.reset_after, Duration::from_millis(460));
+        assert_eq!(hit.retry_after(), Some(Duration::from_millis(60)));
+        assert_eq!(hit.reset_after(), Duration::from_millis(460));
         assert!(cache.lookup(&limit(3), 3, 1040 * ms).is_some());
         assert!(cache.lookup(&limit(1), 1, 1040 * ms).is_none(), "cheaper");
         let other_quota = Limit {
@@ -434,31 +434,29 @@ mod tests {
         assert!(store.check(&[hot, hot]).await.unwrap().allowed());
         let denied = store.check(&[hot, other]).await.unwrap();
         assert_eq!(
-            denied.decisions[0].retry_after,
+            denied.decisions[0].retry_after(),
             Some(Duration::from_millis(100))
         );
         clock.advance(Duration::from_millis(40));
         let cached = store.check(&[hot, other]).await.unwrap();
         assert!(!cached.allowed());
         assert_eq!(
-            cached.decisions[0].retry_after,
+            cached.decisions[0].retry_after(),
             Some(Duration::from_millis(60))
         );
         // `other` is read, charged nothing, and reported as a denied check's
         // admitting limit is (what it would have left after this request).
-        assert_eq!(
-            cached.decisions[1],
-            Decision {
-                remaining: 99,
-                ..other.untouched()
-            }
-        );
+        assert_eq!(cached.decisions[1], other.untouched().with_remaining(99));
         assert_eq!(store.stats(), DenyCacheStats { hits: 1, misses: 2 });
         clock.advance(Duration::from_millis(60));
         assert!(store.check(&[hot]).await.unwrap().allowed());
         assert_eq!(store.stats().hits, 1);
         let peek = store.inner().check_now(&[other.with_cost(0)]);
-        assert_eq!(peek.decisions[0].remaining, 100, "no deny consumed `other`");
+        assert_eq!(
+            peek.decisions[0].remaining(),
+            100,
+            "no deny consumed `other`"
+        );
     }
 
     #[tokio::test]

@@ -376,10 +376,10 @@ impl<S: Store + 'static> Fallback<S> {
             let holds = if limit.algorithm == Algorithm::Concurrency {
                 limit.quota.period()
             } else {
-                decision.reset_after
+                decision.reset_after()
             };
             let report = Report {
-                remaining: decision.remaining,
+                remaining: decision.remaining(),
                 until: now.saturating_add(nanos(holds)),
                 seeded: false,
                 debt,
@@ -440,7 +440,7 @@ impl<S: Store + 'static> Fallback<S> {
                     }
                     break;
                 };
-                let left = outcome.decisions.first().map_or(0, |d| d.remaining);
+                let left = outcome.decisions.first().map_or(0, |d| d.remaining());
                 if outcome.allowed() || left == 0 {
                     break;
                 }
@@ -485,7 +485,7 @@ impl<S: Store + 'static> Fallback<S> {
             // Rounded down: never more than the share.
             let target = (base as f64 * shared.config.local_share) as u64;
             let peek = Limit { cost: 0, ..*limit };
-            let left = shared.local.check_now(&[peek]).decisions[0].remaining;
+            let left = shared.local.check_now(&[peek]).decisions[0].remaining();
             let charge = left.saturating_sub(target);
             if charge > 0 {
                 // A concurrency charge is a lease that lapses after the
@@ -968,17 +968,20 @@ mod tests {
         for _ in 0..3 {
             let o = store.check(&[open]).await.unwrap();
             assert!(o.allowed());
-            assert_eq!(o.decisions[0].remaining, 1, "nothing counted");
+            assert_eq!(o.decisions[0].remaining(), 1, "nothing counted");
             let c = store.check(&[closed]).await.unwrap();
             assert!(!c.allowed());
-            assert_eq!(c.decisions[0].retry_after, Some(Duration::from_millis(100)));
+            assert_eq!(
+                c.decisions[0].retry_after(),
+                Some(Duration::from_millis(100))
+            );
         }
         assert!(store.check(&[local]).await.unwrap().allowed());
         assert!(!store.check(&[local]).await.unwrap().allowed());
         let fresh = gcra("fresh", FailurePolicy::Local);
         let mixed = store.check(&[fresh, closed, open]).await.unwrap();
         assert!(!mixed.allowed());
-        assert!(mixed.decisions[0].allowed && mixed.decisions[2].allowed);
+        assert!(mixed.decisions[0].allowed() && mixed.decisions[2].allowed());
         assert!(store.check(&[fresh, open]).await.unwrap().allowed());
         assert!(
             !store.check(&[fresh, open]).await.unwrap().allowed(),

@@ -484,14 +484,7 @@ mod tests {
 
     /// A decision that carries the TAT it was made from.
     fn saw(tat: Nanos) -> Decision {
-        Decision {
-            allowed: true,
-            limit: 1,
-            remaining: tat,
-            reset_after: std::time::Duration::ZERO,
-            retry_after: None,
-            delay: std::time::Duration::ZERO,
-        }
+        Decision::allow(1, tat, std::time::Duration::ZERO)
     }
 
     /// A lock-free check that adds `by` to the TAT and says what it saw.
@@ -499,7 +492,7 @@ mod tests {
         hot.check(key, lanes_of(&hot.slots), |Tat(tat)| {
             (saw(tat), Some(Tat(tat + by)))
         })
-        .map(|decision| decision.remaining)
+        .map(|decision| decision.remaining())
     }
 
     fn entries() -> (Arc<HotSlots>, TatEntries) {

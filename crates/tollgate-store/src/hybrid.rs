@@ -280,12 +280,8 @@ impl<S: Store> Shared<S> {
             .zip(&ids)
             .map(|(limit, id)| {
                 let lease = &leases[id];
-                Decision {
-                    allowed: true,
-                    limit: limit.capacity(),
-                    remaining: lease.units,
-                    ..lease.last
-                }
+                Decision::allow(limit.capacity(), lease.units, lease.last.reset_after())
+                    .with_delay(lease.last.delay())
             })
             .collect();
         Some(Outcome::new(decisions))
@@ -412,7 +408,7 @@ impl<S: Store> Shared<S> {
             lease.quota = limit.quota;
             lease.last = *decision;
             // The instance's view: what it holds counts as available to it.
-            decision.remaining = decision.remaining.saturating_add(lease.units);
+            *decision = decision.with_remaining(decision.remaining().saturating_add(lease.units));
         }
     }
 

@@ -276,7 +276,7 @@ impl<C: Clock> MemoryStore<C> {
             let mut guard = self.lock(shard, now);
             self.commit(&mut guard, key, limit, now, lease.unwrap_or_default())
         };
-        (decision, lease.filter(|_| decision.allowed))
+        (decision, lease.filter(|_| decision.allowed()))
     }
 
     // Out of line, so that the single-limit path stays small.
@@ -313,7 +313,7 @@ impl<C: Clock> MemoryStore<C> {
                 mode,
                 lease.unwrap_or_default(),
             );
-            denied |= !decision.allowed;
+            denied |= !decision.allowed();
             undo.extend(taken_back.map(|u| (slot, u)));
             decisions.push(decision);
             leases.extend(lease.map(|id| new_lease(limit, id)));
@@ -591,7 +591,7 @@ fn forget<S: Slot>(shard: &mut Shard, key: u128) {
 /// state.
 #[inline(always)]
 fn writes<M: StateMachine>(decision: &Decision, limit: &Limit<'_>) -> bool {
-    (decision.allowed || M::COUNTS_DENIED) && limit.cost > 0
+    (decision.allowed() || M::COUNTS_DENIED) && limit.cost > 0
 }
 
 /// The decision for a new key that its full shard had no room for: denied,
@@ -601,14 +601,7 @@ fn writes<M: StateMachine>(decision: &Decision, limit: &Limit<'_>) -> bool {
 #[cold]
 fn refused(admitted: &Decision, wait_ns: Nanos) -> Decision {
     let wait = Duration::from_nanos(wait_ns);
-    Decision {
-        allowed: false,
-        limit: admitted.limit,
-        remaining: 0,
-        reset_after: wait,
-        retry_after: Some(wait),
-        delay: Duration::ZERO,
-    }
+    Decision::deny(admitted.limit(), 0, wait, Some(wait))
 }
 
 fn step<M>(
@@ -623,7 +616,7 @@ where
     M: StateMachine,
     M::State: Slot,
 {
-    let writes = |d: &Decision| d.allowed && limit.cost > 0 && mode != Mode::Peek;
+    let writes = |d: &Decision| d.allowed() && limit.cost > 0 && mode != Mode::Peek;
     let table = M::State::table(shard);
     if let Some(entry) = table.get_mut(key) {
         if mode == Mode::Peek {

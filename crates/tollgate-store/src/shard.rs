@@ -264,7 +264,7 @@ macro_rules! tables {
 /// clock went back: counted from `now`, the entry was swept while still spent.
 #[inline]
 fn until_reset<S: Latest>(state: &S, decision: &Decision, now: Nanos) -> Nanos {
-    let reset = u64::try_from(decision.reset_after.as_nanos()).unwrap_or(u64::MAX);
+    let reset = u64::try_from(decision.reset_after().as_nanos()).unwrap_or(u64::MAX);
     now.max(latest(state)).saturating_add(reset)
 }
 

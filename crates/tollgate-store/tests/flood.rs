@@ -126,10 +126,10 @@ fn a_refused_key_is_let_in_once_a_held_key_is_at_rest() {
     let newcomer = Limit::new("new", Quota::per_hour(1).unwrap(), Algorithm::Gcra);
     assert!(store.check_now(&[held]).allowed());
     let refused = store.check_now(&[newcomer]).decisions[0];
-    assert!(!refused.allowed);
-    assert_eq!(refused.remaining, 0);
+    assert!(!refused.allowed());
+    assert_eq!(refused.remaining(), 0);
     // "held" is back to full one emission interval (100 ms) after its check.
-    assert_eq!(refused.retry_after, Some(Duration::from_millis(100)));
+    assert_eq!(refused.retry_after(), Some(Duration::from_millis(100)));
     clock.advance(Duration::from_millis(99));
     assert!(!store.check_now(&[newcomer]).allowed());
     clock.advance(Duration::from_millis(1));
@@ -165,7 +165,7 @@ fn lapsed_leases_make_room_and_live_ones_do_not() {
         assert!(store.check_now(&[lease(key)]).allowed());
     }
     let refused = store.check_now(&[lease("e")]).decisions[0];
-    assert_eq!(refused.retry_after, Some(Duration::from_secs(1)));
+    assert_eq!(refused.retry_after(), Some(Duration::from_secs(1)));
     clock.advance(Duration::from_secs(1));
     assert!(store.check_now(&[lease("e")]).allowed());
     assert_eq!(store.stats().evictions, 1);
@@ -222,14 +222,14 @@ impl Visitor for Replay {
                 model.insert(step.key, state);
             } else {
                 prop_assert!(
-                    want.allowed && !got.allowed,
+                    want.allowed() && !got.allowed(),
                     "{got:?} where the model has {want:?}"
                 );
                 let limiting = model
                     .iter()
                     .filter(|&(&key, state)| {
                         let read = machine.step(&model_quota(key), &mut state.clone(), now, 0);
-                        read.reset_after > Duration::ZERO
+                        read.reset_after() > Duration::ZERO
                     })
                     .count();
                 prop_assert!(

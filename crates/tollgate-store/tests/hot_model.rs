@@ -68,7 +68,7 @@ impl Model {
                 } else {
                     Gcra.step(quota, state, now, cost)
                 };
-                denied |= !decision.allowed;
+                denied |= !decision.allowed();
                 decision
             })
             .collect();

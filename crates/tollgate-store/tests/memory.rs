@@ -37,13 +37,13 @@ fn a_deny_by_one_layer_consumes_nothing_from_the_others() {
         let outcome = store.check_now(&[global, user]);
         assert!(!outcome.allowed(), "{algorithm}");
         assert!(
-            outcome.decisions[0].allowed,
+            outcome.decisions[0].allowed(),
             "the global layer alone would allow"
         );
-        assert!(!outcome.decisions[1].allowed);
+        assert!(!outcome.decisions[1].allowed());
         // The global layer still has 98 left: the denied request took nothing.
         let read = store.check_now(&[Limit { cost: 0, ..global }]);
-        assert_eq!(read.decisions[0].remaining, 98, "{algorithm}");
+        assert_eq!(read.decisions[0].remaining(), 98, "{algorithm}");
     }
 }
 
@@ -57,14 +57,14 @@ fn a_deny_undoes_an_earlier_layer_of_the_same_request_even_on_a_shared_key() {
     assert!(!store.check_now(&[shared, strict]).allowed());
     // ...and shared still has exactly 1.
     assert_eq!(
-        store.check_now(&[Limit { cost: 0, ..shared }]).decisions[0].remaining,
+        store.check_now(&[Limit { cost: 0, ..shared }]).decisions[0].remaining(),
         1
     );
     // Two uses of one shared bucket in one request see each other.
     let outcome = store.check_now(&[shared, shared]);
     assert!(!outcome.allowed());
     assert_eq!(
-        store.check_now(&[Limit { cost: 0, ..shared }]).decisions[0].remaining,
+        store.check_now(&[Limit { cost: 0, ..shared }]).decisions[0].remaining(),
         1
     );
 }
@@ -75,7 +75,7 @@ fn most_restrictive_layer_is_reported() {
     let wide = limit("wide", per_second(10), Algorithm::TokenBucket);
     let narrow = limit("narrow", per_second(3), Algorithm::TokenBucket);
     let outcome = store.check_now(&[wide, narrow]);
-    assert_eq!(outcome.most_restrictive().unwrap().remaining, 2);
+    assert_eq!(outcome.most_restrictive().unwrap().remaining(), 2);
 }
 
 #[test]
@@ -154,7 +154,7 @@ fn the_key_cap_holds_under_a_flood_of_unique_keys() {
             // past the cap is refused, and told to come back when a sampled
             // key is back to full (one emission interval, 200 ms, from now).
             assert_eq!(
-                outcome.decisions[0].retry_after,
+                outcome.decisions[0].retry_after(),
                 Some(Duration::from_millis(200))
             );
         }
@@ -207,7 +207,7 @@ fn concurrency_permits_are_held_until_released_or_lapsed_and_never_evicted_while
     let denied = store.check_now(&[slots]);
     assert!(!denied.allowed());
     assert!(denied.leases.is_empty(), "a deny takes no lease");
-    assert_eq!(denied.decisions[0].retry_after, None);
+    assert_eq!(denied.decisions[0].retry_after(), None);
     // Neither a sweep nor a flood of other keys frees a permit before its
     // lease (the quota's period, a minute) lapses.
     clock.advance(Duration::from_secs(59));
@@ -253,17 +253,17 @@ fn a_release_gives_back_exactly_the_lease_it_names() {
     store.release_now(&b);
     // A's lease is left, and still lapses at A's time: a minute after A.
     assert_eq!(
-        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining,
+        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining(),
         2
     );
     clock.advance(Duration::from_nanos(29_999_999_999));
     assert_eq!(
-        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining,
+        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining(),
         2
     );
     clock.advance(Duration::from_nanos(1));
     assert_eq!(
-        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining,
+        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining(),
         3
     );
     // Ids of another store, another key, or not this store's kind do nothing.
@@ -281,7 +281,7 @@ fn a_release_gives_back_exactly_the_lease_it_names() {
     foreign.id = "not-ours".parse().unwrap();
     store.release_now(&[misnamed, foreign]);
     assert_eq!(
-        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining,
+        store.check_now(&[slots.with_cost(0)]).decisions[0].remaining(),
         2
     );
 }
@@ -400,7 +400,7 @@ fn racing_single_and_multi_limit_checks_admit_exactly_the_burst() {
         });
         assert_eq!(admitted, burst - 1, "{algorithm:?}");
         let after = store.check_now(&[limit("hot", hot, algorithm).with_cost(0)]);
-        assert_eq!(after.decisions[0].remaining, 0, "{algorithm:?}");
+        assert_eq!(after.decisions[0].remaining(), 0, "{algorithm:?}");
         store.reset_now(&charged);
     }
     assert!(

@@ -87,7 +87,7 @@ async fn cluster_conformance_tags_cross_slot_refunds_and_script_reloads() {
         }
         for key in &keys {
             let outcome = store.check_limits(&[check(key)]).await.unwrap();
-            assert_eq!(outcome.decisions[0].remaining, 998, "{key}");
+            assert_eq!(outcome.decisions[0].remaining(), 998, "{key}");
         }
         let stats = store.stats();
         assert_eq!((stats.timeouts, stats.errors), (0, 0), "{stats:?}");
@@ -147,12 +147,12 @@ async fn cross_slot(url: &str, algorithm: Algorithm, slot: &impl Fn(&str) -> Str
         redis
             .decisions
             .iter()
-            .map(|d| d.allowed)
+            .map(|d| d.allowed())
             .collect::<Vec<_>>(),
         reference
             .decisions
             .iter()
-            .map(|d| d.allowed)
+            .map(|d| d.allowed())
             .collect::<Vec<_>>(),
         "{algorithm}"
     );

@@ -384,10 +384,13 @@ async fn each_limit_falls_back_by_its_own_failure_policy() {
     for _ in 0..5 {
         let o = store.check(&[open]).await.expect("no error");
         assert!(o.allowed());
-        assert_eq!(o.decisions[0].remaining, 1);
+        assert_eq!(o.decisions[0].remaining(), 1);
         let c = store.check(&[closed]).await.expect("no error");
         assert!(!c.allowed());
-        assert_eq!(c.decisions[0].retry_after, Some(Duration::from_millis(100)));
+        assert_eq!(
+            c.decisions[0].retry_after(),
+            Some(Duration::from_millis(100))
+        );
     }
     assert!(
         !store.check(&[local]).await.unwrap().allowed(),
@@ -398,8 +401,8 @@ async fn each_limit_falls_back_by_its_own_failure_policy() {
     let fresh = limit("fresh", FailurePolicy::Local);
     let mixed = store.check(&[fresh, closed, open]).await.unwrap();
     assert!(!mixed.allowed());
-    assert!(mixed.decisions[0].allowed && mixed.decisions[2].allowed);
-    assert!(!mixed.decisions[1].allowed);
+    assert!(mixed.decisions[0].allowed() && mixed.decisions[2].allowed());
+    assert!(!mixed.decisions[1].allowed());
     assert!(store.check(&[fresh, open]).await.unwrap().allowed());
     assert!(
         !store.check(&[fresh, open]).await.unwrap().allowed(),

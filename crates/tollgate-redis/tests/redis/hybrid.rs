@@ -120,7 +120,7 @@ async fn a_hot_key_gets_many_decisions_per_redis_operation_and_returns_exactly()
         .check_limits(&[Limit { cost: 0, ..l }])
         .await
         .unwrap();
-    assert_eq!(read.decisions[0].remaining, 100_000 - admitted);
+    assert_eq!(read.decisions[0].remaining(), 100_000 - admitted);
 }
 
 #[tokio::test]
@@ -165,7 +165,7 @@ async fn requests_with_unleased_algorithms_and_multi_limit_atomicity_go_through(
     assert!(store.check(&[bucket, log]).await.unwrap().allowed());
     assert!(store.check(&[bucket, log]).await.unwrap().allowed());
     let denied = store.check(&[bucket, log]).await.unwrap();
-    assert!(!denied.allowed() && denied.decisions[0].allowed);
+    assert!(!denied.allowed() && denied.decisions[0].allowed());
     // The bucket alone is served from its lease, all or nothing.
     assert!(store.check(&[bucket]).await.unwrap().allowed());
     assert!(store.stats().local_decisions >= 1);

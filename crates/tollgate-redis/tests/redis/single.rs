@@ -107,8 +107,8 @@ async fn ttls_are_the_time_to_full_and_denies_never_extend_them() {
     let t = pttl("tollgate:lease:{slots}");
     assert!((59_000..=60_000).contains(&t), "lease PTTL {t}");
     // Redis's own TIME decides: 3 at once, then a retry of at most 20 s.
-    assert_eq!(denied.decisions[0].limit, 3);
-    let retry = denied.decisions[0].retry_after.unwrap();
+    assert_eq!(denied.decisions[0].limit(), 3);
+    let retry = denied.decisions[0].retry_after().unwrap();
     assert!(
         retry <= Duration::from_secs(20) && retry > Duration::ZERO,
         "{retry:?}"
@@ -181,7 +181,7 @@ async fn the_deny_cache_answers_hot_denied_keys_without_redis() {
     let denied = store.check(&[hot, other]).await.unwrap();
     assert!(!denied.allowed());
     assert_eq!(
-        denied.decisions[0].retry_after,
+        denied.decisions[0].retry_after(),
         Some(Duration::from_millis(100))
     );
     let before = (store.stats(), store.inner().stats());
@@ -193,12 +193,12 @@ async fn the_deny_cache_answers_hot_denied_keys_without_redis() {
             .unwrap();
         assert!(!cached.allowed());
         assert_eq!(
-            cached.decisions[0].retry_after,
+            cached.decisions[0].retry_after(),
             Some(Duration::from_millis(60))
         );
         // `other` is read, not charged, and reported as a denied check's
         // admitting limit is: what it would have left after this request.
-        assert_eq!(cached.decisions[1].remaining, 99);
+        assert_eq!(cached.decisions[1].remaining(), 99);
     }
     let after = store.inner().stats();
     assert_eq!(
@@ -229,7 +229,7 @@ async fn the_deny_cache_answers_hot_denied_keys_without_redis() {
         )])
         .await
         .unwrap();
-    assert_eq!(read.decisions[0].remaining, 100);
+    assert_eq!(read.decisions[0].remaining(), 100);
 }
 
 #[tokio::test]
@@ -248,7 +248,7 @@ async fn concurrency_leases_are_released_by_their_holder_and_expire_when_it_cras
     let held = b.check_limits(&[slots]).await.unwrap().leases;
     let denied = a.check_limits(&[slots]).await.unwrap();
     assert!(!denied.allowed());
-    assert_eq!(denied.decisions[0].retry_after, None);
+    assert_eq!(denied.decisions[0].retry_after(), None);
     // b's lease goes back, once: a second release frees nothing of a's.
     b.release_leases(&held).await.unwrap();
     b.release_leases(&held).await.unwrap();
@@ -260,7 +260,7 @@ async fn concurrency_leases_are_released_by_their_holder_and_expire_when_it_cras
     clock.advance(Duration::from_secs(1));
     let after = a.check_limits(&[slots, slots]).await.unwrap();
     assert!(after.allowed(), "expired leases free their permits");
-    assert_eq!(after.decisions[1].remaining, 0);
+    assert_eq!(after.decisions[1].remaining(), 0);
 }
 
 #[tokio::test]
@@ -289,14 +289,17 @@ async fn quotas_beyond_exact_doubles_are_invalid_input_not_backend_errors() {
             let redis = store.check_limits(&[l]).await.unwrap();
             let reference = memory.check_now(&[l]);
             let ceil = |d: Duration| Duration::from_micros(d.as_nanos().div_ceil(1000) as u64);
-            assert_eq!(redis.decisions[0].allowed, reference.decisions[0].allowed);
             assert_eq!(
-                redis.decisions[0].remaining,
-                reference.decisions[0].remaining
+                redis.decisions[0].allowed(),
+                reference.decisions[0].allowed()
             );
             assert_eq!(
-                redis.decisions[0].retry_after,
-                reference.decisions[0].retry_after.map(ceil)
+                redis.decisions[0].remaining(),
+                reference.decisions[0].remaining()
+            );
+            assert_eq!(
+                redis.decisions[0].retry_after(),
+                reference.decisions[0].retry_after().map(ceil)
             );
         }
     }
@@ -326,7 +329,7 @@ async fn the_code_is_a_function_and_either_kind_survives_a_flush() {
         let key = format!("flushed-{functions}");
         let l = limit(&key, q, Algorithm::TokenBucket, 1);
         assert_eq!(
-            store.check_limits(&[l]).await.unwrap().decisions[0].remaining,
+            store.check_limits(&[l]).await.unwrap().decisions[0].remaining(),
             4
         );
         let flush = if functions { "FUNCTION" } else { "SCRIPT" };
@@ -335,7 +338,7 @@ async fn the_code_is_a_function_and_either_kind_survives_a_flush() {
             assert_eq!(server.cli(&["FUNCTION", "LIST"]).trim(), "");
         }
         assert_eq!(
-            store.check_limits(&[l]).await.unwrap().decisions[0].remaining,
+            store.check_limits(&[l]).await.unwrap().decisions[0].remaining(),
             3
         );
         let stats = store.stats();
@@ -487,7 +490,8 @@ async fn states_take_the_smallest_encoding_that_holds_them() {
             let redis = store.check_limits(&[l]).await.unwrap();
             let reference = memory.check(&[l]).await.unwrap();
             assert_eq!(
-                redis.decisions[0].remaining, reference.decisions[0].remaining,
+                redis.decisions[0].remaining(),
+                reference.decisions[0].remaining(),
                 "{key} {round}"
             );
             assert_eq!(redis.allowed(), reference.allowed(), "{key} {round}");

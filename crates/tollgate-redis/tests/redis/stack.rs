@@ -181,7 +181,11 @@ async fn decisions_return_to_a_restarted_redis_without_checks() {
     // admitted locally while it was down, then decides again.
     let first = store.check(&[limit]).await.unwrap();
     assert!(first.allowed());
-    assert_eq!(first.decisions[0].remaining, 0, "2 an hour: paid 1, this 1");
+    assert_eq!(
+        first.decisions[0].remaining(),
+        0,
+        "2 an hour: paid 1, this 1"
+    );
     assert_eq!(store.stats().checks, 2);
     assert_eq!(
         store.inner().stats().redis_checks,

@@ -313,7 +313,8 @@ pub(crate) async fn batched_checks_decide_as_alone(url: &str, calls: impl Fn() -
         );
         let read = store.check_limits(&[slots]).await.unwrap();
         assert_eq!(
-            read.decisions[0].remaining, 6,
+            read.decisions[0].remaining(),
+            6,
             "key {k}: every lease came back"
         );
     }

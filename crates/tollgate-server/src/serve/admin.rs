@@ -290,8 +290,8 @@ async fn read_key<S: Store + 'static>(
     Ok(Json(KeyState {
         key,
         algorithm: algorithm.name(),
-        limit: decision.limit,
-        remaining: decision.remaining,
-        reset_after_ms: tollgate_http::headers::ceil_millis(decision.reset_after),
+        limit: decision.limit(),
+        remaining: decision.remaining(),
+        reset_after_ms: tollgate_http::headers::ceil_millis(decision.reset_after()),
     }))
 }

@@ -346,7 +346,7 @@ fn status(d: &DescriptorVerdict, started_at: Nanos) -> Status<'_> {
         });
     let duration_until_reset = d.decision.map(|decision| {
         rule.and_then(Rule::envoy_window)
-            .map_or(decision.reset_after, |unit| {
+            .map_or(decision.reset_after(), |unit| {
                 until_window_end(unit, started_at)
             })
     });
@@ -354,8 +354,8 @@ fn status(d: &DescriptorVerdict, started_at: Nanos) -> Status<'_> {
         (State::Unlimited, _) => u32::MAX,
         // Over the limit, nothing is left for this request, whatever smaller
         // one might fit (`GetResponseDescriptorStatus`).
-        (_, Some(decision)) if !decision.allowed => 0,
-        (_, Some(decision)) => saturate(decision.remaining),
+        (_, Some(decision)) if !decision.allowed() => 0,
+        (_, Some(decision)) => saturate(decision.remaining()),
         (_, None) => 0,
     };
     Status {

@@ -536,10 +536,10 @@ fn render(verdict: &Verdict, style: HeaderStyle) -> Response {
     let lease = (!verdict.permit.is_empty()).then(|| verdict.permit.to_string());
     let body = CheckResponse {
         allowed,
-        limit: top.map(|d| d.limit),
-        remaining: top.map(|d| d.remaining),
-        reset_after_ms: top.map(|d| ceil_millis(d.reset_after)),
-        retry_after_ms: top.and_then(|d| d.retry_after).map(ceil_millis),
+        limit: top.map(|d| d.limit()),
+        remaining: top.map(|d| d.remaining()),
+        reset_after_ms: top.map(|d| ceil_millis(d.reset_after())),
+        retry_after_ms: top.and_then(|d| d.retry_after()).map(ceil_millis),
         delay_ms: ceil_millis(delay),
         descriptors: verdict.descriptors.iter().map(descriptor).collect(),
         lease,
@@ -576,10 +576,10 @@ fn descriptor(d: &DescriptorVerdict) -> DescriptorResponse<'_> {
         allowed: d.allowed(),
         state: d.state.name(),
         rule: d.rule.as_ref().map(|r| r.id()),
-        limit: d.decision.map(|d| d.limit),
-        remaining: d.decision.map(|d| d.remaining),
-        reset_after_ms: d.decision.map(|d| ceil_millis(d.reset_after)),
-        retry_after_ms: d.decision.and_then(|d| d.retry_after).map(ceil_millis),
+        limit: d.decision.map(|d| d.limit()),
+        remaining: d.decision.map(|d| d.remaining()),
+        reset_after_ms: d.decision.map(|d| ceil_millis(d.reset_after())),
+        retry_after_ms: d.decision.and_then(|d| d.retry_after()).map(ceil_millis),
     }
 }
 

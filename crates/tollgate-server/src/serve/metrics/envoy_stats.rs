@@ -130,13 +130,13 @@ fn descriptor_counts(verdict: &DescriptorVerdict, rule: &Rule, cost: u64) -> Opt
     // (beside a denying limit too: each decision is the limit's alone), and
     // before them when it denies or was only read (a blocked rule denied the
     // request first).
-    let used = d.limit.saturating_sub(d.remaining);
-    let (before, after) = if d.allowed && !verdict.peeked {
+    let used = d.limit().saturating_sub(d.remaining());
+    let (before, after) = if d.allowed() && !verdict.peeked {
         (used.saturating_sub(cost), used)
     } else {
         (used, used.saturating_add(cost))
     };
-    Some(counts(d.limit, before, after, cost, rule.shadow()))
+    Some(counts(d.limit(), before, after, cost, rule.shadow()))
 }
 
 /// Counts the descriptor at `index` of `decided`, matched by `rule` of
