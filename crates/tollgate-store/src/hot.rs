@@ -36,19 +36,23 @@ const LOCKED: u64 = 0b01;
 /// The version, above the two flags, counts changes under the lock.
 const VERSION: u64 = 0b100;
 
+#[inline]
 fn word(tat: Nanos, tag: u64) -> u128 {
     (u128::from(tag) << 64) | u128::from(tat)
 }
 
+#[inline]
 fn tat_of(word: u128) -> Nanos {
     word as u64
 }
 
+#[inline]
 fn tag_of(word: u128) -> u64 {
     (word >> 64) as u64
 }
 
 /// The tag of a slot's next state: the version moved on, the flags set.
+#[inline]
 fn next_tag(tag: u64, flags: u64) -> u64 {
     ((tag & !(LIVE | LOCKED)).wrapping_add(VERSION)) | flags
 }
@@ -61,6 +65,7 @@ struct Slot {
 }
 
 impl Slot {
+    #[inline]
     fn key(&self) -> u128 {
         (u128::from(self.key[0].load(Ordering::Acquire)) << 64)
             | u128::from(self.key[1].load(Ordering::Acquire))
@@ -119,11 +124,13 @@ impl Slot {
 /// Sixteen bits of a key for [`Lanes`]: from the high half's low bits, which
 /// neither the shard (the high half's top bits) nor the table's buckets (the
 /// low half) are picked by. Never 0, which is an empty lane.
+#[inline]
 fn lane_tag(key: u128) -> u64 {
     ((key >> 64) as u16).max(1).into()
 }
 
 /// Which lanes of 16 bits in `lanes` hold `tag`, as the top bit of each.
+#[inline]
 fn matching(lanes: u64, tag: u64) -> u64 {
     const ONES: u64 = 0x0001_0001_0001_0001;
     const TOPS: u64 = 0x8000_8000_8000_8000;
