@@ -311,6 +311,7 @@ impl TatEntries {
 
     /// The slot holding `key`, if one does (and no writer holds it: this one
     /// would have found it among its own).
+    #[inline]
     fn hot_slot(&self, key: u128) -> Option<usize> {
         let mut candidates = matching(self.lanes, lane_tag(key));
         while candidates != 0 {
@@ -332,6 +333,7 @@ impl TatEntries {
     }
 
     /// An empty slot no writer holds.
+    #[inline]
     fn free_slot(&self) -> Option<usize> {
         (0..WAYS).find(|&i| {
             (self.lanes >> (16 * i)) as u16 == 0
@@ -395,7 +397,9 @@ impl Entries<Tat> for TatEntries {
         }
         // A key found in the table moves to a slot that has come free, so
         // that its next checks need no lock.
-        if let Some(index) = self.free_slot() {
+        if self.hot_len < WAYS
+            && let Some(index) = self.free_slot()
+        {
             let entry = self.table.remove(key)?;
             return Some(self.claim(index, key, entry));
         }
