@@ -267,8 +267,11 @@ struct AdHocCheckRef<'a> {
     period: Cow<'a, str>,
     #[serde(default)]
     burst: Option<u64>,
+    /// Not `Option<Cow>`, which serde always copies into a `String`: an
+    /// algorithm name has no escapes, and one that has some fails here and
+    /// takes the careful path, which names what is wrong with it.
     #[serde(default, borrow)]
-    algorithm: Option<Cow<'a, str>>,
+    algorithm: Option<&'a str>,
     #[serde(default = "one")]
     cost: u64,
 }
@@ -280,7 +283,7 @@ impl AdHocCheckRef<'_> {
             self.limit,
             &self.period,
             self.burst,
-            self.algorithm.as_deref(),
+            self.algorithm,
             self.cost,
         )
     }
