@@ -307,11 +307,16 @@ impl Verdict {
     /// the client to wait longest; on an allow, the one with the fewest units
     /// left. Only enforcing descriptors with a decision take part.
     pub fn most_restrictive(&self) -> Option<&DescriptorVerdict> {
-        let candidates: Vec<&DescriptorVerdict> = self
-            .descriptors
-            .iter()
-            .filter(|d| d.enforcing() && d.decision.is_some())
-            .collect();
+        let candidate = |d: &&DescriptorVerdict| d.enforcing() && d.decision.is_some();
+        // One candidate (most checks: one descriptor) is the answer either
+        // way; the two vectors below are for choosing among several.
+        let mut each = self.descriptors.iter().filter(candidate);
+        let first = each.next()?;
+        if each.next().is_none() {
+            return Some(first);
+        }
+        let candidates: Vec<&DescriptorVerdict> =
+            self.descriptors.iter().filter(candidate).collect();
         let outcome = Outcome::new(candidates.iter().filter_map(|d| d.decision).collect());
         let chosen = outcome.most_restrictive()?;
         let index = outcome

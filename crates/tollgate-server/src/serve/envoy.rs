@@ -152,7 +152,7 @@ impl Reply {
     /// The families for an answer in `domain`.
     pub(crate) fn families<S: Store>(&self, enforcer: &Enforcer<S>, domain: &str) -> Families {
         self.families
-            .unwrap_or_else(|| Families::auto(enforcer.policy().is_envoy(domain)))
+            .unwrap_or_else(|| Families::auto(enforcer.policy_handle().guard().is_envoy(domain)))
     }
 }
 

@@ -50,6 +50,8 @@ use super::metrics::{self, Api, CheckResult};
 use tollgate_http::headers::ceil_millis;
 use tollgate_policy::{AdHoc, Check, DescriptorVerdict, Enforcer, Permit, Verdict};
 
+mod scan;
+
 /// A check against the policy.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -255,8 +257,8 @@ impl AdHocCheck {
 }
 
 /// [`AdHocCheck`] with its strings borrowed from the body where they have no
-/// escapes: the fast path's (see `answer`). The same fields, defaults and
-/// refusal of unknown fields.
+/// escapes: the fast paths' (see `parse` and [`scan`]). The same fields,
+/// defaults and refusal of unknown fields.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AdHocCheckRef<'a> {
@@ -267,8 +269,11 @@ struct AdHocCheckRef<'a> {
     period: Cow<'a, str>,
     #[serde(default)]
     burst: Option<u64>,
+    /// Not `Option<Cow>`, which serde always copies into a `String`: an
+    /// algorithm name has no escapes, and one that has some fails here and
+    /// takes the careful path, which names what is wrong with it.
     #[serde(default, borrow)]
-    algorithm: Option<Cow<'a, str>>,
+    algorithm: Option<&'a str>,
     #[serde(default = "one")]
     cost: u64,
 }
@@ -280,7 +285,7 @@ impl AdHocCheckRef<'_> {
             self.limit,
             &self.period,
             self.burst,
-            self.algorithm.as_deref(),
+            self.algorithm,
             self.cost,
         )
     }
@@ -401,6 +406,9 @@ fn parse(body: &[u8]) -> Result<Checked, ApiError> {
     // the careful path below would have chosen. Anything else, including
     // every malformed body, takes the careful path, which names the field at
     // fault.
+    if let Some(check) = scan::adhoc(body) {
+        return Ok(Checked::AdHoc(check.validate()?));
+    }
     if let Ok(check) = serde_json::from_slice::<AdHocCheckRef<'_>>(body) {
         return Ok(Checked::AdHoc(check.validate()?));
     }
