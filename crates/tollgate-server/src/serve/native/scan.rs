@@ -17,10 +17,7 @@ use super::AdHocCheckRef;
 
 /// The ad-hoc check in `body`, or `None` when it is not in the plain subset.
 pub(super) fn adhoc(body: &[u8]) -> Option<AdHocCheckRef<'_>> {
-    // Checked whole once rather than string by string: serde_json refuses a
-    // body that is not UTF-8 too (in a string, or as a syntax error).
-    let text = std::str::from_utf8(body).ok()?;
-    let mut scan = Scanner { text, at: 0 };
+    let mut scan = Scanner { body, at: 0 };
     let (mut key, mut limit, mut period) = (None, None, None);
     let (mut burst, mut algorithm, mut cost) = (None, None, None);
     scan.byte(b'{')?;
@@ -45,7 +42,7 @@ pub(super) fn adhoc(body: &[u8]) -> Option<AdHocCheckRef<'_>> {
         }
     }
     scan.skip_space();
-    if scan.at != text.len() {
+    if scan.at != body.len() {
         return None;
     }
     Some(AdHocCheckRef {
@@ -59,20 +56,14 @@ pub(super) fn adhoc(body: &[u8]) -> Option<AdHocCheckRef<'_>> {
 }
 
 struct Scanner<'a> {
-    text: &'a str,
-    /// Always on a character boundary: it only moves past ASCII bytes and
-    /// whole strings.
+    body: &'a [u8],
     at: usize,
 }
 
 impl<'a> Scanner<'a> {
-    fn rest(&self) -> &'a [u8] {
-        &self.text.as_bytes()[self.at..]
-    }
-
     /// Skips JSON's whitespace.
     fn skip_space(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.rest().first() {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.body.get(self.at) {
             self.at += 1;
         }
     }
@@ -80,7 +71,7 @@ impl<'a> Scanner<'a> {
     /// Whether `byte` comes next (after whitespace); if so, takes it.
     fn eat(&mut self, byte: u8) -> bool {
         self.skip_space();
-        let next = self.rest().first() == Some(&byte);
+        let next = self.body.get(self.at) == Some(&byte);
         self.at += usize::from(next);
         next
     }
@@ -89,27 +80,25 @@ impl<'a> Scanner<'a> {
         self.eat(byte).then_some(())
     }
 
-    /// A string without escapes or control characters.
+    /// A string without escapes or control characters, in valid UTF-8.
     fn string(&mut self) -> Option<&'a str> {
         self.byte(b'"')?;
-        let rest = self.rest();
+        let rest = &self.body[self.at..];
         let length = rest
             .iter()
             .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
         if rest[length] != b'"' {
             return None;
         }
-        // Both ends are ASCII bytes, so character boundaries.
-        let string = self.text.get(self.at..self.at + length)?;
         self.at += length + 1;
-        Some(string)
+        std::str::from_utf8(&rest[..length]).ok()
     }
 
     /// An unsigned integer in plain digits (no sign, fraction, exponent or
     /// leading zero), within `u64`.
     fn integer(&mut self) -> Option<u64> {
         self.skip_space();
-        let rest = self.rest();
+        let rest = &self.body[self.at..];
         let length = rest
             .iter()
             .position(|b| !b.is_ascii_digit())
