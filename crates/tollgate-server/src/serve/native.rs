@@ -50,8 +50,6 @@ use super::metrics::{self, Api, CheckResult};
 use tollgate_http::headers::ceil_millis;
 use tollgate_policy::{AdHoc, Check, DescriptorVerdict, Enforcer, Permit, Verdict};
 
-mod scan;
-
 /// A check against the policy.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -257,8 +255,8 @@ impl AdHocCheck {
 }
 
 /// [`AdHocCheck`] with its strings borrowed from the body where they have no
-/// escapes: the fast paths' (see `parse` and [`scan`]). The same fields,
-/// defaults and refusal of unknown fields.
+/// escapes: the fast path's (see `answer`). The same fields, defaults and
+/// refusal of unknown fields.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AdHocCheckRef<'a> {
@@ -406,9 +404,6 @@ fn parse(body: &[u8]) -> Result<Checked, ApiError> {
     // the careful path below would have chosen. Anything else, including
     // every malformed body, takes the careful path, which names the field at
     // fault.
-    if let Some(check) = scan::adhoc(body) {
-        return Ok(Checked::AdHoc(check.validate()?));
-    }
     if let Ok(check) = serde_json::from_slice::<AdHocCheckRef<'_>>(body) {
         return Ok(Checked::AdHoc(check.validate()?));
     }
