@@ -22,6 +22,7 @@
 //! back early.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -177,6 +178,17 @@ impl HeaderStyle {
     /// restrictive limit ([`most_restrictive`]); `RateLimit-Policy` lists every
     /// limit once. Nothing is written when no limit applied.
     pub fn write(&self, limits: &[LimitReport<'_>], now: Nanos, headers: &mut HeaderMap) {
+        self.write_into(limits, now, headers);
+    }
+
+    /// [`HeaderStyle::write`] into any [`HeaderSink`]: the layer's
+    /// [`HeaderList`], made before the response it goes on exists.
+    pub(crate) fn write_into(
+        &self,
+        limits: &[LimitReport<'_>],
+        now: Nanos,
+        headers: &mut impl HeaderSink,
+    ) {
         let Some(reported) = most_restrictive(limits) else {
             return;
         };
@@ -184,25 +196,26 @@ impl HeaderStyle {
         // Every value is written into one buffer and split off it: one
         // allocation for all of them rather than one (or two) each.
         let mut values = Values(BytesMut::with_capacity(VALUES_CAPACITY));
-        if self.x_ratelimit {
-            headers.insert(X_RATELIMIT_LIMIT, values.number(d.limit()));
-            headers.insert(X_RATELIMIT_REMAINING, values.number(d.remaining()));
-            headers.insert(
+        // The envoy family's values replace these.
+        if self.x_ratelimit && !self.envoy {
+            headers.put(X_RATELIMIT_LIMIT, values.number(d.limit()));
+            headers.put(X_RATELIMIT_REMAINING, values.number(d.remaining()));
+            headers.put(
                 X_RATELIMIT_RESET,
                 values.number(reset_epoch_secs(now, d.reset_after())),
             );
         }
         if self.reset_after {
-            headers.insert(X_RATELIMIT_RESET_AFTER, seconds_millis(d.reset_after()));
+            headers.put(X_RATELIMIT_RESET_AFTER, seconds_millis(d.reset_after()));
         }
         if self.bucket
             && let Some(bucket) = reported.bucket.and_then(|b| HeaderValue::from_str(b).ok())
         {
-            headers.insert(X_RATELIMIT_BUCKET, bucket);
+            headers.put(X_RATELIMIT_BUCKET, bucket);
         }
         if self.ietf {
             if let Some(policy) = policy_field(limits, &mut values) {
-                headers.insert(RATELIMIT_POLICY, policy);
+                headers.put(RATELIMIT_POLICY, policy);
             }
             let limit = if self.every_limit {
                 service_limit_field(limits, &mut values)
@@ -210,7 +223,7 @@ impl HeaderStyle {
                 service_limit_field([reported], &mut values)
             };
             if let Some(limit) = limit {
-                headers.insert(RATELIMIT, limit);
+                headers.put(RATELIMIT, limit);
             }
         }
         if self.envoy {
@@ -218,11 +231,11 @@ impl HeaderStyle {
                 .into_iter()
                 .zip(envoy_values(reported))
             {
-                headers.insert(name, values.number(value));
+                headers.put(name, values.number(value));
             }
         }
         if self.retry_after && !d.allowed() {
-            headers.insert(RETRY_AFTER, values.number(retry_after_secs(d)));
+            headers.put(RETRY_AFTER, values.number(retry_after_secs(d)));
         }
     }
 }
@@ -266,6 +279,48 @@ impl std::str::FromStr for HeaderStyle {
             }
         }
         Ok(style)
+    }
+}
+
+/// Where [`HeaderStyle::write_into`] puts each header (each name once).
+pub(crate) trait HeaderSink {
+    /// Sets `name` to `value`.
+    fn put(&mut self, name: HeaderName, value: HeaderValue);
+}
+
+impl HeaderSink for HeaderMap {
+    fn put(&mut self, name: HeaderName, value: HeaderValue) {
+        self.insert(name, value);
+    }
+}
+
+/// The rate limit headers of an admitted request, made before the inner
+/// service's response exists and then set on it: a short list rather than
+/// a `HeaderMap` of their own, whose table would be allocated and hashed
+/// into for every request only to be copied into the response's.
+#[derive(Debug, Default)]
+pub(crate) struct HeaderList(Vec<(HeaderName, HeaderValue)>);
+
+/// The most headers a style writes for one request.
+const MOST_HEADERS: usize = 8;
+
+impl HeaderSink for HeaderList {
+    fn put(&mut self, name: HeaderName, value: HeaderValue) {
+        // One allocation for them all (an empty list, for a request no
+        // limit applied to, allocates nothing).
+        if self.0.capacity() == 0 {
+            self.0.reserve_exact(MOST_HEADERS);
+        }
+        self.0.push((name, value));
+    }
+}
+
+impl HeaderList {
+    /// Sets every header on `headers`, replacing any of the same name.
+    pub(crate) fn set_on(self, headers: &mut HeaderMap) {
+        for (name, value) in self.0 {
+            headers.insert(name, value);
+        }
     }
 }
 
@@ -498,8 +553,68 @@ impl<'v> List<'v> {
     }
 }
 
-/// `RateLimit-Policy`: one quota policy item per distinct name, in order.
+thread_local! {
+    /// The last `RateLimit-Policy` made on this thread, with what it was
+    /// made of. The field is the same for every request of the same rules
+    /// (their names and quotas), so a request like the previous one reuses
+    /// it rather than formatting it again; keyed by value, so a rule changed
+    /// by a reload makes it anew.
+    static LAST_POLICY: RefCell<Option<(Vec<PolicyItem>, HeaderValue)>> =
+        const { RefCell::new(None) };
+}
+
+/// What one limit puts in `RateLimit-Policy`.
+#[derive(Debug, PartialEq, Eq)]
+struct PolicyItem {
+    name: Box<str>,
+    quota: u64,
+    window: Option<Duration>,
+    concurrency: bool,
+}
+
+impl PolicyItem {
+    fn of(limit: &LimitReport<'_>) -> Self {
+        Self {
+            name: limit.name.into(),
+            quota: limit.quota,
+            window: limit.window,
+            concurrency: limit.concurrency,
+        }
+    }
+
+    fn describes(&self, limit: &LimitReport<'_>) -> bool {
+        *self.name == *limit.name
+            && self.quota == limit.quota
+            && self.window == limit.window
+            && self.concurrency == limit.concurrency
+    }
+}
+
+/// `RateLimit-Policy`: one quota policy item per distinct name, in order;
+/// the last one made on this thread when `limits` are the same
+/// ([`LAST_POLICY`]).
 fn policy_field(limits: &[LimitReport<'_>], values: &mut Values) -> Option<HeaderValue> {
+    LAST_POLICY.with_borrow_mut(|last| {
+        if let Some((items, value)) = last.as_ref()
+            && items.len() == limits.len()
+            && items
+                .iter()
+                .zip(limits)
+                .all(|(item, limit)| item.describes(limit))
+        {
+            return Some(value.clone());
+        }
+        let made = make_policy_field(limits, values)?;
+        // A copy of its own, so that the memo does not hold on to the
+        // response's buffer.
+        let value = HeaderValue::from_bytes(made.as_bytes()).unwrap_or(made);
+        *last = Some((limits.iter().map(PolicyItem::of).collect(), value.clone()));
+        Some(value)
+    })
+}
+
+/// `RateLimit-Policy`, formatted.
+fn make_policy_field(limits: &[LimitReport<'_>], values: &mut Values) -> Option<HeaderValue> {
     let mut list = List::new(values);
     for (i, limit) in limits.iter().enumerate() {
         if limits[..i].iter().any(|l| l.name == limit.name) {
@@ -723,6 +838,63 @@ mod tests {
             "x-ratelimit,github".parse::<HeaderStyle>(),
             Err(UnknownFamily("github".into()))
         );
+    }
+
+    #[test]
+    fn a_policy_like_the_last_is_reused_and_a_changed_one_made_anew() {
+        let decision = Decision::allow(10, 9, Duration::from_secs(1));
+        let policy = |name: &str, quota: &Quota, algorithm| {
+            let limits = [LimitReport::new(name, quota, algorithm, decision)];
+            let headers = written(HeaderStyle::default(), &limits, EPOCH);
+            header(&headers, &RATELIMIT_POLICY).unwrap().to_owned()
+        };
+        let ten = Quota::per_second(10).unwrap();
+        let twenty = Quota::per_second(20).unwrap();
+        let per_minute = Quota::per_minute(10).unwrap();
+        assert_eq!(policy("api", &ten, Algorithm::Gcra), r#""api";q=10;w=1"#);
+        assert_eq!(policy("api", &ten, Algorithm::Gcra), r#""api";q=10;w=1"#);
+        // Every part of an item counts: a reload that changes any of them
+        // is seen at once.
+        assert_eq!(policy("api", &twenty, Algorithm::Gcra), r#""api";q=20;w=1"#);
+        assert_eq!(policy("apj", &twenty, Algorithm::Gcra), r#""apj";q=20;w=1"#);
+        assert_eq!(
+            policy("apj", &per_minute, Algorithm::Gcra),
+            r#""apj";q=10;w=60"#
+        );
+        assert_eq!(
+            policy("apj", &per_minute, Algorithm::Concurrency),
+            r#""apj";q=10;qu="concurrent-requests""#
+        );
+        // And so does the number of limits.
+        let two = [
+            LimitReport::new("apj", &per_minute, Algorithm::Gcra, decision),
+            LimitReport::new("all", &ten, Algorithm::Gcra, decision),
+        ];
+        let headers = written(HeaderStyle::default(), &two, EPOCH);
+        assert_eq!(
+            header(&headers, &RATELIMIT_POLICY),
+            Some(r#""apj";q=10;w=60, "all";q=10;w=1"#)
+        );
+        assert_eq!(
+            policy("apj", &per_minute, Algorithm::Gcra),
+            r#""apj";q=10;w=60"#
+        );
+    }
+
+    #[test]
+    fn a_header_list_gets_what_a_map_gets() {
+        let quotas = global_and_per_ip_quotas();
+        let limits = global_admits_per_ip_denies(&quotas);
+        // The envoy family replaces x-ratelimit's values in either.
+        for style in [HeaderStyle::ALL, "x-ratelimit,envoy,draft".parse().unwrap()] {
+            let map = written(style, &limits, EPOCH);
+            let mut list = HeaderList::default();
+            style.write_into(&limits, EPOCH, &mut list);
+            let mut from_list = HeaderMap::new();
+            from_list.insert(X_RATELIMIT_LIMIT, HeaderValue::from_static("upstream's"));
+            list.set_on(&mut from_list);
+            assert_eq!(from_list, map);
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use tollgate_core::Store;
 use tollgate_policy::{Check as PolicyCheck, Descriptor, Enforcer, Permit, Request};
 
-use crate::headers::{most_restrictive, reports, retry_after_secs};
+use crate::headers::{HeaderList, most_restrictive, reports, retry_after_secs};
 use crate::problem::{self, Format};
 use crate::{DescriptorSource, HeaderStyle};
 
@@ -47,7 +47,7 @@ pub(crate) enum Verdict {
     /// Forward the request; add `headers` to the response; drop `permits`
     /// when the response is ready (or the request is abandoned).
     Pass {
-        headers: HeaderMap,
+        headers: HeaderList,
         permits: Permits,
     },
     /// Answer with this response instead.
@@ -155,8 +155,8 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
             reported = reports(prechecked);
             now = prechecked.started_at;
         }
-        let mut headers = HeaderMap::new();
-        self.style.write(&reported, now, &mut headers);
+        let mut headers = HeaderList::default();
+        self.style.write_into(&reported, now, &mut headers);
         // A shaping rule admits with a delay: hold the request that long.
         let delay = verdict.delay();
         if !delay.is_zero() {
@@ -199,7 +199,7 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
 /// A pass with no headers.
 fn pass(permits: Permits) -> Verdict {
     Verdict::Pass {
-        headers: HeaderMap::new(),
+        headers: HeaderList::default(),
         permits,
     }
 }

@@ -4,12 +4,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use http::{HeaderMap, Request, Response};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::ResponseBody;
 use super::check::{BoxFuture, Permits, Verdict};
+use crate::headers::HeaderList;
 
 pin_project! {
     /// The response of a rate limited service: the check, then (if it passes)
@@ -37,7 +38,7 @@ pin_project! {
         Calling {
             #[pin]
             future: S::Future,
-            headers: HeaderMap,
+            headers: HeaderList,
             permits: Option<Permits>,
         },
         Done,
@@ -60,7 +61,7 @@ impl<S: Service<Request<B>>, B> ResponseFuture<S, B> {
         Self {
             state: State::Calling {
                 future,
-                headers: HeaderMap::new(),
+                headers: HeaderList::default(),
                 permits: None,
             },
         }
@@ -110,7 +111,7 @@ where
                     drop(permits.take());
                     this.state.set(State::Done);
                     return Poll::Ready(result.map(|mut response| {
-                        response.headers_mut().extend(headers);
+                        headers.set_on(response.headers_mut());
                         response.map(ResponseBody::inner)
                     }));
                 }
