@@ -335,6 +335,11 @@ impl TatEntries {
     /// An empty slot no writer holds.
     #[inline]
     fn free_slot(&self) -> Option<usize> {
+        // With every slot holding a key (a shard of many keys, nearly always)
+        // there is none, and the scan below would be paid by every locked check.
+        if self.hot_len == WAYS {
+            return None;
+        }
         (0..WAYS).find(|&i| {
             (self.lanes >> (16 * i)) as u16 == 0
                 && self.held.iter().all(|h| h.slot != i)
@@ -397,9 +402,7 @@ impl Entries<Tat> for TatEntries {
         }
         // A key found in the table moves to a slot that has come free, so
         // that its next checks need no lock.
-        if self.hot_len < WAYS
-            && let Some(index) = self.free_slot()
-        {
+        if let Some(index) = self.free_slot() {
             let entry = self.table.remove(key)?;
             return Some(self.claim(index, key, entry));
         }
