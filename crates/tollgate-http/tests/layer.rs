@@ -363,10 +363,25 @@ async fn a_policy_can_be_swapped_while_serving() {
     for _ in 0..2 {
         send(&app, from("192.0.2.1:1")).await;
     }
+    let (status, headers, body) = send(&app, from("192.0.2.1:1")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(text(&headers, X_RATELIMIT_LIMIT), "2");
+    assert!(body.contains(r#"\"per-ip\""#), "{body}");
+    // A reloaded rule denies in its own words, not in the last 429's
+    // (which this thread keeps for denials that read the same).
+    handle.store(policy(
+        &PER_IP.replace("per-ip", "per-client").replace("2,", "1,"),
+    ));
+    // Its own budget, or the old one's state: spent by this one either way.
+    send(&app, from("192.0.2.1:1")).await;
+    let (status, headers, body) = send(&app, from("192.0.2.1:1")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(text(&headers, X_RATELIMIT_LIMIT), "1");
     assert_eq!(
-        send(&app, from("192.0.2.1:1")).await.0,
-        StatusCode::TOO_MANY_REQUESTS
+        text(&headers, RATELIMIT_POLICY),
+        r#""per-client";q=1;w=3600"#
     );
+    assert!(body.contains(r#"\"per-client\""#), "{body}");
     handle.store(policy("domain: other\nrules: []\n"));
     assert_eq!(send(&app, from("192.0.2.1:1")).await.0, StatusCode::OK);
 }
