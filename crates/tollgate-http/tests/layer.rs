@@ -706,6 +706,46 @@ rules:
 }
 
 #[tokio::test]
+async fn a_service_told_its_connection_peer_keys_requests_by_it() {
+    use std::convert::Infallible;
+
+    use tower::Layer;
+
+    let layer = RateLimitLayer::builder("api", policy(PER_IP), MemoryStore::default()).build();
+    let inner = tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(http::Response::new(Body::from("ok")))
+    });
+    let mut one = layer.layer(inner);
+    one.set_peer("192.0.2.1".parse().unwrap());
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let request = Request::get("/").body(Body::empty()).unwrap();
+        statuses.push(one.clone().oneshot(request).await.unwrap().status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    // Another connection's peer has its own budget.
+    let mut other = one.clone();
+    other.set_peer("192.0.2.2".parse().unwrap());
+    let request = Request::get("/").body(Body::empty()).unwrap();
+    assert_eq!(
+        other.oneshot(request).await.unwrap().status(),
+        StatusCode::OK
+    );
+    // A peer the request itself carries is the one it is keyed by.
+    assert_eq!(
+        one.oneshot(from("192.0.2.3:1")).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
 async fn over_http_a_plain_hyper_server_passes_the_peer_as_a_socket_addr() {
     use std::convert::Infallible;
 

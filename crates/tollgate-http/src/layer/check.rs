@@ -4,6 +4,7 @@
 //! module only turns its verdict into a pass with headers or an answer.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Waker};
@@ -25,8 +26,9 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// The limiter behind a layer, with its store types erased so that the
 /// layer's types name only the inner service.
 pub(crate) trait Check: Send + Sync + 'static {
-    /// The descriptors the configured sources make of `request`.
-    fn descriptors(&self, request: &Parts) -> Vec<Descriptor>;
+    /// The descriptors the configured sources make of `request`, from the
+    /// socket peer `peer` when the service was told it.
+    fn descriptors(&self, request: &Parts, peer: Option<IpAddr>) -> Vec<Descriptor>;
 
     /// Decides a request with these descriptors; a deny is answered as
     /// `answer` says.
@@ -95,11 +97,11 @@ pub(crate) struct Limiter<St, L> {
 }
 
 impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
-    fn descriptors(&self, request: &Parts) -> Vec<Descriptor> {
+    fn descriptors(&self, request: &Parts, peer: Option<IpAddr>) -> Vec<Descriptor> {
         // A descriptor with no entries (a custom source's) limits nothing.
         self.sources
             .iter()
-            .filter_map(|source| source.descriptor(request))
+            .filter_map(|source| source.descriptor_from(request, peer))
             .filter(|descriptor| !descriptor.entries.is_empty())
             .collect()
     }
