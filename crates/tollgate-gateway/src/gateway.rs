@@ -144,9 +144,10 @@ impl Gateway {
         );
         self.serve(stopped, move || {
             let proxy = Proxy::new(upstream.clone(), client_ip.clone());
-            move |peer, mut request: Request<Incoming>| {
-                request.extensions_mut().insert(peer);
-                proxy.clone().call(request)
+            move |peer: SocketAddr, request: Request<Incoming>| {
+                let mut proxy = proxy.clone();
+                proxy.set_peer(peer.ip());
+                proxy.call(request)
             }
         })
     }
@@ -193,11 +194,11 @@ fn layer<S: Store + 'static>(settings: &Settings, enforcer: &Arc<Enforcer<S>>) -
     builder.build()
 }
 
-/// One request of a connection from `peer`: the peer address (which
-/// `ClientIpKey` and the proxy read) and the route template go into the
-/// request; the answer is told to `observe`: [`Outcome::Forwarded`] when it
-/// went through to the proxy, [`Outcome::Limited`] when the layer answered
-/// it.
+/// One request of a connection from `peer`: the peer address goes to the
+/// layer (for `ClientIpKey`) and the proxy (for the forwarding headers) as
+/// a field of the service, the route template into the request; the answer
+/// is told to `observe`: [`Outcome::Forwarded`] when it went through to the
+/// proxy, [`Outcome::Limited`] when the layer answered it.
 fn handle<O>(
     service: &GatewayService,
     routes: &Routes,
@@ -209,7 +210,6 @@ where
     O: Fn(Outcome, Duration) + Clone + Send + 'static,
 {
     let started = Instant::now();
-    request.extensions_mut().insert(peer);
     if !routes.is_empty()
         && let Some(template) = routes.template(request.uri().path())
     {
@@ -217,7 +217,10 @@ where
     }
     // The proxy is always ready (its pool makes a connection when none is
     // idle), so the layer is too: there is no `poll_ready` to wait for.
-    let response = service.clone().call(request);
+    let mut service = service.clone();
+    service.set_peer(peer.ip());
+    service.get_mut().set_peer(peer.ip());
+    let response = service.call(request);
     let observe = observe.clone();
     async move {
         let response = response.await?;

@@ -231,7 +231,14 @@ impl Acceptor {
         // At most 100 header fields (`431` beyond): hyper's default, left
         // unset because setting it moves the parser's array to the heap.
         let mut http1 = http1::Builder::new();
+        // The answer's head and body copied into one buffer and written with
+        // one `write`, rather than queued as slices for `writev`: the
+        // gateway's answers are a head and a few hundred bytes at most (a
+        // 429, a small upstream answer), where the queue costs more than the
+        // copy (docs/benchmarks.md, "Gateway vs NGINX limit_req"); a large
+        // upstream body pays one more copy in memory.
         http1
+            .writev(false)
             .timer(TokioTimer::new())
             .keep_alive(true)
             .half_close(false)

@@ -20,7 +20,7 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -168,6 +168,9 @@ impl Upstream {
 #[derive(Clone)]
 pub(crate) struct Proxy {
     inner: Arc<Inner>,
+    /// The socket peer of the request this clone is called with, appended
+    /// to the forwarding headers.
+    peer: Option<IpAddr>,
 }
 
 struct Inner {
@@ -190,7 +193,15 @@ impl Proxy {
                 host,
                 client_ip,
             }),
+            peer: None,
         }
+    }
+
+    /// Sets the socket peer of the requests this clone is called with: the
+    /// worker knows it per connection, and a field costs nothing where the
+    /// request's extensions allocate a map and a box for it.
+    pub(crate) fn set_peer(&mut self, peer: IpAddr) {
+        self.peer = Some(peer);
     }
 }
 
@@ -210,13 +221,17 @@ impl Service<Request<Incoming>> for Proxy {
     }
 
     fn call(&mut self, request: Request<Incoming>) -> ProxyFuture {
-        let inner = Arc::clone(&self.inner);
-        Box::pin(async move { Ok(inner.forward(request).await) })
+        let (inner, peer) = (Arc::clone(&self.inner), self.peer);
+        Box::pin(async move { Ok(inner.forward(request, peer).await) })
     }
 }
 
 impl Inner {
-    async fn forward(&self, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn forward(
+        &self,
+        request: Request<Incoming>,
+        peer: Option<IpAddr>,
+    ) -> Response<ProxyBody> {
         if request.method() == Method::CONNECT {
             return error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -241,7 +256,7 @@ impl Inner {
         if !parts.headers.contains_key(HOST) {
             parts.headers.insert(HOST, self.host.clone());
         }
-        if let Some(peer) = parts.extensions.get::<SocketAddr>().map(SocketAddr::ip) {
+        if let Some(peer) = peer {
             let trusted = self.client_ip.is_trusted(peer);
             add_forwarded(&mut parts.headers, peer, trusted);
         }

@@ -18,14 +18,24 @@ use tollgate_gateway::{Gateway, Options, Outcome, Settings};
 use tollgate_policy::{Enforcer, Policy};
 use tollgate_store::MemoryStore;
 
-/// An upstream that answers every request `200 hello`; its base URL.
+/// The response header in which [`upstream`] tells the `X-Forwarded-For` it got.
+const SAW_FORWARDED_FOR: &str = "x-upstream-saw-forwarded-for";
+
+/// An upstream that answers every request `200 hello`, telling the
+/// `X-Forwarded-For` it got in [`SAW_FORWARDED_FOR`]; its base URL.
 async fn upstream() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("address");
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            let hello = service_fn(|_: Request<Incoming>| async {
-                Ok::<_, Infallible>(Response::new(String::from("hello")))
+            let hello = service_fn(|request: Request<Incoming>| async move {
+                let mut response = Response::new(String::from("hello"));
+                if let Some(seen) = request.headers().get("x-forwarded-for") {
+                    response
+                        .headers_mut()
+                        .insert(SAW_FORWARDED_FOR, seen.clone());
+                }
+                Ok::<_, Infallible>(response)
             });
             tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), hello));
         }
@@ -90,6 +100,7 @@ rules:
     let url = format!("http://{addr}/anything");
     let first = client.get(&url).send().await.expect("first request");
     assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(first.headers()[SAW_FORWARDED_FOR], "127.0.0.1");
     assert_eq!(first.text().await.expect("body"), "hello");
     let second = client.get(&url).send().await.expect("second request");
     assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -162,6 +173,7 @@ async fn a_bare_gateway_forwards_every_request_with_no_limit_step() {
             .filter(|name| name.as_str().contains("ratelimit"))
             .collect();
         assert!(limit_headers.is_empty(), "{limit_headers:?}");
+        assert_eq!(response.headers()[SAW_FORWARDED_FOR], "127.0.0.1");
         assert_eq!(response.text().await.expect("body"), "hello");
     }
 

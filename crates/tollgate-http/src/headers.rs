@@ -410,7 +410,6 @@ pub fn reset_epoch_secs(now: Nanos, reset_after: Duration) -> u64 {
     u64::try_from(at.div_ceil(NANOS_PER_SEC)).unwrap_or(u64::MAX)
 }
 
-/// Whole seconds, rounded up.
 /// The [`HeaderStyle::envoy`] family as envoyproxy/ratelimit spells it in
 /// `response_headers_to_add` (where the case is kept), with its values: the
 /// most restrictive limit's quota, what it has left, and the seconds until
@@ -439,7 +438,8 @@ pub fn ceil_millis(d: Duration) -> u64 {
     u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
-fn ceil_secs(d: Duration) -> u64 {
+/// Whole seconds, rounded up.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 

@@ -363,10 +363,25 @@ async fn a_policy_can_be_swapped_while_serving() {
     for _ in 0..2 {
         send(&app, from("192.0.2.1:1")).await;
     }
+    let (status, headers, body) = send(&app, from("192.0.2.1:1")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(text(&headers, X_RATELIMIT_LIMIT), "2");
+    assert!(body.contains(r#"\"per-ip\""#), "{body}");
+    // A reloaded rule denies in its own words, not in the last 429's
+    // (which this thread keeps for denials that read the same).
+    handle.store(policy(
+        &PER_IP.replace("per-ip", "per-client").replace("2,", "1,"),
+    ));
+    // Its own budget, or the old one's state: spent by this one either way.
+    send(&app, from("192.0.2.1:1")).await;
+    let (status, headers, body) = send(&app, from("192.0.2.1:1")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(text(&headers, X_RATELIMIT_LIMIT), "1");
     assert_eq!(
-        send(&app, from("192.0.2.1:1")).await.0,
-        StatusCode::TOO_MANY_REQUESTS
+        text(&headers, RATELIMIT_POLICY),
+        r#""per-client";q=1;w=3600"#
     );
+    assert!(body.contains(r#"\"per-client\""#), "{body}");
     handle.store(policy("domain: other\nrules: []\n"));
     assert_eq!(send(&app, from("192.0.2.1:1")).await.0, StatusCode::OK);
 }
@@ -688,6 +703,46 @@ rules:
     assert_eq!(status(Some("203.0.113.6")).await, StatusCode::OK);
     assert_eq!(status(None).await, StatusCode::OK, "the proxy itself");
     server.stop().await;
+}
+
+#[tokio::test]
+async fn a_service_told_its_connection_peer_keys_requests_by_it() {
+    use std::convert::Infallible;
+
+    use tower::Layer;
+
+    let layer = RateLimitLayer::builder("api", policy(PER_IP), MemoryStore::default()).build();
+    let inner = tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(http::Response::new(Body::from("ok")))
+    });
+    let mut one = layer.layer(inner);
+    one.set_peer("192.0.2.1".parse().unwrap());
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let request = Request::get("/").body(Body::empty()).unwrap();
+        statuses.push(one.clone().oneshot(request).await.unwrap().status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    // Another connection's peer has its own budget.
+    let mut other = one.clone();
+    other.set_peer("192.0.2.2".parse().unwrap());
+    let request = Request::get("/").body(Body::empty()).unwrap();
+    assert_eq!(
+        other.oneshot(request).await.unwrap().status(),
+        StatusCode::OK
+    );
+    // A peer the request itself carries is the one it is keyed by.
+    assert_eq!(
+        one.oneshot(from("192.0.2.3:1")).await.unwrap().status(),
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]

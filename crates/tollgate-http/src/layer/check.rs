@@ -4,19 +4,20 @@
 //! module only turns its verdict into a pass with headers or an answer.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Waker};
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, VARY};
+use http::Response;
 use http::request::Parts;
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use tollgate_core::Store;
 use tollgate_policy::{Check as PolicyCheck, Descriptor, Enforcer, Permit, Request};
 
-use crate::headers::{HeaderList, most_restrictive, reports, retry_after_secs};
-use crate::problem::{self, Format};
+use super::denial;
+use crate::headers::{HeaderList, reports};
+use crate::problem::Format;
 use crate::{DescriptorSource, HeaderStyle};
 
 /// A future the layer boxes: the check, a permit release.
@@ -25,8 +26,9 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// The limiter behind a layer, with its store types erased so that the
 /// layer's types name only the inner service.
 pub(crate) trait Check: Send + Sync + 'static {
-    /// The descriptors the configured sources make of `request`.
-    fn descriptors(&self, request: &Parts) -> Vec<Descriptor>;
+    /// The descriptors the configured sources make of `request`, from the
+    /// socket peer `peer` when the service was told it.
+    fn descriptors(&self, request: &Parts, peer: Option<IpAddr>) -> Vec<Descriptor>;
 
     /// Decides a request with these descriptors; a deny is answered as
     /// `answer` says.
@@ -34,7 +36,7 @@ pub(crate) trait Check: Send + Sync + 'static {
 }
 
 /// How a denied request is answered, from what the request says of its client.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Answer {
     /// A gRPC client: `RESOURCE_EXHAUSTED` in a trailers-only response.
     Grpc,
@@ -95,11 +97,11 @@ pub(crate) struct Limiter<St, L> {
 }
 
 impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
-    fn descriptors(&self, request: &Parts) -> Vec<Descriptor> {
+    fn descriptors(&self, request: &Parts, peer: Option<IpAddr>) -> Vec<Descriptor> {
         // A descriptor with no entries (a custom source's) limits nothing.
         self.sources
             .iter()
-            .filter_map(|source| source.descriptor(request))
+            .filter_map(|source| source.descriptor_from(request, peer))
             .filter(|descriptor| !descriptor.entries.is_empty())
             .collect()
     }
@@ -165,34 +167,9 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
         Verdict::Pass { headers, permits }
     }
 
-    /// 429 with the headers and a JSON body (problem details to a client
-    /// that asks for them, [`Format::negotiate`]), or, to a gRPC client,
-    /// `RESOURCE_EXHAUSTED` in a trailers-only response, whichever rule
-    /// denied: a `fail_closed` rule whose store cannot answer denies the same
-    /// way (DESIGN §3).
+    /// The answer to a denied request ([`denial::too_many`]).
     fn too_many(&self, verdict: &tollgate_policy::Verdict, answer: Answer) -> Response<Bytes> {
-        let reports = reports(verdict);
-        let mut headers = HeaderMap::new();
-        self.style.write(&reports, verdict.started_at, &mut headers);
-        let reported = most_restrictive(&reports).expect("a deny has a denying limit");
-        let retry_after = retry_after_secs(&reported.decision);
-        let message = problem::message(reported.name, retry_after);
-        let format = match answer {
-            Answer::Grpc => return grpc_status(headers, GRPC_RESOURCE_EXHAUSTED, &message),
-            Answer::Http(format) => format,
-        };
-        let body = problem::body(format, &reports, &message, retry_after);
-        let mut response = Response::new(Bytes::from(body));
-        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        *response.headers_mut() = headers;
-        let headers = response.headers_mut();
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static(format.content_type()),
-        );
-        // The body's format follows `Accept`: caches must know.
-        headers.insert(VARY, HeaderValue::from_static("accept"));
-        response
+        denial::too_many(self.style, answer, &reports(verdict), verdict.started_at)
     }
 }
 
@@ -216,24 +193,4 @@ fn release<S: Store + 'static>(
     Some(Box::pin(async move {
         enforcer.release(permit).await;
     }))
-}
-
-/// gRPC's `RESOURCE_EXHAUSTED`.
-const GRPC_RESOURCE_EXHAUSTED: u16 = 8;
-
-/// A gRPC trailers-only response: HTTP 200, the status in the headers, no body.
-fn grpc_status(headers: HeaderMap, code: u16, message: &str) -> Response<Bytes> {
-    let mut response = Response::new(Bytes::new());
-    *response.headers_mut() = headers;
-    let h = response.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    h.insert(
-        HeaderName::from_static("grpc-status"),
-        HeaderValue::from(code),
-    );
-    // Printable ASCII without `%` needs no percent-encoding.
-    if let Ok(message) = HeaderValue::from_str(message) {
-        h.insert(HeaderName::from_static("grpc-message"), message);
-    }
-    response
 }

@@ -21,6 +21,17 @@ use crate::ClientIpConfig;
 pub trait DescriptorSource: Send + Sync + 'static {
     /// The descriptor for `request`, or `None` when this source does not apply.
     fn descriptor(&self, request: &Parts) -> Option<Descriptor>;
+
+    /// The descriptor for `request`, which came over a connection from the
+    /// socket peer `peer` when the server told the service
+    /// ([`RateLimit::set_peer`](crate::RateLimit::set_peer)). Sources that
+    /// read the peer address ([`ClientIpKey`], and [`Composite`] for its
+    /// parts) take it from here when the request's extensions name none;
+    /// the others make what [`DescriptorSource::descriptor`] makes.
+    fn descriptor_from(&self, request: &Parts, peer: Option<IpAddr>) -> Option<Descriptor> {
+        let _ = peer;
+        self.descriptor(request)
+    }
 }
 
 impl<F> DescriptorSource for F
@@ -64,7 +75,9 @@ pub(crate) fn peer_addr(request: &Parts) -> Option<IpAddr> {
 /// `ConnectInfo<SocketAddr>` (serve with
 /// `into_make_service_with_connect_info::<SocketAddr>()`), or a `SocketAddr`
 /// or `IpAddr` the server inserted (tonic keeps the peer in its own
-/// `TcpConnectInfo`: copy its `remote_addr()` in a `map_request`). A request with no peer
+/// `TcpConnectInfo`: copy its `remote_addr()` in a `map_request`); else from
+/// the service, when the server that made it for a connection told it its
+/// peer ([`RateLimit::set_peer`](crate::RateLimit::set_peer)). A request with no peer
 /// address is keyed `unknown`, so all of them share one budget: a wiring
 /// mistake shows as 429s, not as a silently unlimited service.
 #[derive(Debug, Clone)]
@@ -97,7 +110,11 @@ impl ClientIpKey {
 
 impl DescriptorSource for ClientIpKey {
     fn descriptor(&self, request: &Parts) -> Option<Descriptor> {
-        let value = match peer_addr(request) {
+        self.descriptor_from(request, None)
+    }
+
+    fn descriptor_from(&self, request: &Parts, peer: Option<IpAddr>) -> Option<Descriptor> {
+        let value = match peer_addr(request).or(peer) {
             Some(peer) => self.config.client_key(peer, &request.headers),
             None => "unknown".into(),
         };
@@ -338,9 +355,13 @@ impl std::fmt::Debug for Composite {
 
 impl DescriptorSource for Composite {
     fn descriptor(&self, request: &Parts) -> Option<Descriptor> {
+        self.descriptor_from(request, None)
+    }
+
+    fn descriptor_from(&self, request: &Parts, peer: Option<IpAddr>) -> Option<Descriptor> {
         let mut entries = Vec::new();
         for (part, required) in &self.parts {
-            match part.descriptor(request) {
+            match part.descriptor_from(request, peer) {
                 Some(descriptor) => entries.extend(descriptor.entries),
                 None if *required => return None,
                 None => {}
@@ -404,6 +425,45 @@ mod tests {
         assert_eq!(
             entries(key.descriptor(&parts(nowhere))),
             Some(vec![pair("remote_address", "unknown")])
+        );
+    }
+
+    #[test]
+    fn client_ip_takes_the_peer_the_service_was_told_when_the_request_names_none() {
+        let told = Some("198.51.100.4".parse::<IpAddr>().unwrap());
+        let key = ClientIpKey::default();
+        let plain = parts(Request::get("/").body(()).unwrap());
+        assert_eq!(
+            entries(key.descriptor_from(&plain, told)),
+            Some(vec![pair("remote_address", "198.51.100.4")])
+        );
+        // Through a composite's parts too; a part that does not read the
+        // peer is unchanged.
+        let composite = Composite::new()
+            .with(ClientIpKey::default())
+            .with(FixedKey::new("v"));
+        assert_eq!(
+            entries(composite.descriptor_from(&plain, told)),
+            Some(vec![
+                pair("remote_address", "198.51.100.4"),
+                pair("generic_key", "v")
+            ])
+        );
+        assert_eq!(
+            entries(composite.descriptor(&plain)),
+            Some(vec![
+                pair("remote_address", "unknown"),
+                pair("generic_key", "v")
+            ])
+        );
+        // A peer in the request's own extensions is the more specific.
+        let mut request = Request::get("/").body(()).unwrap();
+        request
+            .extensions_mut()
+            .insert("203.0.113.7:4000".parse::<SocketAddr>().unwrap());
+        assert_eq!(
+            entries(key.descriptor_from(&parts(request), told)),
+            Some(vec![pair("remote_address", "203.0.113.7")])
         );
     }
 

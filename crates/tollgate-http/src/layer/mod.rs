@@ -3,6 +3,7 @@
 
 mod body;
 mod check;
+mod denial;
 mod descriptors;
 mod fields;
 pub mod future;

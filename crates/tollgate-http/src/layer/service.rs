@@ -1,6 +1,7 @@
 //! [`RateLimit`], the service.
 
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -35,11 +36,27 @@ use crate::problem::Format;
 pub struct RateLimit<S> {
     inner: S,
     limiter: Arc<dyn Check>,
+    peer: Option<IpAddr>,
 }
 
 impl<S> RateLimit<S> {
     pub(crate) fn new(inner: S, limiter: Arc<dyn Check>) -> Self {
-        Self { inner, limiter }
+        Self {
+            inner,
+            limiter,
+            peer: None,
+        }
+    }
+
+    /// Tells the service the socket peer of the connection it answers, for
+    /// the sources that key on it ([`ClientIpKey`](crate::ClientIpKey))
+    /// when a request's extensions name no peer: a server that makes (or
+    /// clones) a service per connection, as Tollgate's gateway does, says it
+    /// once here rather than putting the address in every request's
+    /// extensions (a map and a box of its own, allocated per request).
+    /// Clones keep it.
+    pub fn set_peer(&mut self, peer: IpAddr) {
+        self.peer = Some(peer);
     }
 
     /// The inner service.
@@ -63,6 +80,7 @@ impl<S: Clone> Clone for RateLimit<S> {
         Self {
             inner: self.inner.clone(),
             limiter: Arc::clone(&self.limiter),
+            peer: self.peer,
         }
     }
 }
@@ -101,7 +119,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let (parts, body) = request.into_parts();
-        let descriptors = self.limiter.descriptors(&parts);
+        let descriptors = self.limiter.descriptors(&parts, self.peer);
         let request = Request::from_parts(parts, body);
         if descriptors.is_empty() {
             return ResponseFuture::unlimited(inner.call(request));
