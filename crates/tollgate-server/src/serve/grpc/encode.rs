@@ -27,18 +27,51 @@ trait Fields {
     fn write(&self, buf: &mut impl BufMut);
 }
 
-/// Writes `answer` as a `RateLimitResponse`.
+/// The largest answer written through a stack buffer first.
+const STACK: usize = 512;
+
+/// Writes `answer` as a `RateLimitResponse`. An answer that fits (most do)
+/// goes through a stack buffer: prost writes varints a byte at a time, and
+/// each byte put into tonic's buffer is a `BytesMut::put_slice` call with
+/// its capacity check, where into a slice it is one store.
 pub(crate) fn response(answer: &Answer<'_>, buf: &mut impl BufMut) {
-    enumeration(1, code(answer.ok), buf);
-    for status in &answer.statuses {
-        nested(2, status, buf);
+    let len = answer.len();
+    if len <= STACK {
+        let mut stack = [0; STACK];
+        answer.write(&mut &mut stack[..len]);
+        buf.put_slice(&stack[..len]);
+    } else {
+        answer.write(buf);
     }
-    for header in &answer.headers {
-        nested(3, header, buf);
+}
+
+/// `RateLimitResponse`.
+impl Fields for Answer<'_> {
+    fn len(&self) -> usize {
+        enumeration_len(1, code(self.ok))
+            + self
+                .statuses
+                .iter()
+                .map(|s| nested_len(2, s))
+                .sum::<usize>()
+            + self.headers.iter().map(|h| nested_len(3, h)).sum::<usize>()
+            + self.dynamic_metadata.as_ref().map_or(0, |metadata| {
+                encoding::message::encoded_len(6, &proto_struct(metadata))
+            })
     }
-    if let Some(metadata) = &answer.dynamic_metadata {
-        // Only with RESPONSE_DYNAMIC_METADATA: through prost's own message.
-        encoding::message::encode(6, &proto_struct(metadata), buf);
+
+    fn write(&self, buf: &mut impl BufMut) {
+        enumeration(1, code(self.ok), buf);
+        for status in &self.statuses {
+            nested(2, status, buf);
+        }
+        for header in &self.headers {
+            nested(3, header, buf);
+        }
+        if let Some(metadata) = &self.dynamic_metadata {
+            // Only with RESPONSE_DYNAMIC_METADATA: through prost's own message.
+            encoding::message::encode(6, &proto_struct(metadata), buf);
+        }
     }
 }
 
@@ -355,11 +388,29 @@ mod tests {
                 ),
             ),
             ("no statuses", answer(true, vec![], &[])),
+            (
+                "larger than the stack buffer",
+                answer(
+                    false,
+                    (0..40)
+                        .map(|_| {
+                            ok(
+                                limit("a-rule-with-a-long-name", 5, Unit::Hour),
+                                4,
+                                Duration::from_secs(3599),
+                            )
+                        })
+                        .collect(),
+                    &x_ratelimit,
+                ),
+            ),
         ]
     }
 
     #[test]
     fn the_bytes_are_prosts() {
+        let sizes: Vec<usize> = answers().iter().map(|(_, a)| encoded(a).len()).collect();
+        assert!(sizes.iter().any(|&n| n > STACK) && sizes.iter().any(|&n| n <= STACK));
         for (case, answer) in answers() {
             let expected = message(&answer);
             let bytes = encoded(&answer);
