@@ -14,6 +14,7 @@ mod encode;
 
 use std::convert::Infallible;
 use std::future::{Future, poll_fn};
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
@@ -70,7 +71,7 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
     fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
         if request.uri().path() == PATH {
             let rls = self.rls.clone();
-            Box::pin(async move { Ok(Grpc::new(AnswerCodec).unary(rls, request).await) })
+            Box::pin(async move { Ok(Grpc::new(AnswerCodec::new()).unary(rls, request).await) })
         } else {
             let mut routes = self.routes.clone();
             Box::pin(async move {
@@ -119,8 +120,8 @@ impl<S> RateLimitGrpc<S> {
 }
 
 impl<S: Store + 'static> UnaryService<RateLimitRequest> for RateLimitGrpc<S> {
-    type Response = Checked;
-    type Future = BoxFuture<Result<Response<Checked>, Status>>;
+    type Response = Checked<S>;
+    type Future = BoxFuture<Result<Response<Checked<S>>, Status>>;
 
     fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
         let rls = Arc::clone(&self.inner);
@@ -137,7 +138,7 @@ impl<S: Store + 'static> UnaryService<RateLimitRequest> for RateLimitGrpc<S> {
                 }
             }
             let started = Instant::now();
-            let checked = should_rate_limit(&rls.enforcer, &rls.reply, request.into_inner()).await;
+            let checked = should_rate_limit(rls, request.into_inner()).await;
             metrics::check(Api::Grpc, result_of(&checked), started.elapsed());
             checked.map(Response::new)
         })
@@ -145,7 +146,7 @@ impl<S: Store + 'static> UnaryService<RateLimitRequest> for RateLimitGrpc<S> {
 }
 
 /// How `checked` is counted in `tollgate_checks_total`.
-fn result_of(checked: &Result<Checked, Status>) -> CheckResult {
+fn result_of<S>(checked: &Result<Checked<S>, Status>) -> CheckResult {
     match checked {
         Ok(c) if c.verdict.allowed() => CheckResult::Ok,
         Ok(_) => CheckResult::OverLimit,
@@ -155,29 +156,37 @@ fn result_of(checked: &Result<Checked, Status>) -> CheckResult {
 
 /// A checked request with its verdict and how to answer it: what the
 /// encoder writes the [`Answer`] from, which borrows from them.
-pub(crate) struct Checked {
+pub(crate) struct Checked<S> {
     domain: String,
     descriptors: Vec<Descriptor>,
     hits_addend: u64,
     verdict: Verdict,
-    reply: Arc<Reply>,
+    /// The service, for its [`Reply`]: the call's own reference moved here
+    /// rather than another count taken on an `Arc` every worker shares.
+    rls: Arc<Rls<S>>,
     families: Families,
 }
 
-impl Checked {
+impl<S> Checked<S> {
     fn answer(&self) -> Answer<'_> {
         let request = Request {
             domain: &self.domain,
             descriptors: &self.descriptors,
             hits_addend: self.hits_addend,
         };
-        envoy::answer(&request, &self.verdict, &self.reply, self.families)
+        envoy::answer(&request, &self.verdict, &self.rls.reply, self.families)
     }
 }
 
 /// The codec of `ShouldRateLimit`: prost's decoder for the request, the
 /// answer written by [`encode::response`].
-struct AnswerCodec;
+struct AnswerCodec<S>(PhantomData<fn() -> S>);
+
+impl<S> AnswerCodec<S> {
+    fn new() -> Self {
+        Self(PhantomData)
+    }
+}
 
 /// The codec's buffers: tonic's default is 8 KiB for each of a call's two
 /// messages, where a request and an answer take a few hundred bytes (and
@@ -186,14 +195,14 @@ fn buffer() -> BufferSettings {
     BufferSettings::new(512, 32 * 1024)
 }
 
-impl Codec for AnswerCodec {
-    type Encode = Checked;
+impl<S: Store + 'static> Codec for AnswerCodec<S> {
+    type Encode = Checked<S>;
     type Decode = RateLimitRequest;
-    type Encoder = AnswerEncoder;
+    type Encoder = AnswerEncoder<S>;
     type Decoder = ProstDecoder<RateLimitRequest>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        AnswerEncoder
+        AnswerEncoder(PhantomData)
     }
 
     fn decoder(&mut self) -> Self::Decoder {
@@ -201,13 +210,13 @@ impl Codec for AnswerCodec {
     }
 }
 
-struct AnswerEncoder;
+struct AnswerEncoder<S>(PhantomData<fn() -> S>);
 
-impl Encoder for AnswerEncoder {
-    type Item = Checked;
+impl<S: Store + 'static> Encoder for AnswerEncoder<S> {
+    type Item = Checked<S>;
     type Error = Status;
 
-    fn encode(&mut self, checked: Checked, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+    fn encode(&mut self, checked: Checked<S>, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
         encode::response(&checked.answer(), buf);
         Ok(())
     }
@@ -220,10 +229,9 @@ impl Encoder for AnswerEncoder {
 /// Checks one `ShouldRateLimit` request; a malformed one fails with the
 /// reason (see [`status`]).
 async fn should_rate_limit<S: Store>(
-    enforcer: &Enforcer<S>,
-    reply: &Arc<Reply>,
+    rls: Arc<Rls<S>>,
     request: RateLimitRequest,
-) -> Result<Checked, Status> {
+) -> Result<Checked<S>, Status> {
     let RateLimitRequest {
         domain,
         descriptors: given,
@@ -233,7 +241,8 @@ async fn should_rate_limit<S: Store>(
     let hits_addend = u64::from(hits_addend);
     // Envoy's protocol has no release call: a concurrency permit lapses
     // after its rule's period.
-    let verdict = enforcer
+    let verdict = rls
+        .enforcer
         .enforce(Check::Policy(Request {
             domain: &domain,
             descriptors: &descriptors,
@@ -241,13 +250,13 @@ async fn should_rate_limit<S: Store>(
         }))
         .await
         .map_err(|e| status(e.into()))?;
-    let families = reply.families(enforcer, &domain);
+    let families = rls.reply.families(&rls.enforcer, &domain);
     Ok(Checked {
         domain,
         descriptors,
         hits_addend,
         verdict,
-        reply: Arc::clone(reply),
+        rls,
         families,
     })
 }
