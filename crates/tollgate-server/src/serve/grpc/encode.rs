@@ -17,7 +17,7 @@ use prost::bytes::BufMut;
 use prost::encoding::{self, WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 use tollgate_policy::{Metadata, MetadataValue};
 
-use super::super::envoy::{self, Answer, CurrentLimit, Status};
+use super::super::envoy::{self, Answer, CurrentLimit, HeaderText, Status};
 
 /// A message written from borrowed parts: its length, then its fields.
 trait Fields {
@@ -114,14 +114,19 @@ impl Fields for CurrentLimit<'_> {
 }
 
 /// `HeaderValue`: its key and value (no `raw_value`).
-impl Fields for (&str, String) {
+impl Fields for (&str, HeaderText) {
     fn len(&self) -> usize {
-        string_len(1, self.0) + string_len(2, &self.1)
+        // A number's digits counted rather than written twice.
+        let value = match &self.1 {
+            HeaderText::Number(n) => n.checked_ilog10().map_or(1, |d| d as usize + 1),
+            text @ HeaderText::Field(_) => text.as_str(&mut itoa::Buffer::new()).len(),
+        };
+        string_len(1, self.0) + delimited_len(2, value)
     }
 
     fn write(&self, buf: &mut impl BufMut) {
         string(1, self.0, buf);
-        string(2, &self.1, buf);
+        string(2, self.1.as_str(&mut itoa::Buffer::new()), buf);
     }
 }
 
@@ -137,10 +142,15 @@ fn nested(tag: u32, message: &impl Fields, buf: &mut impl BufMut) {
 }
 
 fn string_len(tag: u32, s: &str) -> usize {
-    if s.is_empty() {
+    delimited_len(tag, s.len())
+}
+
+/// A string or bytes field of `len` bytes, left out when empty.
+fn delimited_len(tag: u32, len: usize) -> usize {
+    if len == 0 {
         0
     } else {
-        key_len(tag) + encoded_len_varint(s.len() as u64) + s.len()
+        key_len(tag) + encoded_len_varint(len as u64) + len
     }
 }
 
@@ -258,7 +268,7 @@ mod tests {
                 .iter()
                 .map(|(key, value)| HeaderValue {
                     key: (*key).to_owned(),
-                    value: value.clone(),
+                    value: value.as_str(&mut itoa::Buffer::new()).to_owned(),
                     ..HeaderValue::default()
                 })
                 .collect(),
@@ -300,11 +310,18 @@ mod tests {
         }
     }
 
+    /// Header values that are numbers are given as such, as the
+    /// `ratelimit` and `x-ratelimit` families give them; others as text,
+    /// as the draft's fields.
     fn answer<'a>(ok: bool, statuses: Vec<Status<'a>>, headers: &[(&'a str, &str)]) -> Answer<'a> {
+        let text = |v: &str| match v.parse() {
+            Ok(n) => HeaderText::Number(n),
+            Err(_) => HeaderText::Field(v.parse().expect("a header value")),
+        };
         Answer {
             ok,
             statuses,
-            headers: headers.iter().map(|(k, v)| (*k, (*v).to_owned())).collect(),
+            headers: headers.iter().map(|(k, v)| (*k, text(v))).collect(),
             dynamic_metadata: None,
         }
     }
@@ -372,6 +389,9 @@ mod tests {
                         ("RateLimit-Policy", "\"per-key\";q=1000;w=1"),
                         ("RateLimit", "\"per-key\";r=17;t=1"),
                         ("x-ünïcode", ""),
+                        ("X-RateLimit-Reset", "18446744073709551615"),
+                        ("X-RateLimit-Remaining", "9"),
+                        ("X-RateLimit-Remaining", "10"),
                     ],
                 ),
             ),
