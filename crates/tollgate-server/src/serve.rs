@@ -50,7 +50,7 @@ pub use envoy_env::{ENVOY_VARIABLES, invoked_as_ratelimit, ratelimit_command};
 pub use reload::POLL as RELOAD_POLL;
 
 use backend::Backend;
-use grpc::{RateLimitGrpc, RateLimitServiceServer};
+use grpc::{GrpcService, RateLimitGrpc};
 use http::AppState;
 use hyper_util::service::TowerToHyperService;
 use tollgate_gateway::Gateway;
@@ -62,9 +62,6 @@ pub const GRACE: Duration = Duration::from_secs(10);
 
 /// How often histograms are folded for `/metrics`.
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
-
-/// The gRPC rate limit service over [`Backend`].
-type RlsServer = RateLimitServiceServer<RateLimitGrpc<Backend>>;
 
 /// Options of `tollgate serve`; each can also come from its `TOLLGATE_*`
 /// environment variable.
@@ -552,19 +549,20 @@ async fn launch(
         // that the health rules would not allow.
         health.config(xds.healthy_at_start()).await;
     }
-    let routes = tonic::service::Routes::new(health_service)
-        .add_service(RlsServer::new(RateLimitGrpc::new(
+    let grpc_service = GrpcService::new(
+        RateLimitGrpc::new(
             Arc::clone(&enforcer),
             args.api_token.clone(),
             Arc::clone(&reply),
-        )))
-        .prepare();
+        ),
+        tonic::service::Routes::new(health_service).prepare(),
+    );
     let mut grpc_acceptor = Acceptor::new("grpc", limits, Protocol::Http2);
     if let Some(config) = grpc_tls {
         grpc_acceptor = grpc_acceptor.with_tls(config);
     }
     let grpc_task = serve_on(grpc_acceptor, listeners.grpc, stopped.clone(), move |_| {
-        TowerToHyperService::new(routes.clone())
+        grpc_service.clone()
     });
 
     let store_metrics: Option<Box<dyn Fn() + Send + Sync>> = {

@@ -8,6 +8,7 @@ use std::fmt;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
+use hyper::header::HeaderValue;
 use tollgate_core::{Nanos, Store};
 use tollgate_http::headers::{draft_every_limit, envoy_headers, reports};
 use tollgate_policy::{
@@ -22,9 +23,29 @@ pub(crate) struct Answer<'a> {
     /// One per descriptor, in request order.
     pub(crate) statuses: Vec<Status<'a>>,
     /// `response_headers_to_add`, names as given (Envoy keeps their case).
-    pub(crate) headers: Vec<(&'a str, String)>,
+    pub(crate) headers: Vec<(&'a str, HeaderText)>,
     /// `dynamic_metadata`, with `RESPONSE_DYNAMIC_METADATA`.
     pub(crate) dynamic_metadata: Option<Metadata>,
+}
+
+/// A header value of an [`Answer`], kept as it comes so that neither door
+/// allocates a string for it: each writes it out as its format needs.
+pub(crate) enum HeaderText {
+    /// The `ratelimit` and `x-ratelimit` families' values.
+    Number(u64),
+    /// A draft field, as its serializer wrote it.
+    Field(HeaderValue),
+}
+
+impl HeaderText {
+    /// The value as text; a number is written into `buf`.
+    pub(crate) fn as_str<'b>(&'b self, buf: &'b mut itoa::Buffer) -> &'b str {
+        match self {
+            HeaderText::Number(n) => buf.format(*n),
+            // Printable ASCII, as the draft's serializer writes it.
+            HeaderText::Field(value) => value.to_str().unwrap_or_default(),
+        }
+    }
 }
 
 /// One descriptor's `DescriptorStatus`.
@@ -188,8 +209,7 @@ pub(crate) fn answer<'a>(
             && let Some(fields) = draft_every_limit(&limits)
         {
             for (name, value) in fields {
-                // Printable ASCII, as the draft's serializer writes it.
-                headers.push((name, value.to_str().unwrap_or_default().to_owned()));
+                headers.push((name, HeaderText::Field(value)));
             }
         }
     }
@@ -207,10 +227,9 @@ pub(crate) fn answer<'a>(
 /// Adds headers whose values are numbers: the `ratelimit` and
 /// `x-ratelimit` families, which differ in names and in the limit they
 /// describe, not in how they are written.
-fn add_numbers<'a>(headers: &mut Vec<(&'a str, String)>, pairs: [(&'a str, u64); 3]) {
+fn add_numbers<'a>(headers: &mut Vec<(&'a str, HeaderText)>, pairs: [(&'a str, u64); 3]) {
     for (name, value) in pairs {
-        // itoa rather than `to_string`: this runs on every Envoy check.
-        headers.push((name, itoa::Buffer::new().format(value).to_owned()));
+        headers.push((name, HeaderText::Number(value)));
     }
 }
 

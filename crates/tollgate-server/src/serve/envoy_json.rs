@@ -185,7 +185,7 @@ impl From<Answer<'_>> for JsonResponse {
                 .into_iter()
                 .map(|(key, value)| JsonHeader {
                     key: key.to_owned(),
-                    value,
+                    value: value.as_str(&mut itoa::Buffer::new()).to_owned(),
                 })
                 .collect(),
             dynamic_metadata: answer.dynamic_metadata.map(json_struct),

@@ -1,34 +1,102 @@
 //! gRPC: Envoy's `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`,
-//! with the protos of the `envoy-types` crate. The request is read straight
-//! into the enforcer's [`Request`] and the answer encoded from
-//! [`envoy::Answer`], the model `POST /json` encodes too.
+//! with the protos of the `envoy-types` crate. The request is decoded by
+//! prost and read straight into the enforcer's [`Request`]; the answer is
+//! encoded from [`envoy::Answer`], the model `POST /json` encodes too,
+//! straight into tonic's frame buffer by a codec of this one method
+//! ([`encode`]).
+//!
+//! The listener's service ([`GrpcService`]) hands `ShouldRateLimit` to tonic's
+//! unary machinery directly; every other path (the health service, unknown
+//! methods) goes through tonic's router, which would otherwise add its route
+//! lookup and two boxed bodies to every check.
 
+mod encode;
+
+use std::convert::Infallible;
+use std::future::{Future, poll_fn};
+use std::marker::PhantomData;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    Code, DescriptorStatus, RateLimit,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::value::Kind;
-use envoy_types::pb::google::protobuf::{
-    Duration as ProtoDuration, ListValue, NullValue, Struct, Value,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use hyper::body::Incoming;
 use tollgate_core::Store;
-use tollgate_policy::{Check, Enforcer, Entry, Metadata, MetadataValue, Request};
+use tollgate_policy::{Check, Descriptor, Enforcer, Entry, Request, Verdict};
+use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
+use tonic::server::{Grpc, UnaryService};
+use tonic::service::Routes;
 use tonic::{Response, Status};
+use tonic_prost::ProstDecoder;
+use tower_service::Service;
 
 use super::auth::{self, Token};
-use super::envoy::{self, Answer, Refusal, Reply, RequestDescriptor};
+use super::envoy::{self, Answer, Families, Refusal, Reply, RequestDescriptor};
 use super::metrics::{self, Api, CheckResult};
 
-pub(crate) use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+/// The path of `ShouldRateLimit`.
+const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-/// The gRPC service over the shared [`Enforcer`].
+/// The gRPC listener's service: `ShouldRateLimit` over the shared
+/// [`Enforcer`], everything else through `routes`.
+pub(crate) struct GrpcService<S> {
+    rls: RateLimitGrpc<S>,
+    routes: Routes,
+}
+
+impl<S> Clone for GrpcService<S> {
+    fn clone(&self) -> Self {
+        Self {
+            rls: self.rls.clone(),
+            routes: self.routes.clone(),
+        }
+    }
+}
+
+impl<S> GrpcService<S> {
+    /// Serves `ShouldRateLimit` with `rls`, any other path with `routes`.
+    pub(crate) fn new(rls: RateLimitGrpc<S>, routes: Routes) -> Self {
+        Self { rls, routes }
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for GrpcService<S> {
+    type Response = hyper::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+
+    fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
+        if request.uri().path() == PATH {
+            let rls = self.rls.clone();
+            Box::pin(async move { Ok(Grpc::new(AnswerCodec::new()).unary(rls, request).await) })
+        } else {
+            let mut routes = self.routes.clone();
+            Box::pin(async move {
+                poll_fn(|cx| Service::<hyper::Request<Incoming>>::poll_ready(&mut routes, cx))
+                    .await?;
+                routes.call(request).await
+            })
+        }
+    }
+}
+
+/// `ShouldRateLimit` over the shared [`Enforcer`].
 pub(crate) struct RateLimitGrpc<S> {
+    inner: Arc<Rls<S>>,
+}
+
+impl<S> Clone for RateLimitGrpc<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+struct Rls<S> {
     enforcer: Arc<Enforcer<S>>,
     /// The bearer tokens any of which a call must carry in its
     /// `authorization` metadata; none: open.
@@ -42,71 +110,155 @@ impl<S> RateLimitGrpc<S> {
     /// there are none), answering as `reply` says.
     pub(crate) fn new(enforcer: Arc<Enforcer<S>>, tokens: Vec<Token>, reply: Arc<Reply>) -> Self {
         Self {
-            enforcer,
-            tokens,
-            reply,
+            inner: Arc::new(Rls {
+                enforcer,
+                tokens,
+                reply,
+            }),
         }
     }
 }
 
-#[tonic::async_trait]
-impl<S: Store + 'static> RateLimitService for RateLimitGrpc<S> {
-    async fn should_rate_limit(
-        &self,
-        request: tonic::Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        if !self.tokens.is_empty() {
-            let given = request
-                .metadata()
-                .get("authorization")
-                .and_then(|v| v.to_str().ok());
-            if !auth::admits(&self.tokens, given) {
-                return Err(Status::unauthenticated(
-                    "missing or wrong `authorization: Bearer <API token>` metadata",
-                ));
+impl<S: Store + 'static> UnaryService<RateLimitRequest> for RateLimitGrpc<S> {
+    type Response = Checked<S>;
+    type Future = BoxFuture<Result<Response<Checked<S>>, Status>>;
+
+    fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
+        let rls = Arc::clone(&self.inner);
+        Box::pin(async move {
+            if !rls.tokens.is_empty() {
+                let given = request
+                    .metadata()
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok());
+                if !auth::admits(&rls.tokens, given) {
+                    return Err(Status::unauthenticated(
+                        "missing or wrong `authorization: Bearer <API token>` metadata",
+                    ));
+                }
             }
-        }
-        let started = Instant::now();
-        let answer = should_rate_limit(&self.enforcer, &self.reply, request.into_inner()).await;
-        metrics::check(Api::Grpc, result_of(&answer), started.elapsed());
-        answer.map(Response::new)
+            let started = Instant::now();
+            let checked = should_rate_limit(rls, request.into_inner()).await;
+            metrics::check(Api::Grpc, result_of(&checked), started.elapsed());
+            checked.map(Response::new)
+        })
     }
 }
 
-/// How `answer` is counted in `tollgate_checks_total`.
-fn result_of(answer: &Result<RateLimitResponse, Status>) -> CheckResult {
-    match answer {
-        Ok(r) if r.overall_code == Code::OverLimit as i32 => CheckResult::OverLimit,
-        Ok(_) => CheckResult::Ok,
+/// How `checked` is counted in `tollgate_checks_total`.
+fn result_of<S>(checked: &Result<Checked<S>, Status>) -> CheckResult {
+    match checked {
+        Ok(c) if c.verdict.allowed() => CheckResult::Ok,
+        Ok(_) => CheckResult::OverLimit,
         Err(_) => CheckResult::Invalid,
     }
 }
 
-/// Answers one `ShouldRateLimit` request; a malformed one fails with the
+/// A checked request with its verdict and how to answer it: what the
+/// encoder writes the [`Answer`] from, which borrows from them.
+pub(crate) struct Checked<S> {
+    domain: String,
+    descriptors: Vec<Descriptor>,
+    hits_addend: u64,
+    verdict: Verdict,
+    /// The service, for its [`Reply`]: the call's own reference moved here
+    /// rather than another count taken on an `Arc` every worker shares.
+    rls: Arc<Rls<S>>,
+    families: Families,
+}
+
+impl<S> Checked<S> {
+    fn answer(&self) -> Answer<'_> {
+        let request = Request {
+            domain: &self.domain,
+            descriptors: &self.descriptors,
+            hits_addend: self.hits_addend,
+        };
+        envoy::answer(&request, &self.verdict, &self.rls.reply, self.families)
+    }
+}
+
+/// The codec of `ShouldRateLimit`: prost's decoder for the request, the
+/// answer written by [`encode::response`].
+struct AnswerCodec<S>(PhantomData<fn() -> S>);
+
+impl<S> AnswerCodec<S> {
+    fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+/// The codec's buffers: tonic's default is 8 KiB for each of a call's two
+/// messages, where a request and an answer take a few hundred bytes (and
+/// grow the buffer when larger). The yield threshold is tonic's default.
+fn buffer() -> BufferSettings {
+    BufferSettings::new(512, 32 * 1024)
+}
+
+impl<S: Store + 'static> Codec for AnswerCodec<S> {
+    type Encode = Checked<S>;
+    type Decode = RateLimitRequest;
+    type Encoder = AnswerEncoder<S>;
+    type Decoder = ProstDecoder<RateLimitRequest>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        AnswerEncoder(PhantomData)
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        ProstDecoder::new(buffer())
+    }
+}
+
+struct AnswerEncoder<S>(PhantomData<fn() -> S>);
+
+impl<S: Store + 'static> Encoder for AnswerEncoder<S> {
+    type Item = Checked<S>;
+    type Error = Status;
+
+    fn encode(&mut self, checked: Checked<S>, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        encode::response(&checked.answer(), buf);
+        Ok(())
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        buffer()
+    }
+}
+
+/// Checks one `ShouldRateLimit` request; a malformed one fails with the
 /// reason (see [`status`]).
 async fn should_rate_limit<S: Store>(
-    enforcer: &Enforcer<S>,
-    reply: &Reply,
-    mut request: RateLimitRequest,
-) -> Result<RateLimitResponse, Status> {
-    let descriptors = envoy::descriptors(
-        &request.domain,
-        descriptors(std::mem::take(&mut request.descriptors)),
-    )
-    .map_err(status)?;
+    rls: Arc<Rls<S>>,
+    request: RateLimitRequest,
+) -> Result<Checked<S>, Status> {
+    let RateLimitRequest {
+        domain,
+        descriptors: given,
+        hits_addend,
+    } = request;
+    let descriptors = envoy::descriptors(&domain, descriptors(given)).map_err(status)?;
+    let hits_addend = u64::from(hits_addend);
     // Envoy's protocol has no release call: a concurrency permit lapses
     // after its rule's period.
-    let checked = Request {
-        domain: &request.domain,
-        descriptors: &descriptors,
-        hits_addend: u64::from(request.hits_addend),
-    };
-    let verdict = enforcer
-        .enforce(Check::Policy(checked))
+    let verdict = rls
+        .enforcer
+        .enforce(Check::Policy(Request {
+            domain: &domain,
+            descriptors: &descriptors,
+            hits_addend,
+        }))
         .await
         .map_err(|e| status(e.into()))?;
-    let families = reply.families(enforcer, &request.domain);
-    Ok(response(envoy::answer(&checked, &verdict, reply, families)))
+    let families = rls.reply.families(&rls.enforcer, &domain);
+    Ok(Checked {
+        domain,
+        descriptors,
+        hits_addend,
+        verdict,
+        rls,
+        families,
+    })
 }
 
 /// The failure a refusal is: envoyproxy/ratelimit's own refusals with its
@@ -130,71 +282,4 @@ fn descriptors(descriptors: Vec<RateLimitDescriptor>) -> impl Iterator<Item = Re
         hits_addend: d.hits_addend.map(|h| h.value),
         is_negative_hits: d.is_negative_hits,
     })
-}
-
-fn code(ok: bool) -> i32 {
-    if ok { Code::Ok } else { Code::OverLimit }.into()
-}
-
-fn response(answer: Answer<'_>) -> RateLimitResponse {
-    RateLimitResponse {
-        overall_code: code(answer.ok),
-        statuses: answer
-            .statuses
-            .into_iter()
-            .map(|s| DescriptorStatus {
-                code: code(s.ok),
-                current_limit: s.current_limit.map(|l| RateLimit {
-                    name: l.name.to_owned(),
-                    requests_per_unit: l.requests_per_unit,
-                    unit: envoy::proto_unit(l.unit).into(),
-                }),
-                limit_remaining: s.limit_remaining,
-                duration_until_reset: s.duration_until_reset.map(proto_duration),
-                quota: None,
-            })
-            .collect(),
-        response_headers_to_add: answer
-            .headers
-            .into_iter()
-            .map(|(key, value)| HeaderValue {
-                key: key.to_owned(),
-                value,
-                ..HeaderValue::default()
-            })
-            .collect(),
-        dynamic_metadata: answer.dynamic_metadata.map(proto_struct),
-        ..RateLimitResponse::default()
-    }
-}
-
-fn proto_struct(fields: Metadata) -> Struct {
-    Struct {
-        fields: fields
-            .into_iter()
-            .map(|(key, value)| (key, proto_value(value)))
-            .collect(),
-    }
-}
-
-fn proto_value(value: MetadataValue) -> Value {
-    let kind = match value {
-        MetadataValue::Null => Kind::NullValue(NullValue::NullValue.into()),
-        MetadataValue::Bool(b) => Kind::BoolValue(b),
-        MetadataValue::Number(n) => Kind::NumberValue(n),
-        MetadataValue::String(s) => Kind::StringValue(s),
-        MetadataValue::List(values) => Kind::ListValue(ListValue {
-            values: values.into_iter().map(proto_value).collect(),
-        }),
-        MetadataValue::Struct(fields) => Kind::StructValue(proto_struct(fields)),
-    };
-    Value { kind: Some(kind) }
-}
-
-fn proto_duration(d: Duration) -> ProtoDuration {
-    ProtoDuration {
-        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        // Below 10⁹, so it always fits.
-        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
-    }
 }
