@@ -16,7 +16,11 @@
 //! `wrk`); gRPC workers share `--connections` HTTP/2 connections. With
 //! `--keys N`, each request names one of N keys drawn uniformly at random; the
 //! request bodies are made before the run, so the generator formats nothing
-//! while it measures.
+//! while it measures (gRPC requests are encoded up front too). Of each answer
+//! the generator reads only the verdict, as little of either server's answer
+//! as it can: the JSON answer's leading `"allowed"`, the gRPC answer's field 1
+//! (see [`Verdict`]). It shares the CPUs with the server it measures, so what
+//! it spends per answer is charged to that server.
 //!
 //! The quota is the same for both servers: `--limit` requests per
 //! `--period-secs` seconds with bursts of `--burst`, GCRA. Tollgate's HTTP
@@ -36,17 +40,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use bytes::BufMut;
 use bytes::Bytes;
 use clap::{Parser, Subcommand, ValueEnum};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
+use hyper::http::uri::PathAndQuery;
 use hyper_util::rt::TokioIo;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
@@ -540,19 +545,54 @@ struct ThrottleRequest {
     quantity: i32,
 }
 
-/// Its answer.
+/// What the generator reads of either server's answer: field 1, Envoy's
+/// `overall_code` (1 is `OK`) and throttlecrab's `allowed` (1 is true),
+/// each a varint; prost skips the other fields. Decoding the whole answer
+/// into owned messages cost the generator, which shares the CPUs with the
+/// server it measures, more for Envoy's larger answer (a status per
+/// descriptor, its limit's name) than for throttlecrab's five integers, and
+/// that was charged to the server; h2load reads neither.
 #[derive(Clone, PartialEq, prost::Message)]
-struct ThrottleResponse {
-    #[prost(bool, tag = "1")]
-    allowed: bool,
-    #[prost(int32, tag = "2")]
-    limit: i32,
-    #[prost(int32, tag = "3")]
-    remaining: i32,
-    #[prost(int32, tag = "4")]
-    retry_after: i32,
-    #[prost(int32, tag = "5")]
-    reset_after: i32,
+struct Verdict {
+    #[prost(int32, tag = "1")]
+    code: i32,
+}
+
+/// A unary call's codec for the generator: each request sent as the bytes
+/// it was encoded to up front (a reference count, not a message cloned and
+/// encoded per call), each answer read as its [`Verdict`].
+struct Slim;
+
+impl tonic::codec::Codec for Slim {
+    type Encode = Bytes;
+    type Decode = Verdict;
+    type Encoder = Encoded;
+    type Decoder = tonic_prost::ProstDecoder<Verdict>;
+
+    fn encoder(&mut self) -> Encoded {
+        Encoded
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::new(tonic::codec::BufferSettings::default())
+    }
+}
+
+/// Writes a request's bytes, encoded up front.
+struct Encoded;
+
+impl tonic::codec::Encoder for Encoded {
+    type Item = Bytes;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Bytes,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), Self::Error> {
+        dst.put_slice(&item);
+        Ok(())
+    }
 }
 
 /// The domain of Tollgate's gRPC requests (see `scripts/bench-http`'s config).
@@ -560,16 +600,12 @@ const DOMAIN: &str = "bench";
 /// The descriptor key whose values are the bench keys.
 const DESCRIPTOR_KEY: &str = "key";
 
-enum GrpcRequests {
-    Tollgate(Vec<RateLimitRequest>),
-    Throttlecrab(Vec<ThrottleRequest>),
-}
-
-fn grpc_requests(server: Server, keys: u64, quota: Quota) -> anyhow::Result<GrpcRequests> {
+/// One request per key, encoded.
+fn grpc_requests(server: Server, keys: u64, quota: Quota) -> anyhow::Result<Vec<Bytes>> {
     let keys = 0..keys.max(1);
     Ok(match server {
-        Server::Tollgate => GrpcRequests::Tollgate(
-            keys.map(|i| RateLimitRequest {
+        Server::Tollgate => keys
+            .map(|i| RateLimitRequest {
                 domain: DOMAIN.to_owned(),
                 descriptors: vec![RateLimitDescriptor {
                     entries: vec![Entry {
@@ -580,8 +616,8 @@ fn grpc_requests(server: Server, keys: u64, quota: Quota) -> anyhow::Result<Grpc
                 }],
                 hits_addend: 1,
             })
+            .map(|m| m.encode_to_vec().into())
             .collect(),
-        ),
         Server::Throttlecrab => {
             let int =
                 |n: u64| i32::try_from(n).context("the quota does not fit throttlecrab's int32");
@@ -590,25 +626,21 @@ fn grpc_requests(server: Server, keys: u64, quota: Quota) -> anyhow::Result<Grpc
                 int(quota.limit)?,
                 int(quota.period_secs)?,
             );
-            GrpcRequests::Throttlecrab(
-                keys.map(|i| ThrottleRequest {
-                    key: key_name(i),
-                    max_burst,
-                    count_per_period,
-                    period,
-                    quantity: 1,
-                })
-                .collect(),
-            )
+            keys.map(|i| ThrottleRequest {
+                key: key_name(i),
+                max_burst,
+                count_per_period,
+                period,
+                quantity: 1,
+            })
+            .map(|m| m.encode_to_vec().into())
+            .collect()
         }
     })
 }
 
 fn grpc_body(server: Server, quota: Quota) -> anyhow::Result<()> {
-    let message = match grpc_requests(server, 1, quota)? {
-        GrpcRequests::Tollgate(all) => all[0].encode_to_vec(),
-        GrpcRequests::Throttlecrab(all) => all[0].encode_to_vec(),
-    };
+    let message = grpc_requests(server, 1, quota)?.swap_remove(0);
     let length = u32::try_from(message.len()).context("a request of 4 GiB")?;
     let mut framed = vec![0];
     framed.extend_from_slice(&length.to_be_bytes());
@@ -618,7 +650,18 @@ fn grpc_body(server: Server, quota: Quota) -> anyhow::Result<()> {
 }
 
 async fn grpc_load(load: &Load) -> anyhow::Result<(Tally, f64)> {
-    let requests = Arc::new(grpc_requests(load.server, load.keys, load.quota)?);
+    let requests: Arc<[Bytes]> = grpc_requests(load.server, load.keys, load.quota)?.into();
+    let (path, allowed): (_, fn(i32) -> bool) = match load.server {
+        Server::Tollgate => (
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            |code| code == Code::Ok as i32,
+        ),
+        Server::Throttlecrab => ("/throttlecrab.RateLimiter/Throttle", |code| code != 0),
+    };
+    let call = Call {
+        path: PathAndQuery::from_static(path),
+        allowed,
+    };
     let mut channels = Vec::with_capacity(load.connections);
     for _ in 0..load.connections {
         let channel = Endpoint::from_shared(format!("http://{}", load.addr))?
@@ -634,48 +677,43 @@ async fn grpc_load(load: &Load) -> anyhow::Result<(Tally, f64)> {
             let channel = channels[i % channels.len()].clone();
             let requests = Arc::clone(&requests);
             let keys = Keys::new(i as u64 + 1, load.keys);
-            tokio::spawn(grpc_worker(channel, requests, keys, window))
+            tokio::spawn(grpc_worker(channel, requests, call.clone(), keys, window))
         })
         .collect();
     gather(workers, window).await
 }
 
+/// The method a load calls, and how its answer's [`Verdict`] reads.
+#[derive(Clone)]
+struct Call {
+    path: PathAndQuery,
+    allowed: fn(i32) -> bool,
+}
+
 async fn grpc_worker(
     channel: Channel,
-    requests: Arc<GrpcRequests>,
+    requests: Arc<[Bytes]>,
+    call: Call,
     mut keys: Keys,
     window: Window,
 ) -> anyhow::Result<Tally> {
     let mut tally = Tally::new();
-    let mut tollgate = RateLimitServiceClient::new(channel.clone());
-    let mut throttlecrab = tonic::client::Grpc::new(channel);
-    let path = hyper::http::uri::PathAndQuery::from_static("/throttlecrab.RateLimiter/Throttle");
+    let mut client = tonic::client::Grpc::new(channel);
     loop {
         if Instant::now() >= window.end {
             return Ok(tally);
         }
-        let index = keys.next();
+        let request = tonic::Request::new(requests[keys.next()].clone());
         let sent = Instant::now();
-        let answer: Result<bool, tonic::Status> = match &*requests {
-            GrpcRequests::Tollgate(all) => tollgate
-                .should_rate_limit(all[index].clone())
+        let answer = async {
+            client
+                .ready()
                 .await
-                .map(|r| r.into_inner().overall_code == Code::Ok as i32),
-            GrpcRequests::Throttlecrab(all) => {
-                let call = async {
-                    throttlecrab
-                        .ready()
-                        .await
-                        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-                    let codec =
-                        tonic_prost::ProstCodec::<ThrottleRequest, ThrottleResponse>::default();
-                    throttlecrab
-                        .unary(tonic::Request::new(all[index].clone()), path.clone(), codec)
-                        .await
-                };
-                call.await.map(|r| r.into_inner().allowed)
-            }
-        };
+                .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+            client.unary(request, call.path.clone(), Slim).await
+        }
+        .await
+        .map(|r| (call.allowed)(r.into_inner().code));
         let elapsed = sent.elapsed();
         match answer {
             Ok(allowed) if sent >= window.start => tally.record(elapsed, allowed),
