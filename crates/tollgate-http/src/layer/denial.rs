@@ -90,30 +90,15 @@ impl<'a> Shown<&'a str> {
             reset_millis: style.reset_after.then(|| ceil_millis(d.reset_after())),
         }
     }
-
-    fn to_owned(&self) -> Shown<Box<str>> {
-        Shown {
-            name: self.name.into(),
-            bucket: self.bucket.map(Into::into),
-            quota: self.quota,
-            window: self.window,
-            concurrency: self.concurrency,
-            allowed: self.allowed,
-            limit: self.limit,
-            remaining: self.remaining,
-            reset_secs: self.reset_secs,
-            reset_at: self.reset_at,
-            retry_after: self.retry_after,
-            reset_millis: self.reset_millis,
-        }
-    }
 }
 
-impl Shown<Box<str>> {
-    fn as_ref(&self) -> Shown<&str> {
+impl<S> Shown<S> {
+    /// The same, with each name made by `f`: owned to keep, or borrowed to
+    /// compare.
+    fn map<'a, T>(&'a self, f: impl Fn(&'a S) -> T) -> Shown<T> {
         Shown {
-            name: &self.name,
-            bucket: self.bucket.as_deref(),
+            name: f(&self.name),
+            bucket: self.bucket.as_ref().map(&f),
             quota: self.quota,
             window: self.window,
             concurrency: self.concurrency,
@@ -147,7 +132,7 @@ impl Made {
                 .limits
                 .iter()
                 .zip(limits)
-                .all(|(shown, limit)| shown.as_ref() == Shown::of(limit, now, style))
+                .all(|(shown, limit)| shown.map(|name| &**name) == Shown::of(limit, now, style))
     }
 
     fn response(&self) -> Response<Bytes> {
@@ -192,7 +177,7 @@ pub(crate) fn too_many(
         reported: index,
         limits: limits
             .iter()
-            .map(|limit| Shown::of(limit, now, style).to_owned())
+            .map(|limit| Shown::of(limit, now, style).map(|&name| Box::from(name)))
             .collect(),
         status: response.status(),
         headers: response.headers().clone(),
