@@ -44,6 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use smallvec::SmallVec;
 use tollgate_core::{
     Algorithm, Clock, Decision, Lease, LeaseId, Limit, Nanos, Outcome, Quota, Store, StoreError,
     SystemClock,
@@ -577,6 +578,12 @@ impl RequestLimits {
     }
 }
 
+/// A request's limits of one kind (enforcing, checked alone, shadow), each
+/// with its descriptor's index; and the store limits made of them. Inline for
+/// the few limits most requests have, so a check allocates for neither.
+type Batched<'a> = SmallVec<[(usize, &'a Applied); 2]>;
+type Limits<'a> = SmallVec<[Limit<'a>; 2]>;
+
 /// The one evaluator: owns the policy handle, the kill switch and the store,
 /// and turns every door's requests into [`Verdict`]s. See the module docs.
 pub struct Enforcer<S> {
@@ -789,9 +796,9 @@ impl<S: Store> Enforcer<S> {
             }
         }
         let quota_mode = |rule: &Rule| self.quota_mode || rule.quota_mode();
-        let mut enforce: Vec<(usize, &Applied)> = Vec::new();
-        let mut alone: Vec<(usize, &Applied)> = Vec::new();
-        let mut shadow: Vec<(usize, &Applied)> = Vec::new();
+        let mut enforce = Batched::new();
+        let mut alone = Batched::new();
+        let mut shadow = Batched::new();
         let mut descriptors: Vec<DescriptorVerdict> = Vec::with_capacity(resolved.len());
         for (index, resolved) in resolved.iter().enumerate() {
             let verdict = match resolved {
@@ -943,7 +950,7 @@ impl<S: Store> Enforcer<S> {
         if batch.is_empty() {
             return Permit::default();
         }
-        let limits: Vec<Limit<'_>> = batch.iter().map(|(_, a)| a.limit()).collect();
+        let limits: Limits<'_> = batch.iter().map(|(_, a)| a.limit()).collect();
         let result = self.timed_check(&limits).await;
         self.record(descriptors, batch, result, kind)
     }
@@ -956,7 +963,10 @@ impl<S: Store> Enforcer<S> {
         batch: &[(usize, &Applied)],
         kind: Batch,
     ) -> Permit {
-        let limits: Vec<Limit<'_>> = batch.iter().map(|(_, a)| a.limit()).collect();
+        if batch.is_empty() {
+            return Permit::default();
+        }
+        let limits: Limits<'_> = batch.iter().map(|(_, a)| a.limit()).collect();
         let results = join_all(
             limits
                 .iter()
@@ -1020,7 +1030,7 @@ impl<S: Store> Enforcer<S> {
         if batch.is_empty() {
             return;
         }
-        let limits: Vec<Limit<'_>> = batch.iter().map(|(_, a)| a.limit().with_cost(0)).collect();
+        let limits: Limits<'_> = batch.iter().map(|(_, a)| a.limit().with_cost(0)).collect();
         if let Ok(outcome) = self.timed_check(&limits).await {
             for ((index, _), decision) in batch.iter().zip(outcome.decisions) {
                 descriptors[*index].decision = Some(decision);

@@ -1,10 +1,22 @@
 //! The matching tree both config formats compile to.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::{Entry, Rule};
+
+/// The tree's maps, looked up on every check by the request's keys and
+/// values. Hashed with foldhash rather than SipHash: their contents are the
+/// config's, fixed at load, so a client's lookups cannot make them collide
+/// into long probes, and foldhash is seeded per process all the same.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Per entry of a descriptor, whether its value is left out of the storage
+/// key ([`Node::find`]); inline up to eight entries, which descriptors rarely
+/// pass, so a check allocates nothing for it.
+pub(crate) type Shared = SmallVec<[bool; 8]>;
 
 /// How one level of a rule matches a descriptor entry's value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,9 +211,9 @@ impl Node {
     /// The rule for `entries`, and for each entry whether its value is left out
     /// of the storage key: matched exactly (the rule names it already) or by a
     /// wildcard with `share_threshold` (all its values share one budget).
-    pub(crate) fn find(&self, entries: &[Entry]) -> Option<(&Arc<Rule>, Vec<bool>)> {
+    pub(crate) fn find(&self, entries: &[Entry]) -> Option<(&Arc<Rule>, Shared)> {
         let mut node = self;
-        let mut shared = Vec::with_capacity(entries.len());
+        let mut shared = Shared::with_capacity(entries.len());
         for entry in entries {
             let (next, is_shared) = node.step(entry)?;
             shared.push(is_shared);
