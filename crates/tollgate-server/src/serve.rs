@@ -477,9 +477,12 @@ async fn launch(
         ("HTTP", Some(http_addr)),
         ("gRPC", Some(grpc_addr)),
     ];
+    // The runtime's worker count (one per CPU unless `TOKIO_WORKER_THREADS`
+    // says otherwise): what an operator sizing the service needs to see.
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
     for (what, bound) in bound {
         if let Some(bound) = bound {
-            tracing::info!(max_connections, "listening for {what} on {bound}");
+            tracing::info!(max_connections, workers, "listening for {what} on {bound}");
         }
     }
     let limits = args.listen.limits(max_connections);

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::ExitStatus;
+use std::process::{Command, ExitStatus};
 use std::time::Instant;
 
 use common::{SHUTDOWN, Server, config_dir, exit_of, rls_request, tollgate};
@@ -136,6 +136,32 @@ fn a_bad_redis_timeout_is_refused() {
         assert!(!status.success(), "{bad}");
         assert!(stderr.contains("--redis-timeout"), "{bad}: {stderr}");
     }
+}
+
+/// The service's workers are one per CPU unless `TOKIO_WORKER_THREADS` says
+/// otherwise (the advice in docs/service.md for CPUs shared with other busy
+/// processes), and the listening lines say how many there are.
+#[test]
+fn the_worker_count_follows_tokio_worker_threads() {
+    let workers_logged = |command: Command| {
+        let server = Server::with_config_by(command, &[("daily.yaml", DAILY)], &[]);
+        let log = server.log();
+        log.lines()
+            .find(|line| line.contains("listening for HTTP"))
+            .and_then(|line| line.split("workers=").nth(1))
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or_else(|| panic!("no workers= on the HTTP line:\n{log}"))
+    };
+    for n in [1, 3] {
+        let mut command = tollgate();
+        command.env("TOKIO_WORKER_THREADS", n.to_string());
+        assert_eq!(workers_logged(command), n);
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let mut command = tollgate();
+    command.env_remove("TOKIO_WORKER_THREADS");
+    assert_eq!(workers_logged(command), cpus);
 }
 
 #[tokio::test]
