@@ -7,7 +7,7 @@ mod common;
 use std::process::{Command, ExitStatus};
 use std::time::Instant;
 
-use common::{SHUTDOWN, Server, config_dir, exit_of, rls_request, tollgate};
+use common::{SHUTDOWN, Server, config_dir, exit_of, logged_number, rls_request, tollgate};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const DAILY: &str = "
@@ -145,13 +145,7 @@ fn a_bad_redis_timeout_is_refused() {
 fn the_worker_count_follows_tokio_worker_threads() {
     let workers_logged = |command: Command| {
         let server = Server::with_config_by(command, &[("daily.yaml", DAILY)], &[]);
-        let log = server.log();
-        log.lines()
-            .find(|line| line.contains("listening for HTTP"))
-            .and_then(|line| line.split("workers=").nth(1))
-            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-            .and_then(|n| n.parse::<usize>().ok())
-            .unwrap_or_else(|| panic!("no workers= on the HTTP line:\n{log}"))
+        logged_number(&server.log(), "workers=")
     };
     for n in [1, 3] {
         let mut command = tollgate();

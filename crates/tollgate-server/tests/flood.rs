@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::Server;
+use common::{Server, logged_number};
 use serde_json::{Value, json};
 
 /// envoyproxy/ratelimit's format, unchanged: one budget per `user` value.
@@ -141,19 +141,6 @@ async fn a_flood_of_new_keys_through_every_door_keeps_victims_limited() {
     let keys = metric(&server, "tollgate_memory_keys").await;
     assert!(keys <= max_keys as f64, "{keys} keys held past the cap");
     assert!(metric(&server, "tollgate_memory_refusals_total").await > 0.0);
-}
-
-/// The number after `marker` in the first log line that has it.
-fn logged_number(log: &str, marker: &str) -> usize {
-    log.lines()
-        .find_map(|line| {
-            let rest = &line[line.find(marker)? + marker.len()..];
-            rest.split(|c: char| !c.is_ascii_digit())
-                .next()?
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no {marker} in the log:\n{log}"))
 }
 
 /// Regression: exhausting file descriptors through one port stopped the

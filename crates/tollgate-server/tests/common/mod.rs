@@ -318,6 +318,19 @@ fn wait_for_listeners(lines: &Receiver<String>) -> Result<(SocketAddr, SocketAdd
     ))
 }
 
+/// The number after `marker` in the first log line that has it.
+pub(crate) fn logged_number(log: &str, marker: &str) -> usize {
+    log.lines()
+        .find_map(|line| {
+            let rest = &line[line.find(marker)? + marker.len()..];
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no {marker} in the log:\n{log}"))
+}
+
 /// The socket address that follows `marker` in a log line.
 pub(crate) fn address_after(line: &str, marker: &str) -> Option<SocketAddr> {
     let rest = &line[line.find(marker)? + marker.len()..];
