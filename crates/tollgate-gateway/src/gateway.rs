@@ -127,7 +127,16 @@ impl Gateway {
             let service = layer.layer(Proxy::new(upstream.clone(), client_ip.clone()));
             let routes = Arc::clone(&routes);
             let observe = observe.clone();
-            move |peer, request| handle(&service, &routes, &observe, peer, request)
+            move |peer: SocketAddr| {
+                // The peer goes to the layer (for `ClientIpKey`) and the
+                // proxy (for the forwarding headers) once per connection,
+                // as a field of the service that each request clones.
+                let mut service = service.clone();
+                service.set_peer(peer.ip());
+                service.get_mut().set_peer(peer.ip());
+                let (routes, observe) = (Arc::clone(&routes), observe.clone());
+                move |request| handle(&service, &routes, &observe, request)
+            }
         })
     }
 
@@ -144,25 +153,26 @@ impl Gateway {
         );
         self.serve(stopped, move || {
             let proxy = Proxy::new(upstream.clone(), client_ip.clone());
-            move |peer: SocketAddr, request: Request<Incoming>| {
+            move |peer: SocketAddr| {
                 let mut proxy = proxy.clone();
                 proxy.set_peer(peer.ip());
-                proxy.call(request)
+                move |request: Request<Incoming>| proxy.clone().call(request)
             }
         })
     }
 
-    /// Serves every worker with the handler `make` builds on it (each
-    /// worker gets a proxy, and so a pool of upstream connections, of its
-    /// own) until `stopped` changes.
-    fn serve<M, H, F, B>(
+    /// Serves every worker with the connection handler `make` builds on it
+    /// (each worker gets a proxy, and so a pool of upstream connections, of
+    /// its own) until `stopped` changes.
+    fn serve<M, C, H, F, B>(
         self,
         stopped: watch::Receiver<()>,
         make: M,
     ) -> JoinHandle<Result<(), Error>>
     where
-        M: Fn() -> H + Clone + Send + 'static,
-        H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + 'static,
+        M: Fn() -> C + Clone + Send + 'static,
+        C: Fn(SocketAddr) -> H + Send + 'static,
+        H: Fn(Request<Incoming>) -> F + Send + 'static,
         F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
         B: Body + Send + 'static,
         B::Data: Send,
@@ -194,16 +204,14 @@ fn layer<S: Store + 'static>(settings: &Settings, enforcer: &Arc<Enforcer<S>>) -
     builder.build()
 }
 
-/// One request of a connection from `peer`: the peer address goes to the
-/// layer (for `ClientIpKey`) and the proxy (for the forwarding headers) as
-/// a field of the service, the route template into the request; the answer
-/// is told to `observe`: [`Outcome::Forwarded`] when it went through to the
-/// proxy, [`Outcome::Limited`] when the layer answered it.
+/// One request of a connection that `service` (set up with its peer)
+/// answers: the route template goes into the request; the answer is told to
+/// `observe`: [`Outcome::Forwarded`] when it went through to the proxy,
+/// [`Outcome::Limited`] when the layer answered it.
 fn handle<O>(
     service: &GatewayService,
     routes: &Routes,
     observe: &O,
-    peer: SocketAddr,
     mut request: Request<Incoming>,
 ) -> impl Future<Output = Result<Response<GatewayBody>, Infallible>> + Send + use<O>
 where
@@ -217,10 +225,7 @@ where
     }
     // The proxy is always ready (its pool makes a connection when none is
     // idle), so the layer is too: there is no `poll_ready` to wait for.
-    let mut service = service.clone();
-    service.set_peer(peer.ip());
-    service.get_mut().set_peer(peer.ip());
-    let response = service.call(request);
+    let response = service.clone().call(request);
     let observe = observe.clone();
     async move {
         let response = response.await?;

@@ -29,8 +29,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{
-    CONNECTION, CONTENT_TYPE, EXPECT, FORWARDED, HOST, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE,
-    TRAILER, TRANSFER_ENCODING, UPGRADE,
+    CONNECTION, CONTENT_TYPE, EXPECT, Entry, FORWARDED, HOST, PROXY_AUTHENTICATE,
+    PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
 };
 use http::uri::{Authority, PathAndQuery};
 use http::{
@@ -168,9 +168,38 @@ impl Upstream {
 #[derive(Clone)]
 pub(crate) struct Proxy {
     inner: Arc<Inner>,
-    /// The socket peer of the request this clone is called with, appended
-    /// to the forwarding headers.
-    peer: Option<IpAddr>,
+    /// What the forwarding headers of the requests this clone is called
+    /// with say about their socket peer.
+    forwarding: Option<Arc<Forwarding>>,
+}
+
+/// The forwarding headers' part for one socket peer, made once per
+/// connection: a request that arrives without forwarding headers of its own
+/// (most do) gets these values as they are.
+struct Forwarding {
+    /// `X-Forwarded-For`'s: the peer.
+    x_forwarded_for: HeaderValue,
+    /// `Forwarded`'s: `for=<peer>;proto=http`.
+    forwarded: HeaderValue,
+    /// Whether the peer is a trusted proxy, whose `X-Forwarded-Proto` is kept.
+    trusted: bool,
+}
+
+impl Forwarding {
+    fn new(peer: IpAddr, trusted: bool) -> Self {
+        let ip = IpText::new(peer);
+        let ip = ip.as_str();
+        let forwarded = match peer {
+            IpAddr::V4(_) => format!("for={ip};proto=http"),
+            IpAddr::V6(_) => format!("for=\"[{ip}]\";proto=http"),
+        };
+        Self {
+            x_forwarded_for: HeaderValue::from_str(ip).expect("an address is a valid header value"),
+            forwarded: HeaderValue::try_from(forwarded)
+                .expect("an address is a valid header value"),
+            trusted,
+        }
+    }
 }
 
 struct Inner {
@@ -193,7 +222,7 @@ impl Proxy {
                 host,
                 client_ip,
             }),
-            peer: None,
+            forwarding: None,
         }
     }
 
@@ -201,7 +230,8 @@ impl Proxy {
     /// worker knows it per connection, and a field costs nothing where the
     /// request's extensions allocate a map and a box for it.
     pub(crate) fn set_peer(&mut self, peer: IpAddr) {
-        self.peer = Some(peer);
+        let trusted = self.inner.client_ip.is_trusted(peer);
+        self.forwarding = Some(Arc::new(Forwarding::new(peer, trusted)));
     }
 }
 
@@ -221,8 +251,8 @@ impl Service<Request<Incoming>> for Proxy {
     }
 
     fn call(&mut self, request: Request<Incoming>) -> ProxyFuture {
-        let (inner, peer) = (Arc::clone(&self.inner), self.peer);
-        Box::pin(async move { Ok(inner.forward(request, peer).await) })
+        let (inner, forwarding) = (Arc::clone(&self.inner), self.forwarding.clone());
+        Box::pin(async move { Ok(inner.forward(request, forwarding.as_deref()).await) })
     }
 }
 
@@ -230,7 +260,7 @@ impl Inner {
     async fn forward(
         &self,
         request: Request<Incoming>,
-        peer: Option<IpAddr>,
+        forwarding: Option<&Forwarding>,
     ) -> Response<ProxyBody> {
         if request.method() == Method::CONNECT {
             return error(
@@ -256,9 +286,8 @@ impl Inner {
         if !parts.headers.contains_key(HOST) {
             parts.headers.insert(HOST, self.host.clone());
         }
-        if let Some(peer) = peer {
-            let trusted = self.client_ip.is_trusted(peer);
-            add_forwarded(&mut parts.headers, peer, trusted);
+        if let Some(forwarding) = forwarding {
+            add_forwarded(&mut parts.headers, forwarding);
         }
         let sent = self.pool.send(Request::from_parts(parts, body));
         match tokio::time::timeout(UPSTREAM_TIMEOUT, sent).await {
@@ -324,46 +353,35 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Appends `peer` to `X-Forwarded-For` and `Forwarded` (as one line each, so
-/// that readers of only the first line see the whole chain), and sets
+/// Appends the peer to `X-Forwarded-For` and `Forwarded` (as one line each,
+/// so that readers of only the first line see the whole chain), and sets
 /// `X-Forwarded-Proto: http` unless a trusted proxy already set it.
-fn add_forwarded(headers: &mut HeaderMap, peer: IpAddr, trusted: bool) {
-    let ip = IpText::new(peer);
-    let ip = ip.as_str().as_bytes();
-    // One allocation for both values: each is split off the buffer and
-    // shared, not copied.
-    let mut text = BytesMut::with_capacity(128);
-    prior(headers, &X_FORWARDED_FOR, &mut text);
-    text.extend_from_slice(ip);
-    set(headers, X_FORWARDED_FOR, text.split());
-    prior(headers, &FORWARDED, &mut text);
-    let (open, close): (&[u8], &[u8]) = match peer {
-        IpAddr::V4(_) => (b"for=", b";proto=http"),
-        IpAddr::V6(_) => (b"for=\"[", b"]\";proto=http"),
-    };
-    text.extend_from_slice(open);
-    text.extend_from_slice(ip);
-    text.extend_from_slice(close);
-    set(headers, FORWARDED, text.split());
-    if !trusted || !headers.contains_key(X_FORWARDED_PROTO) {
+fn add_forwarded(headers: &mut HeaderMap, forwarding: &Forwarding) {
+    append(headers, X_FORWARDED_FOR, &forwarding.x_forwarded_for);
+    append(headers, FORWARDED, &forwarding.forwarded);
+    if !forwarding.trusted || !headers.contains_key(X_FORWARDED_PROTO) {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
 }
 
-/// Writes the lines of `name` so far into `text`, each followed by `, `.
+/// Sets `name` to its lines so far, each followed by `, `, then `value`.
 /// A line that is not visible ASCII is dropped rather than forwarded.
-fn prior(headers: &HeaderMap, name: &HeaderName, text: &mut BytesMut) {
-    for line in headers.get_all(name) {
-        if let Ok(line) = line.to_str() {
-            text.extend_from_slice(line.as_bytes());
-            text.extend_from_slice(b", ");
+fn append(headers: &mut HeaderMap, name: HeaderName, value: &HeaderValue) {
+    match headers.entry(name) {
+        Entry::Vacant(entry) => {
+            entry.insert(value.clone());
         }
-    }
-}
-
-fn set(headers: &mut HeaderMap, name: HeaderName, text: BytesMut) {
-    if let Ok(value) = HeaderValue::from_maybe_shared(text.freeze()) {
-        headers.insert(name, value);
+        Entry::Occupied(mut entry) => {
+            let mut text = BytesMut::new();
+            for line in entry.iter().filter_map(|line| line.to_str().ok()) {
+                text.extend_from_slice(line.as_bytes());
+                text.extend_from_slice(b", ");
+            }
+            text.extend_from_slice(value.as_bytes());
+            if let Ok(joined) = HeaderValue::from_maybe_shared(text.freeze()) {
+                entry.insert(joined);
+            }
+        }
     }
 }
 
@@ -448,7 +466,10 @@ mod tests {
         headers.append(X_FORWARDED_FOR, HeaderValue::from_static("1.1.1.1"));
         headers.append(X_FORWARDED_FOR, HeaderValue::from_static("2.2.2.2"));
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
-        add_forwarded(&mut headers, "10.0.0.9".parse().unwrap(), false);
+        add_forwarded(
+            &mut headers,
+            &Forwarding::new("10.0.0.9".parse().unwrap(), false),
+        );
         assert_eq!(headers[X_FORWARDED_FOR], "1.1.1.1, 2.2.2.2, 10.0.0.9");
         assert_eq!(headers[FORWARDED], "for=10.0.0.9;proto=http");
         assert_eq!(
@@ -459,7 +480,10 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(FORWARDED, HeaderValue::from_static("for=192.0.2.1"));
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
-        add_forwarded(&mut headers, "2001:db8::1".parse().unwrap(), true);
+        add_forwarded(
+            &mut headers,
+            &Forwarding::new("2001:db8::1".parse().unwrap(), true),
+        );
         assert_eq!(headers[X_FORWARDED_FOR], "2001:db8::1");
         assert_eq!(
             headers[FORWARDED],

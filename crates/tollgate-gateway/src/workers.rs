@@ -102,19 +102,23 @@ impl Listeners {
     /// Serves HTTP/1.1 on every worker with `acceptor`'s limits (one cap
     /// over every worker) until `stopped` changes, then lets the open
     /// connections finish their requests in flight (the caller bounds how
-    /// long). `make` builds each worker's request handler, called on that
-    /// worker's thread: `handler(peer, request)`. The task ends when every
+    /// long). `make` builds each worker's connection handler, called on that
+    /// worker's thread: `connect(peer)` for each connection it accepts makes
+    /// that connection's request handler, `handler(request)` (what is the
+    /// same for every request of a connection is worked out once). The task
+    /// ends when every
     /// worker has finished. On the caller's runtime, the task itself serves
     /// the one listener.
-    pub(crate) fn serve<M, H, F, B>(
+    pub(crate) fn serve<M, C, H, F, B>(
         self,
         stopped: watch::Receiver<()>,
         acceptor: Acceptor,
         make: M,
     ) -> JoinHandle<Result<(), Error>>
     where
-        M: Fn() -> H + Clone + Send + 'static,
-        H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + 'static,
+        M: Fn() -> C + Clone + Send + 'static,
+        C: Fn(SocketAddr) -> H + Send + 'static,
+        H: Fn(Request<Incoming>) -> F + Send + 'static,
         F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
         B: Body + Send + 'static,
         B::Data: Send,
@@ -159,15 +163,16 @@ impl Listeners {
 }
 
 /// One worker thread: a single-threaded runtime serving `listener`.
-fn worker<M, H, F, B>(
+fn worker<M, C, H, F, B>(
     listener: std::net::TcpListener,
     stopped: watch::Receiver<()>,
     acceptor: &Acceptor,
     make: M,
 ) -> Result<(), Error>
 where
-    M: Fn() -> H,
-    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + 'static,
+    M: Fn() -> C,
+    C: Fn(SocketAddr) -> H + Send + 'static,
+    H: Fn(Request<Incoming>) -> F + Send + 'static,
     F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
     B: Body + Send + 'static,
     B::Data: Send,
@@ -190,23 +195,22 @@ fn tokio_listener(listener: std::net::TcpListener) -> io::Result<TcpListener> {
     TcpListener::from_std(listener)
 }
 
-/// Serves `listener` with `handler` until `stopped` changes.
-async fn accept<H, F, B>(
+/// Serves `listener` until `stopped` changes, each connection with the
+/// handler `connect(peer)` makes.
+async fn accept<C, H, F, B>(
     acceptor: &Acceptor,
     listener: TcpListener,
     stopped: watch::Receiver<()>,
-    handler: H,
+    connect: C,
 ) where
-    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + 'static,
+    C: Fn(SocketAddr) -> H + Send + 'static,
+    H: Fn(Request<Incoming>) -> F + Send + 'static,
     F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
     B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     acceptor
-        .serve(listener, stopped, move |peer| {
-            let handler = handler.clone();
-            service_fn(move |request| handler(peer, request))
-        })
+        .serve(listener, stopped, move |peer| service_fn(connect(peer)))
         .await;
 }
