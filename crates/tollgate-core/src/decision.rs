@@ -213,6 +213,34 @@ impl fmt::Debug for Decision {
     }
 }
 
+/// Which of several limits' decisions a client is told about: on a deny,
+/// the denying one that asks the client to wait longest (one that can never
+/// pass outranks any finite wait); on an allow, the one with the fewest units
+/// left, then the latest reset. `decision` reads each item's decision, so
+/// that callers pick among their own records (descriptors, header reports)
+/// without copying the decisions out. `None` when there are no items.
+pub fn most_restrictive<I>(items: I, decision: impl Fn(&I::Item) -> &Decision) -> Option<I::Item>
+where
+    I: IntoIterator,
+    I::IntoIter: Clone,
+{
+    let items = items.into_iter();
+    if items.clone().all(|item| decision(&item).allowed()) {
+        items.min_by_key(|item| {
+            let d = decision(item);
+            (d.remaining(), std::cmp::Reverse(d.reset_after()))
+        })
+    } else {
+        items
+            .filter(|item| !decision(item).allowed())
+            .max_by_key(|item| {
+                decision(item)
+                    .retry_after()
+                    .map_or((1, Duration::ZERO), |r| (0, r))
+            })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

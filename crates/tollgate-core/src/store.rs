@@ -252,17 +252,7 @@ impl Outcome {
     /// asks the client to wait longest; on an allow, the one with the fewest
     /// units left (then the latest reset). `None` when there were no limits.
     pub fn most_restrictive(&self) -> Option<&Decision> {
-        if self.allowed() {
-            self.decisions
-                .iter()
-                .min_by_key(|d| (d.remaining(), std::cmp::Reverse(d.reset_after())))
-        } else {
-            // A denial that can never pass (`None`) outranks any finite wait.
-            self.decisions
-                .iter()
-                .filter(|d| !d.allowed())
-                .max_by_key(|d| d.retry_after().map_or((1, Duration::ZERO), |r| (0, r)))
-        }
+        crate::most_restrictive(&self.decisions, |d| d)
     }
 }
 

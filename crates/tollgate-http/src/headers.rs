@@ -29,7 +29,7 @@ use bytes::BytesMut;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use smallvec::SmallVec;
-use tollgate_core::{Algorithm, Decision, Nanos, Outcome, Quota};
+use tollgate_core::{Algorithm, Decision, Nanos, Quota};
 use tollgate_policy::Verdict;
 
 /// The version of the IETF draft whose `RateLimit-Policy` and `RateLimit`
@@ -347,15 +347,9 @@ impl Values {
 
 /// The limit the headers report: on a deny, the denying limit that asks the
 /// client to wait longest; on an allow, the one with the fewest units left
-/// (then the latest reset). The same choice as [`Outcome::most_restrictive`].
+/// (then the latest reset): [`tollgate_core::most_restrictive`].
 pub fn most_restrictive<'r, 'a>(limits: &'r [LimitReport<'a>]) -> Option<&'r LimitReport<'a>> {
-    let outcome = Outcome::new(limits.iter().map(|l| l.decision).collect());
-    let chosen = outcome.most_restrictive()?;
-    let index = outcome
-        .decisions
-        .iter()
-        .position(|d| std::ptr::eq(d, chosen))?;
-    limits.get(index)
+    tollgate_core::most_restrictive(limits, |limit| &limit.decision)
 }
 
 /// How a limit checked without a rule (an ad-hoc limit) is named in

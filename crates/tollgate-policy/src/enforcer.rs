@@ -308,23 +308,12 @@ impl Verdict {
     /// the client to wait longest; on an allow, the one with the fewest units
     /// left. Only enforcing descriptors with a decision take part.
     pub fn most_restrictive(&self) -> Option<&DescriptorVerdict> {
-        let candidate = |d: &&DescriptorVerdict| d.enforcing() && d.decision.is_some();
-        // One candidate (most checks: one descriptor) is the answer either
-        // way; the two vectors below are for choosing among several.
-        let mut each = self.descriptors.iter().filter(candidate);
-        let first = each.next()?;
-        if each.next().is_none() {
-            return Some(first);
-        }
-        let candidates: Vec<&DescriptorVerdict> =
-            self.descriptors.iter().filter(candidate).collect();
-        let outcome = Outcome::new(candidates.iter().filter_map(|d| d.decision).collect());
-        let chosen = outcome.most_restrictive()?;
-        let index = outcome
-            .decisions
+        let decided = self
+            .descriptors
             .iter()
-            .position(|d| std::ptr::eq(d, chosen))?;
-        candidates.get(index).copied()
+            .filter(|d| d.enforcing())
+            .filter_map(|d| Some((d, d.decision.as_ref()?)));
+        tollgate_core::most_restrictive(decided, |(_, decision)| decision).map(|(d, _)| d)
     }
 
     /// How long to hold an admitted request before forwarding it (a shaping

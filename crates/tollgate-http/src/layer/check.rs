@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::task::{Context, Waker};
 
 use bytes::Bytes;
-use http::Response;
+use http::header::CONTENT_TYPE;
 use http::request::Parts;
+use http::{HeaderMap, Response};
 use tollgate_core::Store;
 use tollgate_policy::{Check as PolicyCheck, Descriptor, Enforcer, Permit, Request};
 
@@ -30,9 +31,8 @@ pub(crate) trait Check: Send + Sync + 'static {
     /// socket peer `peer` when the service was told it.
     fn descriptors(&self, request: &Parts, peer: Option<IpAddr>) -> Vec<Descriptor>;
 
-    /// Decides a request with these descriptors; a deny is answered as
-    /// `answer` says.
-    fn check(self: Arc<Self>, descriptors: Vec<Descriptor>, answer: Answer) -> BoxFuture<Verdict>;
+    /// Decides a request with these descriptors.
+    fn check(self: Arc<Self>, descriptors: Vec<Descriptor>) -> BoxFuture<Verdict>;
 }
 
 /// How a denied request is answered, from what the request says of its client.
@@ -44,6 +44,25 @@ pub(crate) enum Answer {
     Http(Format),
 }
 
+impl Answer {
+    /// How the client that sent `headers` is answered: gRPC when the request
+    /// is (`application/grpc`, `application/grpc+proto`, …), else HTTP in the
+    /// format its `Accept` asks for. Worked out on a deny only: an admitted
+    /// request never needs it, and a browser's `Accept` takes longer to read
+    /// than the check.
+    pub(crate) fn of(headers: &HeaderMap) -> Self {
+        let grpc = headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/grpc"));
+        if grpc {
+            Self::Grpc
+        } else {
+            Self::Http(Format::negotiate(headers))
+        }
+    }
+}
+
 /// What the check decided.
 pub(crate) enum Verdict {
     /// Forward the request; add `headers` to the response; drop `permits`
@@ -52,8 +71,24 @@ pub(crate) enum Verdict {
         headers: HeaderList,
         permits: Permits,
     },
-    /// Answer with this response instead.
-    Deny(Response<Bytes>),
+    /// Answer instead of the inner service, with what [`Denied::response`]
+    /// makes.
+    Deny(Denied),
+}
+
+/// A denied request's verdict, kept until the answer is made from it.
+pub(crate) struct Denied {
+    verdict: tollgate_policy::Verdict,
+    style: HeaderStyle,
+}
+
+impl Denied {
+    /// The answer to the denied request, in the shape `answer` says
+    /// ([`denial::too_many`]).
+    pub(crate) fn response(&self, answer: Answer) -> Response<Bytes> {
+        let limits = reports(&self.verdict);
+        denial::too_many(self.style, answer, &limits, self.verdict.started_at)
+    }
 }
 
 /// Concurrency permits an admitted request holds, given back when dropped.
@@ -106,13 +141,13 @@ impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
             .collect()
     }
 
-    fn check(self: Arc<Self>, descriptors: Vec<Descriptor>, answer: Answer) -> BoxFuture<Verdict> {
-        Box::pin(async move { self.run(&descriptors, answer).await })
+    fn check(self: Arc<Self>, descriptors: Vec<Descriptor>) -> BoxFuture<Verdict> {
+        Box::pin(async move { self.run(&descriptors).await })
     }
 }
 
 impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
-    async fn run(&self, descriptors: &[Descriptor], answer: Answer) -> Verdict {
+    async fn run(&self, descriptors: &[Descriptor]) -> Verdict {
         let mut permits = Permits::default();
         if descriptors.is_empty() {
             return pass(permits);
@@ -132,7 +167,7 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
             && let Ok(mut verdict) = precheck.enforce(request).await
         {
             if !verdict.allowed() {
-                return Verdict::Deny(self.too_many(&verdict, answer));
+                return self.deny(verdict);
             }
             permits.add(release(precheck, std::mem::take(&mut verdict.permit)));
             prechecked = Some(verdict);
@@ -143,7 +178,7 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
         };
         if !verdict.allowed() {
             // Dropping `permits` gives back what the pre-check took.
-            return Verdict::Deny(self.too_many(&verdict, answer));
+            return self.deny(verdict);
         }
         permits.add(release(&self.enforcer, std::mem::take(&mut verdict.permit)));
 
@@ -167,9 +202,11 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
         Verdict::Pass { headers, permits }
     }
 
-    /// The answer to a denied request ([`denial::too_many`]).
-    fn too_many(&self, verdict: &tollgate_policy::Verdict, answer: Answer) -> Response<Bytes> {
-        denial::too_many(self.style, answer, &reports(verdict), verdict.started_at)
+    fn deny(&self, verdict: tollgate_policy::Verdict) -> Verdict {
+        Verdict::Deny(Denied {
+            verdict,
+            style: self.style,
+        })
     }
 }
 

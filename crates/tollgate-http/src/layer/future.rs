@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::ResponseBody;
-use super::check::{BoxFuture, Permits, Verdict};
+use super::check::{Answer, BoxFuture, Permits, Verdict};
 use crate::headers::HeaderList;
 
 pin_project! {
@@ -93,7 +93,9 @@ where
                             permits: Some(permits),
                         });
                     }
-                    Verdict::Deny(response) => {
+                    Verdict::Deny(denied) => {
+                        let request = request.take().expect("the request is answered once");
+                        let response = denied.response(Answer::of(request.headers()));
                         this.state.set(State::Done);
                         return Poll::Ready(Ok(response.map(ResponseBody::full)));
                     }

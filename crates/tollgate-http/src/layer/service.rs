@@ -9,9 +9,8 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::ResponseBody;
-use super::check::{Answer, Check};
+use super::check::Check;
 use super::future::ResponseFuture;
-use crate::problem::Format;
 
 /// Rate limits the requests to an inner service.
 ///
@@ -93,14 +92,6 @@ impl<S: fmt::Debug> fmt::Debug for RateLimit<S> {
     }
 }
 
-/// Whether the request is gRPC (`application/grpc`, `application/grpc+proto`, …).
-fn is_grpc(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"))
-}
-
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
@@ -124,12 +115,7 @@ where
         if descriptors.is_empty() {
             return ResponseFuture::unlimited(inner.call(request));
         }
-        let answer = if is_grpc(request.headers()) {
-            Answer::Grpc
-        } else {
-            Answer::Http(Format::negotiate(request.headers()))
-        };
-        let check = Arc::clone(&self.limiter).check(descriptors, answer);
+        let check = Arc::clone(&self.limiter).check(descriptors);
         ResponseFuture::checking(check, inner, request)
     }
 }
