@@ -324,23 +324,29 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
             present[i] = true;
         }
     }
-    // `Connection` (the first of the set) usually names only `keep-alive`
-    // or `close`: nothing to collect then.
-    let named: Vec<HeaderName> = if present[0] {
-        headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|name| {
-                !name.eq_ignore_ascii_case("close") && !name.eq_ignore_ascii_case("keep-alive")
-            })
-            .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
-            .collect()
-    } else {
-        Vec::new()
+    // `Connection` (the first of the set) usually says only `keep-alive` or
+    // `close`, which name no header: that is told apart before any list is
+    // parsed.
+    let names_headers = |value: &HeaderValue| {
+        let value = value.as_bytes();
+        !value.eq_ignore_ascii_case(b"keep-alive") && !value.eq_ignore_ascii_case(b"close")
     };
+    let named: Vec<HeaderName> =
+        if present[0] && headers.get_all(CONNECTION).iter().any(names_headers) {
+            headers
+                .get_all(CONNECTION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .map(str::trim)
+                .filter(|name| {
+                    !name.eq_ignore_ascii_case("close") && !name.eq_ignore_ascii_case("keep-alive")
+                })
+                .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
+                .collect()
+        } else {
+            Vec::new()
+        };
     for name in &named {
         headers.remove(name);
     }
@@ -458,6 +464,19 @@ mod tests {
         let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
         assert_eq!(left, ["content-length", "x-kept"]);
+
+        // `keep-alive` and `close` name no header, in any case.
+        for connection in ["Keep-Alive", "close"] {
+            let mut headers = HeaderMap::new();
+            headers.insert(CONNECTION, HeaderValue::from_static(connection));
+            headers.insert(
+                HeaderName::from_static("x-kept"),
+                HeaderValue::from_static("yes"),
+            );
+            strip_hop_by_hop(&mut headers);
+            let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+            assert_eq!(left, ["x-kept"], "Connection: {connection}");
+        }
     }
 
     #[test]
