@@ -106,9 +106,8 @@ impl Listeners {
     /// worker's thread: `connect(peer)` for each connection it accepts makes
     /// that connection's request handler, `handler(request)` (what is the
     /// same for every request of a connection is worked out once). The task
-    /// ends when every
-    /// worker has finished. On the caller's runtime, the task itself serves
-    /// the one listener.
+    /// ends when every worker has finished. On the caller's runtime, the task
+    /// itself serves the one listener.
     pub(crate) fn serve<M, C, H, F, B>(
         self,
         stopped: watch::Receiver<()>,
