@@ -151,6 +151,59 @@ async fn on_the_caller_runtime_the_gateway_serves_on_the_callers_thread() {
         .expect("the gateway served without error");
 }
 
+/// An upstream that sends no answer within the deadline gets the client a
+/// `504` with the proxy's JSON error, once the deadline (60 s, of paused
+/// time here) has passed and not before; the next request on the same
+/// client connection gets its own full deadline.
+#[tokio::test(start_paused = true)]
+async fn an_upstream_that_never_answers_is_a_504_after_the_deadline() {
+    let silent = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let upstream = format!("http://{}", silent.local_addr().expect("address"));
+    tokio::spawn(async move {
+        // Accepted and held open, never answered.
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+        }
+    });
+    let options = Options {
+        proxy_listen: Some("127.0.0.1:0".into()),
+        upstream: Some(upstream.parse().expect("an upstream URL")),
+        ..Options::default()
+    };
+    let settings = Settings::resolve(options)
+        .expect("valid options")
+        .expect("a gateway is asked for")
+        .on_caller_runtime();
+    let gateway = Gateway::bind(settings, &Policy::builtin())
+        .await
+        .expect("bind");
+    let url = format!("http://{}/slow", gateway.local_addr());
+    let enforcer = Arc::new(Enforcer::new(Policy::builtin(), MemoryStore::default()));
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    let task = gateway.spawn(&enforcer, stopped, |_outcome, _elapsed| {});
+
+    let client = reqwest::Client::new();
+    for _ in 0..2 {
+        let started = tokio::time::Instant::now();
+        let response = client.get(&url).send().await.expect("an answer");
+        let waited = started.elapsed();
+        assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert!(
+            (Duration::from_secs(60)..Duration::from_secs(61)).contains(&waited),
+            "answered after {waited:?}"
+        );
+        let body: serde_json::Value = response.json().await.expect("a JSON body");
+        assert_eq!(body["error"], "gateway_timeout");
+    }
+
+    drop(client);
+    stop.send(()).expect("the gateway listens for the signal");
+    task.await
+        .expect("the task does not panic")
+        .expect("the gateway served without error");
+}
+
 /// The benchmark's floor: the same listeners and proxy with no limit step,
 /// so every request is forwarded and no answer carries rate limit headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
