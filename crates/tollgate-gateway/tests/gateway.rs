@@ -60,9 +60,15 @@ async fn stop_and_join(
 /// The settings of a gateway on a free loopback port in front of a fresh
 /// [`upstream`], with `extra` options on top.
 async fn settings(extra: Options) -> Settings {
+    settings_for(&upstream().await, extra)
+}
+
+/// The settings of a gateway on a free loopback port in front of the
+/// upstream at `url`, with `extra` options on top.
+fn settings_for(url: &str, extra: Options) -> Settings {
     let options = Options {
         proxy_listen: Some("127.0.0.1:0".into()),
-        upstream: Some(upstream().await.parse().expect("an upstream URL")),
+        upstream: Some(url.parse().expect("an upstream URL")),
         ..extra
     };
     Settings::resolve(options)
@@ -166,15 +172,7 @@ async fn an_upstream_that_never_answers_is_a_504_after_the_deadline() {
             held.push(stream);
         }
     });
-    let options = Options {
-        proxy_listen: Some("127.0.0.1:0".into()),
-        upstream: Some(upstream.parse().expect("an upstream URL")),
-        ..Options::default()
-    };
-    let settings = Settings::resolve(options)
-        .expect("valid options")
-        .expect("a gateway is asked for")
-        .on_caller_runtime();
+    let settings = settings_for(&upstream, Options::default()).on_caller_runtime();
     let gateway = Gateway::bind(settings, &Policy::builtin())
         .await
         .expect("bind");
