@@ -20,6 +20,12 @@ local B = 16777216 -- 2^24, the limb base
 -- Set by `run`: a function library's top level runs where only `redis` is
 -- defined, so Lua's libraries are reached at call time.
 local floor, max, min, ceil
+-- A call to one of those C functions costs a check in Redis about 360
+-- instructions, a Lua function call 270, an operator 25 (callgrind on
+-- redis-server, docs/benchmarks.md). So the code every check of a bucket
+-- algorithm runs (`meter`, its `step`s, writing a string state, the reply)
+-- uses operators: `x - x % 1` is floor(x) for every finite x, comparisons
+-- pick a min or max, and it calls no helper it can do without.
 
 -- Integers print exactly with %d (a C long: 64 bits on every Redis platform),
 -- and faster than with %.0f.
@@ -104,23 +110,34 @@ end
 -- microseconds of draining. Returns, on an admission, the new `used` (nil
 -- when nothing is to be written), then the decision.
 local function meter(q, now, used, cost)
-  local t = q.emission
-  local capacity = q.burst * t
-  local top = min(capacity, END - now)
-  local need = cost * t
-  if cost > q.burst or used + need > END - now then
-    return nil, decision(false, floor(max(top - used, 0) / t), used, nil)
+  local t, burst = q.emission, q.burst
+  local capacity = burst * t
+  local top = END - now
+  if capacity < top then
+    top = capacity
   end
+  local need = cost * t
   local room = capacity - need
-  if used <= room then
+  if cost <= burst and used + need <= END - now and used <= room then
     local after = used + need
     local newused = nil
     if cost > 0 then
       newused = after
     end
-    return newused, decision(true, floor((top - after) / t), after, nil)
+    local left = (top - after) / t
+    return newused, 1, left - left % 1, after, -1, 0
   end
-  return nil, decision(false, floor(max(top - used, 0) / t), used, used - room)
+  -- Denied: a cost above the burst, or past the end of time, never fits.
+  local retry = -1
+  if cost <= burst and used + need <= END - now then
+    retry = used - room
+  end
+  local left = top - used
+  if left < 0 then
+    left = 0
+  end
+  left = left / t
+  return nil, 0, left - left % 1, used, retry, 0
 end
 
 -- String states are as small as Redis holds them, since every key of a
@@ -169,10 +186,18 @@ local function parse3(v)
   return a, b, c
 end
 
--- State of every key touched by this call, loaded once: two limits of one
--- request on the same key see each other's tentative admission, exactly as in
--- the memory store.
+-- State of every key touched by the request being checked, loaded once:
+-- two limits of one request on the same key see each other's tentative
+-- admission, exactly as in the memory store. Emptied after each request
+-- (and made anew by each call, which a failed call may have left with
+-- some); a string state's table then goes to `spare` for the next request
+-- to fill, since making a table of its eight fields costs a check more than
+-- its arithmetic.
 local states = {}
+local spare = {}
+-- The keys of `states`, in the order they were loaded: walked by index,
+-- since `pairs` calls C for every key.
+local order = {}
 -- Committed string states of this call (key -> value, false when absent):
 -- a batch prefetches them with one MGET and keeps them up to date as its
 -- requests write, so a key read twice in a call costs one lookup.
@@ -194,10 +219,17 @@ local function load_simple(key, alg, q)
     committed[key] = v
   end
   v = v or nil
-  -- Every field it will hold, so the table is sized once.
   -- a and b are the core's fields in its order: (tokens or level, last) for
   -- the buckets (`swap`: the time is b), (last, count) for the windows.
-  s = { kind = 'simple', a = 0, b = 0, c = false, int = false, swap = false, dirty = false, ttl = 0 }
+  -- Every field is set here, on a spare table as on a new one.
+  local n = #spare
+  if n > 0 then
+    s = spare[n]
+    spare[n] = nil
+  else
+    s = {}
+  end
+  s.kind, s.a, s.b, s.c, s.int, s.swap, s.dirty, s.ttl = 'simple', 0, 0, false, false, false, false, 0
   if alg == 0 then
     -- A new bucket is full: tokens clamp to the capacity at the first refill.
     s.b, s.a = parse_pair(v, 0, END)
@@ -213,6 +245,7 @@ local function load_simple(key, alg, q)
     s.a, s.b, s.c = parse3(v)
   end
   states[key] = s
+  order[#order + 1] = key
   return s
 end
 
@@ -234,6 +267,7 @@ local function load_log(key, aux)
     s.newest_member = newest[1]
   end
   states[key] = s
+  order[#order + 1] = key
   return s
 end
 
@@ -262,6 +296,7 @@ local function load_leases(key, aux, now)
   s.count = max(s.count - expired, 0)
   s.expired = expired
   states[key] = s
+  order[#order + 1] = key
   return s
 end
 
@@ -277,8 +312,14 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
   if alg == 0 then
     local s = load_simple(key, alg, q)
     local capacity = q.burst * q.emission
-    local n = max(now, s.b)
-    local tokens = min(s.a + (n - s.b), capacity)
+    local n = s.b
+    if now > n then
+      n = now
+    end
+    local tokens = s.a + (n - s.b)
+    if tokens > capacity then
+      tokens = capacity
+    end
     local used, a, r, reset, retry, delay = meter(q, n, capacity - tokens, cost)
     if used and write then
       s.a, s.b, s.dirty = capacity - used, n, true
@@ -287,7 +328,10 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
     return nil, a, r, reset, retry, delay
   elseif alg == 1 or alg == 3 then
     local s = load_simple(key, alg, q)
-    local wait = max(s.a - now, 0)
+    local wait = s.a - now
+    if wait < 0 then
+      wait = 0
+    end
     local used, a, r, reset, retry, delay = meter(q, now, wait, cost)
     if a == 1 and alg == 3 then
       delay = max(wait - min(q.delay_after, q.burst) * q.emission, 0)
@@ -299,8 +343,15 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
     return nil, a, r, reset, retry, delay
   elseif alg == 2 then
     local s = load_simple(key, alg, q)
-    local n = max(now, s.b)
-    local used, a, r, reset, retry, delay = meter(q, n, max(s.a - (n - s.b), 0), cost)
+    local n = s.b
+    if now > n then
+      n = now
+    end
+    local level = s.a - (n - s.b)
+    if level < 0 then
+      level = 0
+    end
+    local used, a, r, reset, retry, delay = meter(q, n, level, cost)
     if used and write then
       s.a, s.b, s.dirty = used, n, true
       return reset, a, r, reset, retry, delay
@@ -520,7 +571,13 @@ local function write(key, s, ttl, now)
     else
       v = pack_pair(s.a, s.b)
     end
-    redis.call('SET', key, v, 'PX', fmt(max(ceil(ttl / 1000), 1) + extra))
+    -- The TTL in whole milliseconds, rounded up, at least 1.
+    local ms = ttl / 1000
+    ms = ms + (-ms) % 1
+    if ms < 1 then
+      ms = 1
+    end
+    redis.call('SET', key, v, 'PX', fmt(ms + extra))
     committed[key] = v
   elseif s.kind == 'log' then
     local gone = log_sum(key, s.drained)
@@ -594,7 +651,6 @@ local nums = {}
 -- appending {t, all_allowed, 5 per limit} packed to `parts`; writes only when
 -- every limit admits and `commit`. Returns the index of its last key.
 local function check_request(parts, blob, k, commit)
-  states = {}
   local t, count, pos = struct.unpack('<dd', blob)
   t = time_of(t)
   nums[1] = t
@@ -607,7 +663,7 @@ local function check_request(parts, blob, k, commit)
     local key, aux = keys[k + 1], nil
     k = k + 1
     local lease = nil
-    if has_aux(alg) then
+    if alg == 5 or alg == 7 then
       k = k + 1
       aux = keys[k]
       if alg == 7 then
@@ -626,17 +682,27 @@ local function check_request(parts, blob, k, commit)
   end
   -- A hit counter (sent as one only when it is its request's one limit)
   -- writes what it denies too; no other limit's deny is dirty.
-  if commit and (all or count == 1) then
-    for key, s in pairs(states) do
-      if s.dirty then
-        write(key, s, s.ttl, t)
-      end
+  local keep = commit and (all or count == 1)
+  for i = 1, #order do
+    local key = order[i]
+    local s = states[key]
+    if keep and s.dirty then
+      write(key, s, s.ttl, t)
     end
+    if s.kind == 'simple' then
+      spare[#spare + 1] = s
+    end
+    states[key], order[i] = nil, nil
   end
   if not all then
     nums[2] = 0
   end
-  parts[#parts + 1] = packed(nums, 1, o)
+  if o == 7 then
+    -- One limit, the commonest request: packed without `unpack`.
+    parts[#parts + 1] = struct.pack('<ddddddd', nums[1], nums[2], nums[3], nums[4], nums[5], nums[6], nums[7])
+  else
+    parts[#parts + 1] = packed(nums, 1, o)
+  end
   return k
 end
 
@@ -785,7 +851,11 @@ end
 local function run(call_keys, args)
   keys, redis_now = call_keys, nil
   floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
-  states, committed = {}, {}
+  committed = {}
+  if #order > 0 then
+    -- A call that failed half-way left its request's states.
+    states, order = {}, {}
+  end
   local op = args[1]
   extra = tonumber(args[2])
   if op == 'c' or op == 'd' or op == 'x' then
