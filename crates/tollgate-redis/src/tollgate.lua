@@ -21,8 +21,8 @@ local B = 16777216 -- 2^24, the limb base
 -- defined, so Lua's libraries are reached at call time.
 local floor, max, min, ceil
 -- A call to one of those C functions costs a check in Redis about 360
--- instructions, a Lua function call 270, an operator 25 (callgrind on
--- redis-server, docs/benchmarks.md). So the code every check of a bucket
+-- instructions, a Lua function call 270, an operator a few dozen (callgrind
+-- on redis-server, docs/benchmarks.md). So the code every check of a bucket
 -- algorithm runs (`meter`, its `step`s, writing a string state, the reply)
 -- uses operators: `x - x % 1` is floor(x) for every finite x, comparisons
 -- pick a min or max, and it calls no helper it can do without.
