@@ -189,10 +189,10 @@ end
 -- State of every key touched by the request being checked, loaded once:
 -- two limits of one request on the same key see each other's tentative
 -- admission, exactly as in the memory store. Emptied after each request
--- (and made anew by each call, which a failed call may have left with
--- some); a string state's table then goes to `spare` for the next request
--- to fill, since making a table of its eight fields costs a check more than
--- its arithmetic.
+-- (a call that failed half-way leaves some, which the next call drops); a
+-- string state's table then goes to `spare` for the next request to fill,
+-- since making a table of its eight fields costs a check more than its
+-- arithmetic.
 local states = {}
 local spare = {}
 -- The keys of `states`, in the order they were loaded: walked by index,

@@ -510,3 +510,35 @@ async fn states_take_the_smallest_encoding_that_holds_them() {
         }
     }
 }
+
+/// The Lua code keeps a request's states between its limits, and reuses
+/// their tables: a call that fails half-way (here a sliding log whose key
+/// holds a string, after the GCRA limit beside it was stepped) must leave
+/// nothing the next call reads, which decides as if the failed one never
+/// ran.
+#[tokio::test]
+async fn a_call_that_fails_half_way_leaves_no_state_to_the_next() {
+    let server = RedisServer::start();
+    let clock = conformance::clock();
+    let store = manual_store(&server.url(), &clock).await;
+    let memory = MemoryStore::with_clock(Default::default(), Arc::clone(&clock));
+    let quota = Quota::per_minute(10).unwrap();
+    let gcra = limit("{t}a", quota, Algorithm::Gcra, 1);
+    let log = limit("{t}b", quota, Algorithm::SlidingLog, 1);
+    assert_eq!(
+        server
+            .cli(&["SET", "tollgate:log:{t}:b", "not a sorted set"])
+            .trim(),
+        "OK"
+    );
+    assert!(store.check_limits(&[gcra, log]).await.is_err());
+    for round in 0..3 {
+        let redis = store.check_limits(&[gcra]).await.unwrap();
+        let reference = memory.check(&[gcra]).await.unwrap();
+        assert_eq!(
+            redis.decisions[0].remaining(),
+            reference.decisions[0].remaining(),
+            "round {round}"
+        );
+    }
+}
