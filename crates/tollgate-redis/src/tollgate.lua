@@ -18,8 +18,10 @@
 local END = 9007199254740992 -- 2^53 us: the end of time on this side
 local B = 16777216 -- 2^24, the limb base
 -- Set by `run`: a function library's top level runs where only `redis` is
--- defined, so Lua's libraries are reached at call time.
+-- defined, so Lua's libraries are reached at call time (once per call, as
+-- upvalues: a global's lookup costs a check a few hundred instructions).
 local floor, max, min, ceil
+local struct_pack, struct_unpack, format
 -- A call to one of those C functions costs a check in Redis about 360
 -- instructions, a Lua function call 270, an operator a few dozen (callgrind
 -- on redis-server, docs/benchmarks.md). So the code every check of a bucket
@@ -30,7 +32,7 @@ local floor, max, min, ceil
 -- Integers print exactly with %d (a C long: 64 bits on every Redis platform),
 -- and faster than with %.0f.
 local function fmt(x)
-  return string.format('%d', x)
+  return format('%d', x)
 end
 
 -- Three base-2^24 limbs of a < 2^53 (low first).
@@ -164,25 +166,25 @@ local function parse_pair(v, time, amount)
   end
   local t, a
   if #v == 12 then
-    t, a = struct.unpack('<I7I5', v)
+    t, a = struct_unpack('<I7I5', v)
   else
-    t, a = struct.unpack('<dd', v)
+    t, a = struct_unpack('<dd', v)
   end
   return t, a
 end
 
 local function pack_pair(time, amount)
   if amount < COMPACT then
-    return struct.pack('<I7I5', time, amount)
+    return struct_pack('<I7I5', time, amount)
   end
-  return struct.pack('<dd', time, amount)
+  return struct_pack('<dd', time, amount)
 end
 
 local function parse3(v)
   if not v then
     return 0, 0, 0
   end
-  local a, b, c = struct.unpack('<ddd', v)
+  local a, b, c = struct_unpack('<ddd', v)
   return a, b, c
 end
 
@@ -565,7 +567,7 @@ local function write(key, s, ttl, now)
     if s.int then
       v = fmt(s.a)
     elseif s.c then
-      v = struct.pack('<ddd', s.a, s.b, s.c)
+      v = struct_pack('<ddd', s.a, s.b, s.c)
     elseif s.swap then
       v = pack_pair(s.b, s.a)
     else
@@ -640,7 +642,7 @@ local function packed(out, from, to)
     f = '<' .. string.rep('d', n)
     formats[n] = f
   end
-  return struct.pack(f, unpack(out, from, to))
+  return struct_pack(f, unpack(out, from, to))
 end
 
 -- The numbers of the request being checked; reused, as only its first
@@ -651,7 +653,7 @@ local nums = {}
 -- appending {t, all_allowed, 5 per limit} packed to `parts`; writes only when
 -- every limit admits and `commit`. Returns the index of its last key.
 local function check_request(parts, blob, k, commit)
-  local t, count, pos = struct.unpack('<dd', blob)
+  local t, count, pos = struct_unpack('<dd', blob)
   t = time_of(t)
   nums[1] = t
   nums[2] = 1
@@ -659,7 +661,7 @@ local function check_request(parts, blob, k, commit)
   local all = true
   for i = 1, count do
     local alg, cost
-    alg, Q.limit, Q.period, Q.burst, Q.emission, cost, Q.delay_after, pos = struct.unpack('<ddddddd', blob, pos)
+    alg, Q.limit, Q.period, Q.burst, Q.emission, cost, Q.delay_after, pos = struct_unpack('<ddddddd', blob, pos)
     local key, aux = keys[k + 1], nil
     k = k + 1
     local lease = nil
@@ -699,7 +701,7 @@ local function check_request(parts, blob, k, commit)
   end
   if o == 7 then
     -- One limit, the commonest request: packed without `unpack`.
-    parts[#parts + 1] = struct.pack('<ddddddd', nums[1], nums[2], nums[3], nums[4], nums[5], nums[6], nums[7])
+    parts[#parts + 1] = struct_pack('<ddddddd', nums[1], nums[2], nums[3], nums[4], nums[5], nums[6], nums[7])
   else
     parts[#parts + 1] = packed(nums, 1, o)
   end
@@ -716,7 +718,7 @@ end
 local function prefetch(args, from, to, cross)
   local limits = 0
   for r = from, to do
-    limits = limits + struct.unpack('<d', args[r], 9)
+    limits = limits + struct_unpack('<d', args[r], 9)
   end
   if limits == #keys and not cross then
     for first = 1, #keys, 500 do
@@ -731,8 +733,8 @@ local function prefetch(args, from, to, cross)
   local simple, seen, k = {}, {}, 0
   for r = from, to do
     local blob = args[r]
-    for i = 1, struct.unpack('<d', blob, 9) do
-      local alg = struct.unpack('<d', blob, HEAD + LIMIT * (i - 1) + 1)
+    for i = 1, struct_unpack('<d', blob, 9) do
+      local alg = struct_unpack('<d', blob, HEAD + LIMIT * (i - 1) + 1)
       k = k + 1
       local key = keys[k]
       if has_aux(alg) then
@@ -771,11 +773,11 @@ end
 -- check's) took: a later group of a cross-slot request denied. Never touches
 -- a TTL.
 local function refund(blob)
-  local now, count, pos = struct.unpack('<dd', blob)
+  local now, count, pos = struct_unpack('<dd', blob)
   local k = 0
   for i = 1, count do
     local alg, cost
-    alg, Q.limit, Q.period, Q.burst, Q.emission, cost, Q.delay_after, pos = struct.unpack('<ddddddd', blob, pos)
+    alg, Q.limit, Q.period, Q.burst, Q.emission, cost, Q.delay_after, pos = struct_unpack('<ddddddd', blob, pos)
     local q = Q
     k = k + 1
     local key, aux = keys[k], nil
@@ -810,7 +812,7 @@ local function refund(blob)
       elseif ahead == 1 then
         prev = max(prev - cost, 0)
       end
-      redis.call('SET', key, struct.pack('<ddd', last, prev, cur), 'KEEPTTL')
+      redis.call('SET', key, struct_pack('<ddd', last, prev, cur), 'KEEPTTL')
     elseif alg == 5 then
       local member = redis.call('ZRANGEBYSCORE', key, fmt(now), fmt(now))
       if member[1] then
@@ -851,6 +853,7 @@ end
 local function run(call_keys, args)
   keys, redis_now = call_keys, nil
   floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
+  struct_pack, struct_unpack, format = struct.pack, struct.unpack, string.format
   committed = {}
   if #order > 0 then
     -- A call that failed half-way left its request's states.
