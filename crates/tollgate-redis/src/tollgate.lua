@@ -188,18 +188,19 @@ local function parse3(v)
   return a, b, c
 end
 
--- State of every key touched by the request being checked, loaded once:
--- two limits of one request on the same key see each other's tentative
--- admission, exactly as in the memory store. Emptied after each request
--- (a call that failed half-way leaves some, which the next call drops); a
--- string state's table then goes to `spare` for the next request to fill,
--- since making a table of its eight fields costs a check more than its
--- arithmetic.
-local states = {}
-local spare = {}
--- The keys of `states`, in the order they were loaded: walked by index,
--- since `pairs` calls C for every key.
-local order = {}
+-- What the request being checked has done so far, so that two limits of
+-- one request on the same key see each other's tentative admission, exactly
+-- as in the memory store:
+-- - `staged`: a string state's new value, the string that will be SET;
+-- - `states`: a sorted set's state (sliding log, concurrency), as a table;
+-- - `ttls`: the TTL (us) each of them is to be written with;
+-- - `order`: the keys staged or in `states`, in the order first touched,
+--   walked by index, since `pairs` calls C for every key.
+-- A string state is decided from its value and staged as a value, never
+-- held in a table: a table per limit cost a check more than its arithmetic
+-- (docs/benchmarks.md). All are emptied after each request (a call that
+-- failed half-way leaves some, which the next call drops).
+local staged, states, ttls, order = {}, {}, {}, {}
 -- Committed string states of this call (key -> value, false when absent):
 -- a batch prefetches them with one MGET and keeps them up to date as its
 -- requests write, so a key read twice in a call costs one lookup.
@@ -210,45 +211,29 @@ local committed = {}
 -- outlive a call.
 local keys, extra, redis_now
 
-local function load_simple(key, alg, q)
-  local s = states[key]
-  if s then
-    return s
+-- The value a string state is decided from: what this request staged for
+-- it, else what is committed (read now when the call did not prefetch it);
+-- nil when there is none.
+local function value_of(key)
+  local v = staged[key]
+  if v then
+    return v
   end
-  local v = committed[key]
+  v = committed[key]
   if v == nil then
     v = redis.call('GET', key)
     committed[key] = v
   end
-  v = v or nil
-  -- a and b are the core's fields in its order: (tokens or level, last) for
-  -- the buckets (`swap`: the time is b), (last, count) for the windows.
-  -- Every field is set here, on a spare table as on a new one.
-  local n = #spare
-  if n > 0 then
-    s = spare[n]
-    spare[n] = nil
-  else
-    s = {}
+  return v or nil
+end
+
+-- Stages `v` as the new value of the string state `key`, written when the
+-- request is admitted.
+local function stage(key, v)
+  if not staged[key] then
+    order[#order + 1] = key
   end
-  s.kind, s.a, s.b, s.c, s.int, s.swap, s.dirty, s.ttl = 'simple', 0, 0, false, false, false, false, 0
-  if alg == 0 then
-    -- A new bucket is full: tokens clamp to the capacity at the first refill.
-    s.b, s.a = parse_pair(v, 0, END)
-    s.swap = true
-  elseif alg == 1 or alg == 3 then
-    s.a, s.int = parse_int(v), true
-  elseif alg == 2 then
-    s.b, s.a = parse_pair(v, 0, 0)
-    s.swap = true
-  elseif alg == 4 or alg == 8 then
-    s.a, s.b = parse_pair(v, 0, 0)
-  elseif alg == 6 then
-    s.a, s.b, s.c = parse3(v)
-  end
-  states[key] = s
-  order[#order + 1] = key
-  return s
+  staged[key] = v
 end
 
 local function cost_of(member)
@@ -312,25 +297,27 @@ end
 -- decision.
 local function step(alg, q, key, aux, now, cost, write, lease, index)
   if alg == 0 then
-    local s = load_simple(key, alg, q)
+    -- (last refill, tokens); a new bucket is full: tokens clamp to the
+    -- capacity at the first refill.
+    local last, held = parse_pair(value_of(key), 0, END)
     local capacity = q.burst * q.emission
-    local n = s.b
+    local n = last
     if now > n then
       n = now
     end
-    local tokens = s.a + (n - s.b)
+    local tokens = held + (n - last)
     if tokens > capacity then
       tokens = capacity
     end
     local used, a, r, reset, retry, delay = meter(q, n, capacity - tokens, cost)
     if used and write then
-      s.a, s.b, s.dirty = capacity - used, n, true
+      stage(key, pack_pair(n, capacity - used))
       return reset, a, r, reset, retry, delay
     end
     return nil, a, r, reset, retry, delay
   elseif alg == 1 or alg == 3 then
-    local s = load_simple(key, alg, q)
-    local wait = s.a - now
+    -- The theoretical arrival time, a decimal integer.
+    local wait = parse_int(value_of(key)) - now
     if wait < 0 then
       wait = 0
     end
@@ -339,33 +326,35 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       delay = max(wait - min(q.delay_after, q.burst) * q.emission, 0)
     end
     if used and write then
-      s.a, s.dirty = now + used, true
+      stage(key, fmt(now + used))
       return reset, a, r, reset, retry, delay
     end
     return nil, a, r, reset, retry, delay
   elseif alg == 2 then
-    local s = load_simple(key, alg, q)
-    local n = s.b
+    -- (last leak, level).
+    local last, held = parse_pair(value_of(key), 0, 0)
+    local n = last
     if now > n then
       n = now
     end
-    local level = s.a - (n - s.b)
+    local level = held - (n - last)
     if level < 0 then
       level = 0
     end
     local used, a, r, reset, retry, delay = meter(q, n, level, cost)
     if used and write then
-      s.a, s.b, s.dirty = used, n, true
+      stage(key, pack_pair(n, used))
       return reset, a, r, reset, retry, delay
     end
     return nil, a, r, reset, retry, delay
   elseif alg == 4 or alg == 8 then
-    local s = load_simple(key, alg, q)
+    -- (last admission, its window's count).
+    local last, held = parse_pair(value_of(key), 0, 0)
     local p, l = q.period, q.limit
-    local n = max(now, s.a)
+    local n = max(now, last)
     local count = 0
-    if floor(n / p) == floor(s.a / p) then
-      count = s.b
+    if floor(n / p) == floor(last / p) then
+      count = held
     end
     local until_end = until_window_end(n, p, 0)
     local function reset(c)
@@ -378,7 +367,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       local after = count + cost
       local reset_after = reset(after)
       if cost > 0 and write then
-        s.a, s.b, s.dirty = n, after, true
+        stage(key, pack_pair(n, after))
         return reset_after, decision(true, l - after, reset_after)
       end
       return nil, decision(true, l - after, reset_after)
@@ -390,20 +379,21 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
     if alg == 8 and cost > 0 and write then
       -- The hit counter counts what it denies, kept one past the limit.
       local seen = min(count + cost, l + 1)
-      s.a, s.b, s.dirty = n, seen, true
+      stage(key, pack_pair(n, seen))
       return reset(seen), decision(false, max(l - count, 0), reset(seen), retry)
     end
     return nil, decision(false, max(l - count, 0), reset(count), retry)
   elseif alg == 6 then
-    local s = load_simple(key, alg, q)
+    -- (last admission, the count of the window before its, its window's).
+    local last, before, current = parse3(value_of(key))
     local p, l = q.period, q.limit
-    local n = max(now, s.a)
+    local n = max(now, last)
     local prev, cur = 0, 0
-    local ahead = floor(n / p) - floor(s.a / p)
+    local ahead = floor(n / p) - floor(last / p)
     if ahead == 0 then
-      prev, cur = s.b, s.c
+      prev, cur = before, current
     elseif ahead == 1 then
-      prev, cur = s.c, 0
+      prev, cur = current, 0
     end
     local e = n % p
     -- previous * (p - e) / p rounded up is prev - k: the weighted estimate.
@@ -423,7 +413,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
     if after <= l and l - after - prev + k >= 0 then
       local reset_after = reset(after)
       if cost > 0 and write then
-        s.a, s.b, s.c, s.dirty = n, prev, after, true
+        stage(key, struct_pack('<ddd', n, prev, after))
         return reset_after, decision(true, remaining(after), reset_after)
       end
       return nil, decision(true, remaining(after), reset_after)
@@ -561,27 +551,21 @@ local function expire_at_least(key, ttl_us, extra_ms)
   end
 end
 
+-- Writes the staged value `v` of the string state `key`.
+local function write_value(key, v, ttl)
+  -- The TTL in whole milliseconds, rounded up, at least 1.
+  local ms = ttl / 1000
+  ms = ms + (-ms) % 1
+  if ms < 1 then
+    ms = 1
+  end
+  redis.call('SET', key, v, 'PX', fmt(ms + extra))
+  committed[key] = v
+end
+
+-- Writes the state `s` of the sorted set `key`.
 local function write(key, s, ttl, now)
-  if s.kind == 'simple' then
-    local v
-    if s.int then
-      v = fmt(s.a)
-    elseif s.c then
-      v = struct_pack('<ddd', s.a, s.b, s.c)
-    elseif s.swap then
-      v = pack_pair(s.b, s.a)
-    else
-      v = pack_pair(s.a, s.b)
-    end
-    -- The TTL in whole milliseconds, rounded up, at least 1.
-    local ms = ttl / 1000
-    ms = ms + (-ms) % 1
-    if ms < 1 then
-      ms = 1
-    end
-    redis.call('SET', key, v, 'PX', fmt(ms + extra))
-    committed[key] = v
-  elseif s.kind == 'log' then
+  if s.kind == 'log' then
     local gone = log_sum(key, s.drained)
     if s.drained >= 0 then
       redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(s.drained))
@@ -677,7 +661,7 @@ local function check_request(parts, blob, k, commit)
       all = false
     end
     if ttl then
-      states[key].ttl = ttl
+      ttls[key] = ttl
     end
     nums[o + 1], nums[o + 2], nums[o + 3], nums[o + 4], nums[o + 5] = a, r, reset, retry, delay
     o = o + 5
@@ -687,14 +671,15 @@ local function check_request(parts, blob, k, commit)
   local keep = commit and (all or count == 1)
   for i = 1, #order do
     local key = order[i]
-    local s = states[key]
-    if keep and s.dirty then
-      write(key, s, s.ttl, t)
+    if keep then
+      local v = staged[key]
+      if v then
+        write_value(key, v, ttls[key])
+      elseif states[key].dirty then
+        write(key, states[key], ttls[key], t)
+      end
     end
-    if s.kind == 'simple' then
-      spare[#spare + 1] = s
-    end
-    states[key], order[i] = nil, nil
+    staged[key], states[key], ttls[key], order[i] = nil, nil, nil, nil
   end
   if not all then
     nums[2] = 0
@@ -841,7 +826,7 @@ local function run(call_keys, args)
   committed = {}
   if #order > 0 then
     -- A call that failed half-way left its request's states.
-    states, order = {}, {}
+    staged, states, ttls, order = {}, {}, {}, {}
   end
   local op = args[1]
   extra = tonumber(args[2])
