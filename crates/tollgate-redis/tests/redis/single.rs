@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, FailurePolicy, Lease, Limit, Quota, Store, StoreError};
+use tollgate_core::{
+    Algorithm, FailurePolicy, Lease, Limit, ManualClock, Quota, Store, StoreError,
+};
 use tollgate_redis::{ConnectError, RedisConfig, RedisStore};
 use tollgate_store::conformance::{self, assert_same, reference, run, scenarios};
 use tollgate_store::{DenyCache, MemoryStore};
@@ -21,6 +23,24 @@ fn limit(key: &str, quota: Quota, algorithm: Algorithm, cost: u64) -> Limit<'_> 
         cost,
         failure: FailurePolicy::Local,
     }
+}
+
+/// Checks `l` on the Redis store and on the memory reference, and asserts
+/// that both decide alike: admitted or not, and what remains.
+async fn assert_decides_as_memory(
+    store: &RedisStore,
+    memory: &MemoryStore<Arc<ManualClock>>,
+    l: Limit<'_>,
+    what: &str,
+) {
+    let redis = store.check_limits(&[l]).await.unwrap();
+    let reference = memory.check(&[l]).await.unwrap();
+    assert_eq!(
+        redis.decisions[0].remaining(),
+        reference.decisions[0].remaining(),
+        "{what}"
+    );
+    assert_eq!(redis.allowed(), reference.allowed(), "{what}");
 }
 
 #[tokio::test]
@@ -487,14 +507,7 @@ async fn states_take_the_smallest_encoding_that_holds_them() {
     for (key, quota, algorithm, cost, segment, bytes) in cases {
         let l = limit(key, quota, algorithm, cost);
         for round in 0..2 {
-            let redis = store.check_limits(&[l]).await.unwrap();
-            let reference = memory.check(&[l]).await.unwrap();
-            assert_eq!(
-                redis.decisions[0].remaining(),
-                reference.decisions[0].remaining(),
-                "{key} {round}"
-            );
-            assert_eq!(redis.allowed(), reference.allowed(), "{key} {round}");
+            assert_decides_as_memory(&store, &memory, l, &format!("{key} {round}")).await;
             clock.advance(Duration::from_millis(7));
         }
         let redis_key = format!("tollgate:{segment}:{{{key}}}");
@@ -511,8 +524,8 @@ async fn states_take_the_smallest_encoding_that_holds_them() {
     }
 }
 
-/// The Lua code keeps a request's states between its limits, and reuses
-/// their tables: a call that fails half-way (here a sliding log whose key
+/// The Lua code keeps what a request staged for its limits in tables that
+/// outlive a call: a call that fails half-way (here a sliding log whose key
 /// holds a string, after the GCRA limit beside it was stepped) must leave
 /// nothing the next call reads, which decides as if the failed one never
 /// ran.
@@ -533,12 +546,6 @@ async fn a_call_that_fails_half_way_leaves_no_state_to_the_next() {
     );
     assert!(store.check_limits(&[gcra, log]).await.is_err());
     for round in 0..3 {
-        let redis = store.check_limits(&[gcra]).await.unwrap();
-        let reference = memory.check(&[gcra]).await.unwrap();
-        assert_eq!(
-            redis.decisions[0].remaining(),
-            reference.decisions[0].remaining(),
-            "round {round}"
-        );
+        assert_decides_as_memory(&store, &memory, gcra, &format!("round {round}")).await;
     }
 }
