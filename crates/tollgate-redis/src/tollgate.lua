@@ -120,7 +120,9 @@ local function meter(q, now, used, cost)
   end
   local need = cost * t
   local room = capacity - need
-  if cost <= burst and used + need <= END - now and used <= room then
+  -- A cost above the burst, or past the end of time, never fits.
+  local fits = cost <= burst and used + need <= END - now
+  if fits and used <= room then
     local after = used + need
     local newused = nil
     if cost > 0 then
@@ -129,9 +131,8 @@ local function meter(q, now, used, cost)
     local left = (top - after) / t
     return newused, 1, left - left % 1, after, -1, 0
   end
-  -- Denied: a cost above the burst, or past the end of time, never fits.
   local retry = -1
-  if cost <= burst and used + need <= END - now then
+  if fits then
     retry = used - room
   end
   local left = top - used
@@ -539,13 +540,23 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
   error('unknown algorithm ' .. tostring(alg))
 end
 
-local function expire(key, ttl_us, extra_ms)
-  local ms = max(ceil(ttl_us / 1000), 1) + extra_ms
-  redis.call('PEXPIRE', key, fmt(ms))
+-- A TTL of `ttl_us` as PX and PEXPIRE take it: whole milliseconds, rounded
+-- up, at least 1, plus the call's padding.
+local function ttl_ms(ttl_us)
+  local ms = ttl_us / 1000
+  ms = ms + (-ms) % 1
+  if ms < 1 then
+    ms = 1
+  end
+  return ms + extra
 end
 
-local function expire_at_least(key, ttl_us, extra_ms)
-  local ms = max(ceil(ttl_us / 1000), 1) + extra_ms
+local function expire(key, ttl_us)
+  redis.call('PEXPIRE', key, fmt(ttl_ms(ttl_us)))
+end
+
+local function expire_at_least(key, ttl_us)
+  local ms = ttl_ms(ttl_us)
   if redis.call('PTTL', key) < ms then
     redis.call('PEXPIRE', key, fmt(ms))
   end
@@ -553,13 +564,7 @@ end
 
 -- Writes the staged value `v` of the string state `key`.
 local function write_value(key, v, ttl)
-  -- The TTL in whole milliseconds, rounded up, at least 1.
-  local ms = ttl / 1000
-  ms = ms + (-ms) % 1
-  if ms < 1 then
-    ms = 1
-  end
-  redis.call('SET', key, v, 'PX', fmt(ms + extra))
+  redis.call('SET', key, v, 'PX', fmt(ttl_ms(ttl)))
   committed[key] = v
 end
 
@@ -578,16 +583,16 @@ local function write(key, s, ttl, now)
     end
     redis.call('ZADD', key, fmt(s.at), fmt(s.at) .. ':' .. fmt(add))
     redis.call('SET', s.aux, fmt(s.total - gone + s.pending))
-    expire(key, ttl, extra)
-    expire(s.aux, ttl, extra)
+    expire(key, ttl)
+    expire(s.aux, ttl)
   elseif s.kind == 'lease' then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
     for _, a in ipairs(s.added) do
       redis.call('ZADD', key, fmt(a[2]), a[1])
     end
     redis.call('SET', s.aux, fmt(s.count))
-    expire_at_least(key, ttl, extra)
-    expire_at_least(s.aux, ttl, extra)
+    expire_at_least(key, ttl)
+    expire_at_least(s.aux, ttl)
   end
 end
 
@@ -649,7 +654,7 @@ local function check_request(parts, blob, k, commit)
     local key, aux = keys[k + 1], nil
     k = k + 1
     local lease = nil
-    if alg == 5 or alg == 7 then
+    if has_aux(alg) then
       k = k + 1
       aux = keys[k]
       if alg == 7 then
