@@ -71,6 +71,27 @@ impl Algorithm {
         Algorithm::SlidingCounter,
     ];
 
+    /// How many algorithms there are: [`Algorithm::index`] is below it.
+    pub const COUNT: usize = 9;
+
+    /// The algorithm's number, from 0 to [`Algorithm::COUNT`] − 1 (shaping's
+    /// `delay_after` aside). The numbers are fixed: the Redis store's script
+    /// reads them, and the memory store keys each algorithm's state apart by
+    /// them.
+    pub fn index(&self) -> u8 {
+        match self {
+            Algorithm::TokenBucket => 0,
+            Algorithm::Gcra => 1,
+            Algorithm::LeakyBucket => 2,
+            Algorithm::LeakyBucketShaping { .. } => 3,
+            Algorithm::FixedWindow => 4,
+            Algorithm::SlidingLog => 5,
+            Algorithm::SlidingCounter => 6,
+            Algorithm::Concurrency => 7,
+            Algorithm::HitCounter => 8,
+        }
+    }
+
     /// The algorithm's name on the command line and in config files.
     pub fn name(&self) -> &'static str {
         match self {

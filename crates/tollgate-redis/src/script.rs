@@ -25,20 +25,6 @@ pub(crate) struct Params {
     pub(crate) delay_after: u64,
 }
 
-fn code(algorithm: Algorithm) -> u8 {
-    match algorithm {
-        Algorithm::TokenBucket => 0,
-        Algorithm::Gcra => 1,
-        Algorithm::LeakyBucket => 2,
-        Algorithm::LeakyBucketShaping { .. } => 3,
-        Algorithm::FixedWindow => 4,
-        Algorithm::SlidingLog => 5,
-        Algorithm::SlidingCounter => 6,
-        Algorithm::Concurrency => 7,
-        Algorithm::HitCounter => 8,
-    }
-}
-
 /// `ns` rounded up to whole microseconds.
 pub(crate) fn micros_up(ns: u64) -> u64 {
     ns.div_ceil(1000)
@@ -92,8 +78,8 @@ impl Params {
         };
         Ok(Self {
             code: match limit.algorithm {
-                Algorithm::HitCounter if !alone => code(Algorithm::FixedWindow),
-                algorithm => code(algorithm),
+                Algorithm::HitCounter if !alone => Algorithm::FixedWindow.index(),
+                algorithm => algorithm.index(),
             },
             limit: q.limit(),
             period_us,
@@ -109,7 +95,7 @@ impl Params {
     /// takes two keys for this limit): a sliding log's total, a concurrency
     /// limiter's in-flight count.
     pub(crate) fn has_aux(&self) -> bool {
-        self.code == code(Algorithm::SlidingLog) || self.code == code(Algorithm::Concurrency)
+        self.code == Algorithm::SlidingLog.index() || self.code == Algorithm::Concurrency.index()
     }
 
     /// Appends the limit's part of a request argument: seven little-endian
@@ -146,7 +132,7 @@ pub(crate) fn request<'a>(
     let mut leases = false;
     for params in limits {
         params.write(&mut out);
-        leases |= params.code == code(Algorithm::Concurrency);
+        leases |= params.code == Algorithm::Concurrency.index();
     }
     if leases {
         out.extend_from_slice(lease.as_bytes());

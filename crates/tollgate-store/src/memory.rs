@@ -116,8 +116,9 @@ pub struct MemoryStore<C = FastClock> {
     shards: Box<[Padded]>,
     shard_shift: u32,
     sweep_ns: Nanos,
-    /// Two independent hashers per algorithm (see [`tag`]).
-    hashers: [[foldhash::quality::RandomState; 2]; ALGORITHMS],
+    /// Two independent hashers per algorithm ([`Algorithm::index`]), so that
+    /// one key under two algorithms is two states.
+    hashers: [[foldhash::quality::RandomState; 2]; Algorithm::COUNT],
     lease_ids: LeaseIds,
     clock: C,
 }
@@ -413,7 +414,7 @@ impl<C: Clock> MemoryStore<C> {
         // same identity (shaping ignores `delay_after`, as its name does) for
         // a third of the hashing. A name alone is one `write`, whose length
         // foldhash mixes in, so no terminator is needed.
-        let [first, second] = &self.hashers[usize::from(tag(algorithm))];
+        let [first, second] = &self.hashers[usize::from(algorithm.index())];
         let hash = |hasher: &foldhash::quality::RandomState| {
             let mut state = hasher.build_hasher();
             state.write(name.as_bytes());
@@ -518,25 +519,6 @@ impl<C: Clock> MemoryStore<C> {
 
 /// The fewest keys a shard is made to hold (see [`MemoryStore::with_clock`]).
 const MIN_SHARD_KEYS: usize = 64;
-
-/// How many algorithms [`tag`] tells apart.
-const ALGORITHMS: usize = 9;
-
-/// The algorithm's part of a key's identity: one number per algorithm, as
-/// distinct as their names.
-fn tag(algorithm: Algorithm) -> u8 {
-    match algorithm {
-        Algorithm::TokenBucket => 0,
-        Algorithm::Gcra => 1,
-        Algorithm::LeakyBucket => 2,
-        Algorithm::LeakyBucketShaping { .. } => 3,
-        Algorithm::FixedWindow => 4,
-        Algorithm::SlidingLog => 5,
-        Algorithm::SlidingCounter => 6,
-        Algorithm::Concurrency => 7,
-        Algorithm::HitCounter => 8,
-    }
-}
 
 /// [`MemoryStore::check_hot`] for one algorithm.
 #[inline]
