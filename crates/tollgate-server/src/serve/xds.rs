@@ -196,7 +196,8 @@ async fn session(
 ) -> String {
     let channel = match settings.endpoint.connect().await {
         Ok(channel) => channel,
-        Err(e) => return format!("cannot connect: {}", chain(&e)),
+        // tonic's transport errors say little at the top: every source too.
+        Err(e) => return format!("cannot connect: {:#}", anyhow::Error::new(e)),
     };
     let mut client = AggregatedDiscoveryServiceClient::new(channel);
     if let Some(max) = settings.max_message {
@@ -244,19 +245,6 @@ async fn session(
             return "the stream is closed".into();
         }
     }
-}
-
-/// An error and its sources, `: `-separated (tonic's transport errors say
-/// little at the top).
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 /// Decodes `response`'s resources and pushes them as the whole config: the
