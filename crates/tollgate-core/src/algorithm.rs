@@ -195,4 +195,15 @@ mod tests {
         }
         assert!("leaky".parse::<Algorithm>().is_err());
     }
+
+    #[test]
+    fn every_algorithm_has_a_number_of_its_own_below_the_count() {
+        let mut seen = [false; Algorithm::COUNT];
+        for a in Algorithm::RATE.into_iter().chain([Algorithm::Concurrency]) {
+            let index = usize::from(a.index());
+            assert!(index < Algorithm::COUNT, "{a:?}");
+            assert!(!std::mem::replace(&mut seen[index], true), "{a:?}");
+        }
+        assert!(seen.iter().all(|&s| s), "COUNT is the number of algorithms");
+    }
 }
