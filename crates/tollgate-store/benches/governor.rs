@@ -41,8 +41,7 @@ use std::time::{Duration, Instant};
 
 use cap::Cap;
 use governor::DefaultKeyedRateLimiter;
-use tollgate_core::Clock;
-use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store};
+use tollgate_core::{Algorithm, Clock, FailurePolicy, Limit, Quota, Store};
 use tollgate_store::{FastClock, MemoryConfig, MemoryStore};
 
 #[global_allocator]
@@ -160,9 +159,8 @@ impl Limiter for Floor {
 
 /// The bare map: the least a store of Tollgate's design does. The key is
 /// hashed once (64-bit foldhash), one of 128 `parking_lot` mutexes is
-/// locked, a hashbrown table is probed, and the GCRA arithmetic runs inline:
-/// about a third of Tollgate's instructions, with no expiry, eviction, hot
-/// slots or decision to hand back. Where Tollgate keeps up with it, what is
+/// locked, a hashbrown table is probed, and the GCRA arithmetic runs inline,
+/// with no expiry, eviction, hot slots or decision to hand back. Where Tollgate keeps up with it, what is
 /// left of a cell is the memory, not the store's code: its ratio to governor
 /// is what a sharded hash table reaches there.
 struct BareMap {
