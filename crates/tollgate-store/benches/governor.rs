@@ -196,7 +196,10 @@ impl Limiter for BareMap {
         use std::hash::BuildHasher;
         let hash = self.hasher.hash_one(key.as_bytes());
         let now = self.clock.now();
-        let mut table = self.shards[(hash >> 57) as usize].0.lock();
+        // The shard from the middle bits: hashbrown takes the bucket from the
+        // low bits and the tag from the top 7, which would otherwise be the
+        // same for every key of a shard.
+        let mut table = self.shards[(hash >> 32) as usize & 127].0.lock();
         let entry = match table.find_mut(hash, |e| e.0 == hash) {
             Some(entry) => entry,
             None => table.insert_unique(hash, (hash, 0), |e| e.0).into_mut(),
