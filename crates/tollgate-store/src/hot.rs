@@ -123,10 +123,10 @@ impl Slot {
 
 /// Sixteen bits of a key for [`Lanes`]: from the high half's low bits, which
 /// neither the shard (the high half's top bits) nor the table's buckets (the
-/// low half) are picked by. Never 0, which is an empty lane.
+/// low half) are picked by. Odd, so never 0, which is an empty lane.
 #[inline]
 fn lane_tag(key: u128) -> u64 {
-    ((key >> 64) as u16).max(1).into()
+    u64::from((key >> 64) as u16 | 1)
 }
 
 /// Which lanes of 16 bits in `lanes` hold `tag`, as the top bit of each.
@@ -136,6 +136,13 @@ fn matching(lanes: u64, tag: u64) -> u64 {
     const TOPS: u64 = 0x8000_8000_8000_8000;
     let x = lanes ^ tag.wrapping_mul(ONES);
     x.wrapping_sub(ONES) & !x & TOPS
+}
+
+/// Whether `lanes` say a slot may hold `key`: when not, none does, unless
+/// the lanes have changed since.
+#[inline]
+pub(crate) fn may_hold(lanes: Lanes, key: u128) -> bool {
+    matching(lanes, lane_tag(key)) != 0
 }
 
 /// A hint of which keys the hot slots hold: one 16-bit [`lane_tag`] per slot,
@@ -156,7 +163,7 @@ impl HotSlots {
     /// `step` decides from the TAT and says the TAT to store, if any. `None`
     /// when the check must take the shard's lock. `lanes` says which slots
     /// may hold the key.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn check(
         &self,
         key: u128,
@@ -302,6 +309,7 @@ impl TatEntries {
         Some(self.lanes)
     }
 
+    #[inline]
     fn held(&mut self, key: u128) -> Option<usize> {
         if !self.dirty {
             return None;
@@ -387,6 +395,21 @@ impl TatEntries {
             present: true,
         });
         self.held.last_mut().expect("just pushed")
+    }
+}
+
+impl TatEntries {
+    /// [`Entries::get_mut`] for a check that has just taken the shard's lock
+    /// after `lanes`, read before, showed that no slot held `key`
+    /// ([`may_hold`]). While the lanes are still those, no slot is free and
+    /// none is held (as none is unless the sweep the lock ran touched them),
+    /// the key is in the table or nowhere, and nothing else need be looked at.
+    #[inline(always)]
+    pub(crate) fn get_mut_missed(&mut self, key: u128, lanes: Lanes) -> Option<&mut Entry<Tat>> {
+        if self.dirty || self.lanes != lanes || self.hot_len < WAYS {
+            return self.get_mut(key);
+        }
+        self.table.get_mut(key)
     }
 }
 

@@ -17,7 +17,7 @@ use tollgate_core::{
 };
 
 use crate::FastClock;
-use crate::hot::{HotSlots, Lanes};
+use crate::hot::{HotSlots, Lanes, may_hold};
 use crate::shard::{Entries, Entry, Shard, Slot};
 
 /// How the memory store is sized.
@@ -238,40 +238,99 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Checks `limits` at the clock's current time; see [`Store::check`].
+    #[inline]
     pub fn check_now(&self, limits: &[Limit<'_>]) -> Outcome {
-        self.check_at(limits, self.clock.now())
+        self.check_when(limits, || self.clock.now())
     }
 
     /// Checks `limits` at `now`: admitted only if all admit; a deny by one
     /// consumes nothing from any.
     #[inline]
     pub fn check_at(&self, limits: &[Limit<'_>], now: Nanos) -> Outcome {
+        self.check_when(limits, || now)
+    }
+
+    /// Checks `limits` at the time `now` reads, which one limit alone reads
+    /// only once its key is hashed (see [`Self::decide_one`]).
+    #[inline(always)]
+    fn check_when(&self, limits: &[Limit<'_>], now: impl FnOnce() -> Nanos) -> Outcome {
         match limits {
             [limit] => {
                 // The `Outcome` (320 bytes) is built here, in the caller,
-                // from a decision made out of line. Built inside, it was
-                // built on the stack and copied out (memmove was 11% of a
-                // one-key benchmark's samples); here it is written once where
-                // the caller wants it, or not at all where the caller reads
-                // only `allowed()`.
+                // from the decision alone. Built inside a function that
+                // returned it, it was built on the stack and copied out
+                // (memmove was 11% of a one-key benchmark's samples); here it
+                // is written once where the caller wants it.
                 let (decision, lease) = self.decide_one(limit, now);
                 Outcome {
                     decisions: smallvec::smallvec![decision],
                     leases: lease.map_or_else(Vec::new, |id| lease_of(limit, id)),
                 }
             }
-            _ => self.check_all(limits, now),
+            _ => self.check_all(limits, now()),
         }
     }
 
     /// One limit alone: its decision and, when a concurrency limit admitted,
     /// the id of the lease it took.
-    #[inline(never)]
-    fn decide_one(&self, limit: &Limit<'_>, now: Nanos) -> (Decision, Option<u64>) {
-        let (key, shard) = self.locate(limit.algorithm, limit.key);
-        if let Some(decision) = self.check_hot(limit, key, shard, now) {
-            return (decision, None);
+    ///
+    /// The two algorithms whose state is one TAT, GCRA the default among
+    /// them, take a path of their own, inlined into the caller: at many keys
+    /// a check waits on cache misses (the key's bytes, then its table entry),
+    /// and the processor overlaps one check's misses with the next check's
+    /// only while the instructions between them fit its reorder window. Each
+    /// instruction on that path then costs 1–2 ns, and a function call with
+    /// its saved registers and spills tens of instructions
+    /// (docs/benchmarks.md, "The one-TAT path").
+    #[inline(always)]
+    fn decide_one(
+        &self,
+        limit: &Limit<'_>,
+        now: impl FnOnce() -> Nanos,
+    ) -> (Decision, Option<u64>) {
+        match limit.algorithm {
+            Algorithm::Gcra => (self.decide_tat(&Gcra, limit, now), None),
+            Algorithm::LeakyBucketShaping { delay_after } => (
+                self.decide_tat(&LeakyBucketShaping { delay_after }, limit, now),
+                None,
+            ),
+            _ => self.decide_other(limit, now()),
         }
+    }
+
+    /// One limit on a TAT: in a hot slot without the lock, else under it.
+    ///
+    /// The clock is read after the key is hashed: the hash waits on the
+    /// key's bytes, and the clock's instructions run meanwhile, whereas read
+    /// before, they stand between one check's lookup and the next check's key.
+    #[inline(always)]
+    fn decide_tat<M: StateMachine<State = Tat>>(
+        &self,
+        machine: &M,
+        limit: &Limit<'_>,
+        now: impl FnOnce() -> Nanos,
+    ) -> Decision {
+        let (key, shard) = self.locate(limit.algorithm, limit.key);
+        let now = now();
+        let cell = &self.shards[shard];
+        let lanes = cell.lanes.load(Ordering::Relaxed);
+        if may_hold(lanes, key) {
+            if let Some(decision) = check_hot(machine, (&cell.hot, lanes), key, limit, now) {
+                return decision;
+            }
+            return commit(machine, &mut self.lock_cell(cell, now), key, limit, now);
+        }
+        let mut guard = self.lock_cell(cell, now);
+        if let Some(entry) = Tat::table(&mut guard).get_mut_missed(key, lanes) {
+            return step_entry(machine, entry, limit, now);
+        }
+        commit(machine, &mut guard, key, limit, now)
+    }
+
+    /// Every other algorithm's single limit, out of line.
+    #[inline(never)]
+    fn decide_other(&self, limit: &Limit<'_>, now: Nanos) -> (Decision, Option<u64>) {
+        let (key, shard) = self.locate(limit.algorithm, limit.key);
         let lease = wants_lease(limit).then(|| self.lease_ids.next());
         let decision = {
             let mut guard = self.lock(shard, now);
@@ -428,34 +487,17 @@ impl<C: Clock> MemoryStore<C> {
 
     #[inline]
     fn lock(&self, shard: usize, now: Nanos) -> Locked<'_> {
-        let cell = &self.shards[shard];
+        self.lock_cell(&self.shards[shard], now)
+    }
+
+    #[inline(always)]
+    fn lock_cell<'s>(&self, cell: &'s Padded, now: Nanos) -> Locked<'s> {
         let mut guard = Locked {
             shard: cell.shard.lock(),
             lanes: &cell.lanes,
         };
         guard.maintain(now, self.sweep_ns);
         guard
-    }
-
-    /// One limit on a key in a hot slot, without the shard's lock: `None`
-    /// when the key is not in one, or a writer holds it.
-    #[inline]
-    fn check_hot(
-        &self,
-        limit: &Limit<'_>,
-        key: u128,
-        shard: usize,
-        now: Nanos,
-    ) -> Option<Decision> {
-        let cell = &self.shards[shard];
-        let hot = || (&*cell.hot, cell.lanes.load(Ordering::Relaxed));
-        match limit.algorithm {
-            Algorithm::Gcra => check_hot(&Gcra, hot(), key, limit, now),
-            Algorithm::LeakyBucketShaping { delay_after } => {
-                check_hot(&LeakyBucketShaping { delay_after }, hot(), key, limit, now)
-            }
-            _ => None,
-        }
     }
 
     /// One limit alone: no undo to prepare, nothing to peek. A concurrency
@@ -520,7 +562,8 @@ impl<C: Clock> MemoryStore<C> {
 /// The fewest keys a shard is made to hold (see [`MemoryStore::with_clock`]).
 const MIN_SHARD_KEYS: usize = 64;
 
-/// [`MemoryStore::check_hot`] for one algorithm.
+/// One limit on a key in a hot slot, without the shard's lock: `None` when
+/// the key is not in one, or a writer holds it.
 #[inline]
 fn check_hot<M: StateMachine<State = Tat>>(
     machine: &M,
@@ -543,13 +586,8 @@ where
     M: StateMachine,
     M::State: Slot,
 {
-    let table = M::State::table(shard);
-    if let Some(entry) = table.get_mut(key) {
-        let decision = machine.step(&limit.quota, &mut entry.state, now, limit.cost);
-        if writes::<M>(&decision, limit) {
-            entry.expires_at = entry.state.expires_at(&decision, now);
-        }
-        return decision;
+    if let Some(entry) = M::State::table(shard).get_mut(key) {
+        return step_entry(machine, entry, limit, now);
     }
     let mut state = M::State::default();
     let decision = machine.step(&limit.quota, &mut state, now, limit.cost);
@@ -561,6 +599,25 @@ where
         if let Err(wait) = shard.insert_new(key, entry, now) {
             return refused(&decision, wait);
         }
+    }
+    decision
+}
+
+/// [`commit`] of a key held: step its state and write it.
+#[inline(always)]
+fn step_entry<M>(
+    machine: &M,
+    entry: &mut Entry<M::State>,
+    limit: &Limit<'_>,
+    now: Nanos,
+) -> Decision
+where
+    M: StateMachine,
+    M::State: Slot,
+{
+    let decision = machine.step(&limit.quota, &mut entry.state, now, limit.cost);
+    if writes::<M>(&decision, limit) {
+        entry.expires_at = entry.state.expires_at(&decision, now);
     }
     decision
 }

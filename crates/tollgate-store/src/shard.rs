@@ -222,9 +222,10 @@ macro_rules! tables {
                 &mut shard.tables.$hot
             }
 
+            // A TAT is the instant the state is back to full.
             #[inline]
-            fn expires_at(&self, decision: &Decision, now: Nanos) -> Nanos {
-                until_reset(self, decision, now)
+            fn expires_at(&self, _: &Decision, _: Nanos) -> Nanos {
+                self.0
             }
         }
 
@@ -269,19 +270,13 @@ fn until_reset<S: Latest>(state: &S, decision: &Decision, now: Nanos) -> Nanos {
 }
 
 /// The latest time a state has seen, which its algorithm reads a clock that
-/// went back as (0 for GCRA, whose reset counts from its TAT, not from now).
+/// went back as.
 trait Latest {
     fn latest(&self) -> Nanos;
 }
 
 fn latest<S: Latest>(state: &S) -> Nanos {
     state.latest()
-}
-
-impl Latest for Tat {
-    fn latest(&self) -> Nanos {
-        0
-    }
 }
 
 impl Latest for Tokens {
