@@ -309,6 +309,19 @@ impl TatEntries {
         Some(self.lanes)
     }
 
+    /// [`Entries::get_mut`] for a check that has just taken the shard's lock
+    /// after `lanes`, read before, showed that no slot held `key`
+    /// ([`may_hold`]). While the lanes are still those, no slot is free and
+    /// none is held (as none is unless the sweep the lock ran touched them),
+    /// the key is in the table or nowhere, and nothing else need be looked at.
+    #[inline(always)]
+    pub(crate) fn get_mut_missed(&mut self, key: u128, lanes: Lanes) -> Option<&mut Entry<Tat>> {
+        if self.dirty || self.lanes != lanes || self.hot_len < WAYS {
+            return self.get_mut(key);
+        }
+        self.table.get_mut(key)
+    }
+
     #[inline]
     fn held(&mut self, key: u128) -> Option<usize> {
         if !self.dirty {
@@ -395,21 +408,6 @@ impl TatEntries {
             present: true,
         });
         self.held.last_mut().expect("just pushed")
-    }
-}
-
-impl TatEntries {
-    /// [`Entries::get_mut`] for a check that has just taken the shard's lock
-    /// after `lanes`, read before, showed that no slot held `key`
-    /// ([`may_hold`]). While the lanes are still those, no slot is free and
-    /// none is held (as none is unless the sweep the lock ran touched them),
-    /// the key is in the table or nowhere, and nothing else need be looked at.
-    #[inline(always)]
-    pub(crate) fn get_mut_missed(&mut self, key: u128, lanes: Lanes) -> Option<&mut Entry<Tat>> {
-        if self.dirty || self.lanes != lanes || self.hot_len < WAYS {
-            return self.get_mut(key);
-        }
-        self.table.get_mut(key)
     }
 }
 
@@ -597,6 +595,33 @@ mod tests {
         tat.release();
         assert_eq!(add(&hot, last, 0), Some(last as u64 * 10));
         assert_eq!(tat.len(), WAYS);
+    }
+
+    #[test]
+    fn a_lookup_after_a_lane_miss_falls_back_whenever_the_slots_may_have_moved() {
+        let (hot, mut tat) = entries();
+        let empty = tat.lanes;
+        for key in 1..=WAYS as u128 + 1 {
+            tat.insert_new(key, entry(key as u64 * 10));
+        }
+        tat.release();
+        let full = tat.lanes;
+        let last = WAYS as u128 + 1;
+        // The lanes read before still stand: the table alone decides.
+        assert_eq!(
+            tat.get_mut_missed(last, full).map(|e| e.state),
+            Some(Tat(last as u64 * 10))
+        );
+        assert!(tat.get_mut_missed(99, full).is_none());
+        // Lanes read before key 1 took its slot: it is found there.
+        assert_eq!(tat.get_mut_missed(1, empty).map(|e| e.state), Some(Tat(10)));
+        tat.release();
+        // A slot came free: the table's key moves up, as with `get_mut`.
+        tat.sweep(10);
+        tat.release();
+        assert!(tat.get_mut_missed(last, tat.lanes).is_some());
+        tat.release();
+        assert_eq!(add(&hot, last, 0), Some(last as u64 * 10));
     }
 
     #[test]
