@@ -208,6 +208,13 @@ struct Record {
     allowed: u64,
     denied: u64,
     errors: u64,
+    /// The server's CPU time (user and system) per answer, in µs, as
+    /// `scripts/bench-http` adds it: read from `/proc/<pid>/stat` around the
+    /// generator's whole run, warm-up included, over the answers that run
+    /// would have made at its measured rate. Unlike requests/s, it does not
+    /// depend on how the CPUs were shared with the generator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    server_cpu_us: Option<f64>,
 }
 
 /// What one worker counted.
@@ -370,6 +377,7 @@ fn run_load(api: &str, load: Load) -> anyhow::Result<()> {
         allowed: tally.allowed,
         denied: tally.denied,
         errors: tally.errors,
+        server_cpu_us: None,
     };
     println!("{}", serde_json::to_string(&record)?);
     if requests == 0 {
@@ -781,6 +789,7 @@ fn from_oha(server: Server, keys: u64, concurrency: u64) -> anyhow::Result<()> {
             .filter(|(what, _)| !what.contains("deadline"))
             .map(|(_, n)| n)
             .sum(),
+        server_cpu_us: None,
     };
     println!("{}", serde_json::to_string(&record)?);
     Ok(())
@@ -848,6 +857,7 @@ fn from_h2load(server: Server, concurrency: u64, log: &std::path::Path) -> anyho
         allowed: 0,
         denied: 0,
         errors: count("failed") + count("errored") + count("timeout"),
+        server_cpu_us: None,
     };
     println!("{}", serde_json::to_string(&record)?);
     Ok(())
@@ -869,6 +879,8 @@ struct Summary {
     p50: f64,
     p99: f64,
     allowed_share: f64,
+    /// NaN when no run was given the server's CPU.
+    server_cpu_us: f64,
     errors: u64,
 }
 
@@ -885,6 +897,7 @@ fn summarize(records: &[&Record]) -> Option<Summary> {
         p99: column(|r| r.p99_us),
         // NaN when no run could tell allowed from denied.
         allowed_share: column(|r| r.allowed as f64 / (r.allowed + r.denied) as f64),
+        server_cpu_us: column(|r| r.server_cpu_us.unwrap_or(f64::NAN)),
         errors: records.iter().map(|r| r.errors).sum(),
     })
 }
@@ -929,11 +942,11 @@ fn report(files: &[PathBuf]) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "| check | generator | keys | conc. | Tollgate req/s | throttlecrab req/s | **ratio** | Tollgate p50 / p99 (µs) | throttlecrab p50 / p99 (µs) | p99 ratio | allowed T / tc | runs |"
+        "| check | generator | keys | conc. | Tollgate req/s | throttlecrab req/s | **ratio** | Tollgate p50 / p99 (µs) | throttlecrab p50 / p99 (µs) | p99 ratio | server CPU µs per answer T / tc | CPU ratio | allowed T / tc | runs |"
     )?;
     writeln!(
         out,
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )?;
     for (api, generator, keys, concurrency) in cases {
         let of = |server: Server| {
@@ -977,6 +990,17 @@ fn report(files: &[PathBuf]) -> anyhow::Result<()> {
             ),
             _ => ("–".to_owned(), "–".to_owned()),
         };
+        let cpu = |s: &Option<Summary>| match s {
+            Some(s) if !s.server_cpu_us.is_nan() => format!("{:.2}", s.server_cpu_us),
+            _ => "–".to_owned(),
+        };
+        // Tollgate's over throttlecrab's: below 1, Tollgate spends less.
+        let cpu_ratio = match (&tollgate, &crab) {
+            (Some(t), Some(c)) if !(t.server_cpu_us / c.server_cpu_us).is_nan() => {
+                format!("{:.2}×", t.server_cpu_us / c.server_cpu_us)
+            }
+            _ => "–".to_owned(),
+        };
         let runs = tollgate
             .as_ref()
             .map_or(0, |s| s.runs)
@@ -990,11 +1014,13 @@ fn report(files: &[PathBuf]) -> anyhow::Result<()> {
         };
         writeln!(
             out,
-            "| {check} | {generator} | {keys} | {concurrency} | {} | {} | {ratio} | {} | {} | {p99_ratio} | {} / {} | {runs} |",
+            "| {check} | {generator} | {keys} | {concurrency} | {} | {} | {ratio} | {} | {} | {p99_ratio} | {} / {} | {cpu_ratio} | {} / {} | {runs} |",
             rps(&tollgate),
             rps(&crab),
             lat(&tollgate),
             lat(&crab),
+            cpu(&tollgate),
+            cpu(&crab),
             share(&tollgate, Server::Tollgate),
             share(&crab, Server::Throttlecrab),
         )?;
