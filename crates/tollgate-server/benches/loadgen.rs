@@ -949,8 +949,8 @@ fn report(files: &[PathBuf]) -> anyhow::Result<()> {
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )?;
     for (api, generator, keys, concurrency) in cases {
-        let of = |server: Server| {
-            let chosen: Vec<&Record> = records
+        let runs_of = |server: Server| -> Vec<&Record> {
+            records
                 .iter()
                 .filter(|r| {
                     r.api == api
@@ -959,10 +959,23 @@ fn report(files: &[PathBuf]) -> anyhow::Result<()> {
                         && r.concurrency == concurrency
                         && r.server == server
                 })
-                .collect();
-            summarize(&chosen)
+                .collect()
         };
-        let (tollgate, crab) = (of(Server::Tollgate), of(Server::Throttlecrab));
+        let (tollgate_runs, crab_runs) = (runs_of(Server::Tollgate), runs_of(Server::Throttlecrab));
+        let (tollgate, crab) = (summarize(&tollgate_runs), summarize(&crab_runs));
+        // Each run measures both servers one after the other, so the n-th
+        // record of each server in a case comes from the same run: ratios
+        // are taken run by run, then their median, so that a run the whole
+        // machine was slower in is not set against another run's peer.
+        let paired = |f: fn(&Record) -> f64| {
+            let mut ratios: Vec<f64> = tollgate_runs
+                .iter()
+                .zip(&crab_runs)
+                .map(|(t, c)| f(t) / f(c))
+                .filter(|ratio| !ratio.is_nan())
+                .collect();
+            median(&mut ratios)
+        };
         let check = match api.as_str() {
             "http" => "HTTP JSON",
             _ => "gRPC",
@@ -983,24 +996,18 @@ fn report(files: &[PathBuf]) -> anyhow::Result<()> {
             Some(s) => format!("{:.1}%", s.allowed_share * 100.0),
             None => "–".to_owned(),
         };
-        let (ratio, p99_ratio) = match (&tollgate, &crab) {
-            (Some(t), Some(c)) => (
-                format!("**{:.2}×**", t.rps / c.rps),
-                format!("{:.2}×", t.p99 / c.p99),
-            ),
-            _ => ("–".to_owned(), "–".to_owned()),
+        let ratio = |f: fn(&Record) -> f64, bold: bool| match paired(f) {
+            r if r.is_nan() => "–".to_owned(),
+            r if bold => format!("**{r:.2}×**"),
+            r => format!("{r:.2}×"),
         };
         let cpu = |s: &Option<Summary>| match s {
             Some(s) if !s.server_cpu_us.is_nan() => format!("{:.2}", s.server_cpu_us),
             _ => "–".to_owned(),
         };
         // Tollgate's over throttlecrab's: below 1, Tollgate spends less.
-        let cpu_ratio = match (&tollgate, &crab) {
-            (Some(t), Some(c)) if !(t.server_cpu_us / c.server_cpu_us).is_nan() => {
-                format!("{:.2}×", t.server_cpu_us / c.server_cpu_us)
-            }
-            _ => "–".to_owned(),
-        };
+        let cpu_ratio = ratio(|r| r.server_cpu_us.unwrap_or(f64::NAN), false);
+        let (ratio, p99_ratio) = (ratio(|r| r.rps, true), ratio(|r| r.p99_us, false));
         let runs = tollgate
             .as_ref()
             .map_or(0, |s| s.runs)
