@@ -251,7 +251,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Checks `limits` at the time `now` reads, which one limit alone reads
-    /// only once its key is hashed (see [`Self::decide_one`]).
+    /// only once its key is hashed (see [`Self::decide_tat`]).
     #[inline(always)]
     fn check_when(&self, limits: &[Limit<'_>], now: impl FnOnce() -> Nanos) -> Outcome {
         match limits {
