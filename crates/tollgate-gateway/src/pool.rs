@@ -73,18 +73,20 @@ impl Pool {
     /// Sends `request` (origin-form URI, `Host` set) on a pooled connection,
     /// or on a new one.
     pub(crate) async fn send(
-        self: &Arc<Self>,
+        self: Arc<Self>,
         mut request: Request<Incoming>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
         loop {
             let (mut sender, fresh) = match self.take().await {
                 Some(sender) => (sender, false),
-                None => (self.connect().await?, true),
+                // Boxed: connecting is rare, and its future would more than
+                // double this one's size, which every request allocates.
+                None => (Box::pin(self.connect()).await?, true),
             };
             match sender.try_send_request(request).await {
                 Ok(response) => {
                     let (parts, body) = response.into_parts();
-                    let body = PooledBody::new(body, sender, Arc::clone(self));
+                    let body = PooledBody::new(body, sender, Arc::clone(&self));
                     return Ok(Response::from_parts(parts, body));
                 }
                 Err(mut failed) => match failed.take_message() {
