@@ -18,8 +18,8 @@ use tollgate_http::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_BUCKET, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
 };
 use tollgate_http::{
-    ClientIpConfig, ClientIpKey, FixedKey, HeaderKey, HeaderStyle, PolicyHandle, RateLimitLayer,
-    RouteKey,
+    ClientIpConfig, ClientIpKey, FixedKey, HeaderKey, HeaderStyle, PolicyHandle, RateLimit,
+    RateLimitLayer, RouteKey,
 };
 use tollgate_policy::{KillSwitch, Policy};
 use tollgate_store::{MemoryConfig, MemoryStore};
@@ -742,6 +742,53 @@ async fn a_service_told_its_connection_peer_keys_requests_by_it() {
     assert_eq!(
         one.oneshot(from("192.0.2.3:1")).await.unwrap().status(),
         StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn a_connection_from_a_trusted_proxy_is_keyed_per_request() {
+    use std::convert::Infallible;
+
+    use tower::Layer;
+
+    // The connection's descriptors are made once for a peer whose requests
+    // are all keyed alike, and per request for a proxy that names clients.
+    let trusted = ClientIpConfig::new().trust(["10.0.0.0/8".parse().unwrap()]);
+    let layer = RateLimitLayer::builder("api", policy(PER_IP), MemoryStore::default())
+        .descriptor(ClientIpKey::new(trusted))
+        .build();
+    let inner = tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(http::Response::new(Body::from("ok")))
+    });
+    let status = |service: &RateLimit<_>, xff: &'static str| {
+        let request = Request::get("/")
+            .header("x-forwarded-for", xff)
+            .body(Body::empty())
+            .unwrap();
+        let service = service.clone();
+        async move { service.oneshot(request).await.unwrap().status() }
+    };
+    let mut proxy = layer.layer(inner);
+    proxy.set_peer("10.0.0.1".parse().unwrap());
+    let mut direct = proxy.clone();
+    direct.set_peer("192.0.2.9".parse().unwrap());
+
+    // Through the proxy, each named client has its own budget of two.
+    for _ in 0..2 {
+        assert_eq!(status(&proxy, "192.0.2.1").await, StatusCode::OK);
+    }
+    assert_eq!(
+        status(&proxy, "192.0.2.1").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(status(&proxy, "192.0.2.2").await, StatusCode::OK);
+    // A peer that is no proxy spends its own budget, whatever it names.
+    for xff in ["192.0.2.1", "192.0.2.3"] {
+        assert_eq!(status(&direct, xff).await, StatusCode::OK);
+    }
+    assert_eq!(
+        status(&direct, "192.0.2.4").await,
+        StatusCode::TOO_MANY_REQUESTS
     );
 }
 

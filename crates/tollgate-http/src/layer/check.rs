@@ -31,8 +31,32 @@ pub(crate) trait Check: Send + Sync + 'static {
     /// socket peer `peer` when the service was told it.
     fn descriptors(&self, request: &Parts, peer: Option<IpAddr>) -> Vec<Descriptor>;
 
+    /// The descriptors of every request over a connection from `peer` that
+    /// names no peer itself, when every source makes its descriptor from the
+    /// peer alone ([`DescriptorSource::descriptor_of_peer`]).
+    fn peer_descriptors(&self, peer: IpAddr) -> Option<Arc<[Descriptor]>>;
+
     /// Decides a request with these descriptors.
-    fn check(self: Arc<Self>, descriptors: Vec<Descriptor>) -> BoxFuture<Verdict>;
+    fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Verdict>;
+}
+
+/// A request's descriptors: made from it, or its connection's, made once.
+pub(crate) enum Descriptors {
+    /// Made from the request.
+    Made(Vec<Descriptor>),
+    /// The connection's ([`Check::peer_descriptors`]).
+    Peer(Arc<[Descriptor]>),
+}
+
+impl std::ops::Deref for Descriptors {
+    type Target = [Descriptor];
+
+    fn deref(&self) -> &[Descriptor] {
+        match self {
+            Descriptors::Made(made) => made,
+            Descriptors::Peer(peer) => peer,
+        }
+    }
 }
 
 /// How a denied request is answered, from what the request says of its client.
@@ -141,7 +165,20 @@ impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
             .collect()
     }
 
-    fn check(self: Arc<Self>, descriptors: Vec<Descriptor>) -> BoxFuture<Verdict> {
+    fn peer_descriptors(&self, peer: IpAddr) -> Option<Arc<[Descriptor]>> {
+        let mut made = Vec::with_capacity(self.sources.len());
+        for source in &self.sources {
+            // As `descriptors` leaves them out.
+            if let Some(descriptor) = source.descriptor_of_peer(peer)?
+                && !descriptor.entries.is_empty()
+            {
+                made.push(descriptor);
+            }
+        }
+        Some(made.into())
+    }
+
+    fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Verdict> {
         Box::pin(async move { self.run(&descriptors).await })
     }
 }

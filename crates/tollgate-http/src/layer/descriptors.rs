@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
+use http::Extensions;
 use http::request::Parts;
 use tollgate_policy::{Descriptor, Entry};
 
@@ -32,6 +33,18 @@ pub trait DescriptorSource: Send + Sync + 'static {
         let _ = peer;
         self.descriptor(request)
     }
+
+    /// The descriptor of every request that came over a connection from
+    /// `peer` and names no peer in its extensions, when it depends on
+    /// nothing else: `Some(descriptor)`, made once per connection
+    /// ([`RateLimit::set_peer`](crate::RateLimit::set_peer)) rather than
+    /// per request. `None` (the default): it depends on the request.
+    /// [`ClientIpKey`] for a peer that is not a trusted proxy, [`FixedKey`],
+    /// and a [`Composite`] of such parts give one.
+    fn descriptor_of_peer(&self, peer: IpAddr) -> Option<Option<Descriptor>> {
+        let _ = peer;
+        None
+    }
 }
 
 impl<F> DescriptorSource for F
@@ -53,19 +66,15 @@ fn single(key: &str, value: impl Into<String>) -> Descriptor {
 /// The socket peer's address, from the request extensions: axum's
 /// `ConnectInfo<SocketAddr>` (with the `axum` feature), or a plain
 /// `SocketAddr` or `IpAddr` that the server put there.
-pub(crate) fn peer_addr(request: &Parts) -> Option<IpAddr> {
+pub(crate) fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
-    if let Some(info) = request
-        .extensions
-        .get::<axum::extract::ConnectInfo<SocketAddr>>()
-    {
+    if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(info.0.ip());
     }
-    request
-        .extensions
+    extensions
         .get::<SocketAddr>()
         .map(SocketAddr::ip)
-        .or_else(|| request.extensions.get::<IpAddr>().copied())
+        .or_else(|| extensions.get::<IpAddr>().copied())
 }
 
 /// The client address (IPv6 folded to its network) as `remote_address`,
@@ -114,11 +123,20 @@ impl DescriptorSource for ClientIpKey {
     }
 
     fn descriptor_from(&self, request: &Parts, peer: Option<IpAddr>) -> Option<Descriptor> {
-        let value = match peer_addr(request).or(peer) {
+        let value = match peer_addr(&request.extensions).or(peer) {
             Some(peer) => self.config.client_key(peer, &request.headers),
             None => "unknown".into(),
         };
         Some(single(&self.key, value))
+    }
+
+    fn descriptor_of_peer(&self, peer: IpAddr) -> Option<Option<Descriptor>> {
+        // A trusted proxy's requests are keyed by the client they name; any
+        // other peer's by itself, whatever its headers say.
+        (!self.config.is_trusted(peer)).then(|| {
+            let value = self.config.client_key(peer, &http::HeaderMap::new());
+            Some(single(&self.key, value))
+        })
     }
 }
 
@@ -313,6 +331,10 @@ impl DescriptorSource for FixedKey {
     fn descriptor(&self, _: &Parts) -> Option<Descriptor> {
         Some(single(&self.key, self.value.clone()))
     }
+
+    fn descriptor_of_peer(&self, _: IpAddr) -> Option<Option<Descriptor>> {
+        Some(Some(single(&self.key, self.value.clone())))
+    }
 }
 
 /// One descriptor made of the entries of several sources, in order (e.g. user
@@ -359,18 +381,33 @@ impl DescriptorSource for Composite {
     }
 
     fn descriptor_from(&self, request: &Parts, peer: Option<IpAddr>) -> Option<Descriptor> {
+        self.join(|part| Some(part.descriptor_from(request, peer)))?
+    }
+
+    fn descriptor_of_peer(&self, peer: IpAddr) -> Option<Option<Descriptor>> {
+        self.join(|part| part.descriptor_of_peer(peer))
+    }
+}
+
+impl Composite {
+    /// The parts' descriptors as `make` gives them, joined; `None` when
+    /// `make` gives `None` for a part.
+    fn join(
+        &self,
+        mut make: impl FnMut(&dyn DescriptorSource) -> Option<Option<Descriptor>>,
+    ) -> Option<Option<Descriptor>> {
         let mut entries = Vec::new();
         for (part, required) in &self.parts {
-            match part.descriptor_from(request, peer) {
+            match make(part.as_ref())? {
                 Some(descriptor) => entries.extend(descriptor.entries),
-                None if *required => return None,
+                None if *required => return Some(None),
                 None => {}
             }
         }
-        (!entries.is_empty()).then(|| Descriptor {
+        Some((!entries.is_empty()).then(|| Descriptor {
             entries,
             ..Descriptor::default()
-        })
+        }))
     }
 }
 
@@ -392,6 +429,61 @@ mod tests {
 
     fn pair(k: &str, v: &str) -> (String, String) {
         (k.into(), v.into())
+    }
+
+    #[test]
+    fn a_peer_descriptor_is_what_each_of_its_requests_gets() {
+        let trusted = ClientIpConfig::new().trust(["10.0.0.0/8".parse().unwrap()]);
+        let request = || {
+            parts(
+                Request::get("/")
+                    .header("x-forwarded-for", "192.0.2.1")
+                    .header("x-user", "ann")
+                    .body(())
+                    .unwrap(),
+            )
+        };
+        let sources: Vec<Box<dyn DescriptorSource>> = vec![
+            Box::new(ClientIpKey::new(trusted.clone())),
+            Box::new(FixedKey::new("v1")),
+            Box::new(
+                Composite::new()
+                    .with(ClientIpKey::new(trusted.clone()))
+                    .with(FixedKey::new("v1")),
+            ),
+            Box::new(Composite::new().with_optional(FixedKey::new("v1"))),
+        ];
+        for peer in ["203.0.113.7", "2001:db8::5", "::ffff:203.0.113.7"] {
+            let peer: IpAddr = peer.parse().unwrap();
+            for source in &sources {
+                assert_eq!(
+                    source.descriptor_of_peer(peer),
+                    Some(source.descriptor_from(&request(), Some(peer))),
+                    "from {peer}"
+                );
+            }
+        }
+        // Per request: a trusted proxy's (it names the client), a header's,
+        // and a composite with either.
+        let proxy: IpAddr = "10.0.0.1".parse().unwrap();
+        assert_eq!(
+            ClientIpKey::new(trusted.clone()).descriptor_of_peer(proxy),
+            None
+        );
+        let peer: IpAddr = "203.0.113.7".parse().unwrap();
+        assert_eq!(
+            HeaderKey::new(HeaderName::from_static("x-user"), "user").descriptor_of_peer(peer),
+            None
+        );
+        let with_header = Composite::new()
+            .with(FixedKey::new("v1"))
+            .with_optional(HeaderKey::new(HeaderName::from_static("x-user"), "user"));
+        assert_eq!(with_header.descriptor_of_peer(peer), None);
+        // A required part that gives nothing leaves the composite out.
+        let never = Composite::new()
+            .with(FixedKey::new("v1"))
+            .with(Composite::new());
+        assert_eq!(never.descriptor_of_peer(peer), Some(None));
     }
 
     #[test]

@@ -9,7 +9,10 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::ResponseBody;
-use super::check::Check;
+use tollgate_policy::Descriptor;
+
+use super::check::{Check, Descriptors};
+use super::descriptors::peer_addr;
 use super::future::ResponseFuture;
 
 /// Rate limits the requests to an inner service.
@@ -36,6 +39,9 @@ pub struct RateLimit<S> {
     inner: S,
     limiter: Arc<dyn Check>,
     peer: Option<IpAddr>,
+    /// The descriptors of every request from `peer` that names no peer
+    /// itself, when the sources make them from the peer alone.
+    peer_descriptors: Option<Arc<[Descriptor]>>,
 }
 
 impl<S> RateLimit<S> {
@@ -44,6 +50,7 @@ impl<S> RateLimit<S> {
             inner,
             limiter,
             peer: None,
+            peer_descriptors: None,
         }
     }
 
@@ -53,9 +60,14 @@ impl<S> RateLimit<S> {
     /// clones) a service per connection, as Tollgate's gateway does, says it
     /// once here rather than putting the address in every request's
     /// extensions (a map and a box of its own, allocated per request).
-    /// Clones keep it.
+    /// Clones keep it. When every source makes its descriptor from the peer
+    /// alone ([`DescriptorSource::descriptor_of_peer`]), the descriptors are
+    /// made here, once, for every request that names no peer itself.
+    ///
+    /// [`DescriptorSource::descriptor_of_peer`]: crate::DescriptorSource::descriptor_of_peer
     pub fn set_peer(&mut self, peer: IpAddr) {
         self.peer = Some(peer);
+        self.peer_descriptors = self.limiter.peer_descriptors(peer);
     }
 
     /// The inner service.
@@ -80,6 +92,7 @@ impl<S: Clone> Clone for RateLimit<S> {
             inner: self.inner.clone(),
             limiter: Arc::clone(&self.limiter),
             peer: self.peer,
+            peer_descriptors: self.peer_descriptors.clone(),
         }
     }
 }
@@ -104,14 +117,22 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         // The service that was made ready goes with this request; a clone
         // takes its place for the next `poll_ready`.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let (parts, body) = request.into_parts();
-        let descriptors = self.limiter.descriptors(&parts, self.peer);
-        let request = Request::from_parts(parts, body);
+        let descriptors = match &self.peer_descriptors {
+            Some(peer) if peer_addr(request.extensions()).is_none() => {
+                Descriptors::Peer(Arc::clone(peer))
+            }
+            _ => {
+                let (parts, body) = request.into_parts();
+                let made = self.limiter.descriptors(&parts, self.peer);
+                request = Request::from_parts(parts, body);
+                Descriptors::Made(made)
+            }
+        };
         if descriptors.is_empty() {
             return ResponseFuture::unlimited(inner.call(request));
         }
