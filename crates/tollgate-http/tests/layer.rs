@@ -793,6 +793,35 @@ async fn a_connection_from_a_trusted_proxy_is_keyed_per_request() {
 }
 
 #[tokio::test]
+async fn a_connection_keyed_by_its_peer_follows_a_reload() {
+    use std::convert::Infallible;
+
+    use tower::Layer;
+
+    let handle = PolicyHandle::new(policy(PER_IP));
+    let layer = RateLimitLayer::builder("api", handle.clone(), MemoryStore::default()).build();
+    let inner = tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(http::Response::new(Body::from("ok")))
+    });
+    // Its descriptors resolved when the connection began, under PER_IP.
+    let mut connection = layer.layer(inner);
+    connection.set_peer("192.0.2.1".parse().unwrap());
+    let send = || async {
+        let request = Request::get("/").body(Body::empty()).unwrap();
+        let response = connection.clone().oneshot(request).await.unwrap();
+        let limit = text(response.headers(), X_RATELIMIT_LIMIT).to_owned();
+        (response.status(), limit)
+    };
+    assert_eq!(send().await, (StatusCode::OK, "2".into()));
+    handle.store(policy(
+        &PER_IP.replace("per-ip", "per-client").replace("2,", "5,"),
+    ));
+    assert_eq!(send().await, (StatusCode::OK, "5".into()));
+    handle.store(policy("domain: api\nrules: []\n"));
+    assert_eq!(send().await, (StatusCode::OK, String::new()));
+}
+
+#[tokio::test]
 async fn over_http_a_plain_hyper_server_passes_the_peer_as_a_socket_addr() {
     use std::convert::Infallible;
 

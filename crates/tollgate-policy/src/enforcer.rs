@@ -437,6 +437,31 @@ impl FromStr for Permit {
     }
 }
 
+/// A policy request resolved once ([`Enforcer::prepare`]), to be decided
+/// many times ([`Enforcer::enforce_prepared`]). It keeps the policy it was
+/// resolved under, so that a reload in between is noticed (and that policy
+/// is not freed while the request is kept).
+#[derive(Debug)]
+pub struct Prepared {
+    domain: String,
+    descriptors: Arc<[Descriptor]>,
+    hits_addend: u64,
+    policy: Arc<Policy>,
+    resolved: Vec<Resolved>,
+    each: bool,
+}
+
+impl Prepared {
+    /// The request it stands for.
+    pub fn request(&self) -> Request<'_> {
+        Request {
+            domain: &self.domain,
+            descriptors: &self.descriptors,
+            hits_addend: self.hits_addend,
+        }
+    }
+}
+
 /// One decision, as observers see it.
 #[derive(Debug, Clone, Copy)]
 pub struct Decided<'a> {
@@ -767,13 +792,72 @@ impl<S: Store> Enforcer<S> {
         }
     }
 
+    /// Resolves a request once, to decide it again and again with
+    /// [`Enforcer::enforce_prepared`]: a connection whose every request has
+    /// the same descriptors (the gateway's, keyed by its client's address)
+    /// is resolved when it begins rather than on each request.
+    ///
+    /// # Errors
+    ///
+    /// A request the policy in force cannot take, as [`Enforcer::enforce`]
+    /// refuses it.
+    pub fn prepare(
+        &self,
+        domain: &str,
+        descriptors: Arc<[Descriptor]>,
+        hits_addend: u64,
+    ) -> Result<Prepared, RequestError> {
+        let policy = self.policy.load();
+        let request = Request {
+            domain,
+            descriptors: &descriptors,
+            hits_addend,
+        };
+        let (resolved, each) = self.resolve(&policy, &request)?;
+        Ok(Prepared {
+            domain: domain.to_owned(),
+            descriptors,
+            hits_addend,
+            policy,
+            resolved,
+            each,
+        })
+    }
+
+    /// Decides a prepared request as [`Enforcer::enforce`] decides it, with
+    /// the resolution made when it was prepared while that policy is still
+    /// in force, and a new one once another is.
+    ///
+    /// # Errors
+    ///
+    /// As [`Enforcer::enforce`], for a policy put in force since.
+    pub async fn enforce_prepared(&self, prepared: &Prepared) -> Result<Verdict, RequestError> {
+        let request = prepared.request();
+        if Arc::ptr_eq(&self.policy.guard(), &prepared.policy) {
+            self.decide_resolved(&request, &prepared.resolved, prepared.each)
+                .await
+        } else {
+            self.enforce_policy(&request).await
+        }
+    }
+
     async fn enforce_policy(&self, request: &Request<'_>) -> Result<Verdict, RequestError> {
-        self.limits.check(request)?;
         let policy = self.policy.guard();
+        let (resolved, each) = self.resolve(&policy, request)?;
+        self.decide_resolved(request, &resolved, each).await
+    }
+
+    /// The limits of `request` under `policy`, and whether its descriptors
+    /// are charged each on its own (envoyproxy/ratelimit's counting, where a
+    /// fixed window keeps counting the hits it denies).
+    fn resolve(
+        &self,
+        policy: &Policy,
+        request: &Request<'_>,
+    ) -> Result<(Vec<Resolved>, bool), RequestError> {
+        self.limits.check(request)?;
         let mut resolved = policy.resolve(request)?;
-        let started_at = self.clock.now();
-        let domain = request.domain;
-        let each = self.envoy_counting == Counting::EachHit && policy.is_envoy(domain);
+        let each = self.envoy_counting == Counting::EachHit && policy.is_envoy(request.domain);
         if each {
             for r in &mut resolved {
                 if let Resolved::Limit(a) = r
@@ -784,6 +868,18 @@ impl<S: Store> Enforcer<S> {
                 }
             }
         }
+        Ok((resolved, each))
+    }
+
+    /// Decides `request`, whose limits are `resolved` ([`Enforcer::resolve`]).
+    async fn decide_resolved(
+        &self,
+        request: &Request<'_>,
+        resolved: &[Resolved],
+        each: bool,
+    ) -> Result<Verdict, RequestError> {
+        let started_at = self.clock.now();
+        let domain = request.domain;
         let quota_mode = |rule: &Rule| self.quota_mode || rule.quota_mode();
         let mut enforce = Batched::new();
         let mut alone = Batched::new();

@@ -45,7 +45,7 @@ pub use config::parse_yaml;
 pub use descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 pub use enforcer::{
     AdHoc, Check, Counting, Decided, DescriptorVerdict, Enforcer, InvalidToken, NoObserver,
-    Observer, Permit, RequestLimits, State, Verdict,
+    Observer, Permit, Prepared, RequestLimits, State, Verdict,
 };
 pub use error::{ConfigError, RequestError, ResetError, Unsupported};
 pub use kill_switch::KillSwitch;

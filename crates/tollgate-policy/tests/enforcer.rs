@@ -710,3 +710,90 @@ async fn requests_past_the_limits_are_refused_before_the_store() {
         Some(1)
     );
 }
+
+#[tokio::test]
+async fn a_prepared_request_is_decided_as_the_request_is() {
+    const NOW: u64 = 1_000_000_000;
+    let cases: [(&str, &str, Vec<Descriptor>); 5] = [
+        ("api", POLICY, vec![descriptor("user", "ann")]),
+        (
+            "api",
+            POLICY,
+            vec![descriptor("global", "all"), descriptor("user", "ann")],
+        ),
+        (
+            "api",
+            POLICY,
+            vec![descriptor("dark", "x"), descriptor("nobody", "x")],
+        ),
+        (
+            "blocked",
+            BLOCKED,
+            vec![descriptor("user", "dave"), descriptor("banned", "x")],
+        ),
+        ("blocked", BLOCKED, vec![descriptor("dark_banned", "x")]),
+    ];
+    for (domain, text, descriptors) in cases {
+        // One instant for the stores and the verdicts' `started_at`.
+        let enforcer = || {
+            let store = MemoryStore::with_clock(MemoryConfig::default(), ManualClock::new(NOW));
+            Enforcer::new(policy(text), store).with_clock(Arc::new(ManualClock::new(NOW)))
+        };
+        let (prepared_side, plain_side) = (enforcer(), enforcer());
+        let prepared = prepared_side
+            .prepare(domain, descriptors.clone().into(), 1)
+            .expect("a valid request");
+        for round in 0..4 {
+            let once = prepared_side
+                .enforce_prepared(&prepared)
+                .await
+                .expect("a valid request");
+            let each = run(&plain_side, domain, &descriptors).await;
+            assert_eq!(
+                format!("{once:?}"),
+                format!("{each:?}"),
+                "{domain} {descriptors:?}, request {round}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_prepared_request_follows_a_reload() {
+    let enforcer = memory(POLICY);
+    let prepared = enforcer
+        .prepare("api", vec![descriptor("user", "ann")].into(), 1)
+        .unwrap();
+    assert!(
+        enforcer
+            .enforce_prepared(&prepared)
+            .await
+            .unwrap()
+            .allowed()
+    );
+    // The user's budget goes from two an hour to one: the request already
+    // counted fills it.
+    enforcer
+        .policy_handle()
+        .store(policy(&POLICY.replace("requests: 2", "requests: 1")));
+    let after = enforcer.enforce_prepared(&prepared).await.unwrap();
+    assert!(!after.allowed());
+    assert_eq!(after.descriptors[0].decision.map(|d| d.limit()), Some(1));
+    // A policy that no longer takes the request refuses it.
+    enforcer
+        .policy_handle()
+        .store(policy("domain: api\nrules: []\n"));
+    let gone = enforcer.enforce_prepared(&prepared).await.unwrap();
+    assert_eq!(gone.descriptors[0].state, State::NoRule);
+}
+
+#[test]
+fn a_request_the_policy_cannot_take_is_not_prepared() {
+    let enforcer = memory(POLICY);
+    assert!(
+        enforcer
+            .prepare("", vec![descriptor("user", "ann")].into(), 1)
+            .is_err()
+    );
+    assert!(enforcer.prepare("api", Vec::new().into(), 1).is_err());
+}

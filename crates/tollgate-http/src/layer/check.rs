@@ -14,7 +14,7 @@ use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderMap, Response};
 use tollgate_core::Store;
-use tollgate_policy::{Check as PolicyCheck, Descriptor, Enforcer, Permit, Request};
+use tollgate_policy::{Check as PolicyCheck, Descriptor, Enforcer, Permit, Prepared, Request};
 
 use super::denial;
 use crate::headers::{HeaderList, reports};
@@ -31,10 +31,10 @@ pub(crate) trait Check: Send + Sync + 'static {
     /// socket peer `peer` when the service was told it.
     fn descriptors(&self, request: &Parts, peer: Option<IpAddr>) -> Vec<Descriptor>;
 
-    /// The descriptors of every request over a connection from `peer` that
-    /// names no peer itself, when every source makes its descriptor from the
-    /// peer alone ([`DescriptorSource::descriptor_of_peer`]).
-    fn peer_descriptors(&self, peer: IpAddr) -> Option<Arc<[Descriptor]>>;
+    /// The check of every request over a connection from `peer` that names
+    /// no peer itself, when every source makes its descriptor from the peer
+    /// alone ([`DescriptorSource::descriptor_of_peer`]).
+    fn peer_check(&self, peer: IpAddr) -> Option<Arc<PeerCheck>>;
 
     /// Decides a request with these descriptors.
     fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Verdict>;
@@ -44,8 +44,8 @@ pub(crate) trait Check: Send + Sync + 'static {
 pub(crate) enum Descriptors {
     /// Made from the request.
     Made(Vec<Descriptor>),
-    /// The connection's ([`Check::peer_descriptors`]).
-    Peer(Arc<[Descriptor]>),
+    /// The connection's ([`Check::peer_check`]).
+    Peer(Arc<PeerCheck>),
 }
 
 impl std::ops::Deref for Descriptors {
@@ -54,9 +54,19 @@ impl std::ops::Deref for Descriptors {
     fn deref(&self) -> &[Descriptor] {
         match self {
             Descriptors::Made(made) => made,
-            Descriptors::Peer(peer) => peer,
+            Descriptors::Peer(peer) => &peer.descriptors,
         }
     }
+}
+
+/// What every request of a connection shares when its descriptors depend on
+/// its peer alone: the descriptors, and their resolution against the policy
+/// in force when the connection began ([`Enforcer::prepare`]).
+pub(crate) struct PeerCheck {
+    descriptors: Arc<[Descriptor]>,
+    /// `None` for no descriptors, or ones the policy cannot take (which
+    /// each request's check then finds as it would without this).
+    prepared: Option<Prepared>,
 }
 
 /// How a denied request is answered, from what the request says of its client.
@@ -165,7 +175,7 @@ impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
             .collect()
     }
 
-    fn peer_descriptors(&self, peer: IpAddr) -> Option<Arc<[Descriptor]>> {
+    fn peer_check(&self, peer: IpAddr) -> Option<Arc<PeerCheck>> {
         let mut made = Vec::with_capacity(self.sources.len());
         for source in &self.sources {
             // As `descriptors` leaves them out.
@@ -175,7 +185,18 @@ impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
                 made.push(descriptor);
             }
         }
-        Some(made.into())
+        let descriptors: Arc<[Descriptor]> = made.into();
+        let prepared = (!descriptors.is_empty())
+            .then(|| {
+                self.enforcer
+                    .prepare(&self.domain, Arc::clone(&descriptors), 1)
+                    .ok()
+            })
+            .flatten();
+        Some(Arc::new(PeerCheck {
+            descriptors,
+            prepared,
+        }))
     }
 
     fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Verdict> {
@@ -184,7 +205,7 @@ impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
 }
 
 impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
-    async fn run(&self, descriptors: &[Descriptor]) -> Verdict {
+    async fn run(&self, descriptors: &Descriptors) -> Verdict {
         let mut permits = Permits::default();
         if descriptors.is_empty() {
             return pass(permits);
@@ -210,7 +231,13 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
             prechecked = Some(verdict);
         }
 
-        let Ok(mut verdict) = self.enforcer.enforce(request).await else {
+        let enforced = match descriptors {
+            Descriptors::Peer(peer) if let Some(prepared) = &peer.prepared => {
+                self.enforcer.enforce_prepared(prepared).await
+            }
+            _ => self.enforcer.enforce(request).await,
+        };
+        let Ok(mut verdict) = enforced else {
             return pass(permits);
         };
         if !verdict.allowed() {

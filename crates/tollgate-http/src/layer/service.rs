@@ -9,9 +9,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::ResponseBody;
-use tollgate_policy::Descriptor;
-
-use super::check::{Check, Descriptors};
+use super::check::{Check, Descriptors, PeerCheck};
 use super::descriptors::peer_addr;
 use super::future::ResponseFuture;
 
@@ -39,9 +37,9 @@ pub struct RateLimit<S> {
     inner: S,
     limiter: Arc<dyn Check>,
     peer: Option<IpAddr>,
-    /// The descriptors of every request from `peer` that names no peer
-    /// itself, when the sources make them from the peer alone.
-    peer_descriptors: Option<Arc<[Descriptor]>>,
+    /// The check of every request from `peer` that names no peer itself,
+    /// when the sources make its descriptors from the peer alone.
+    peer_check: Option<Arc<PeerCheck>>,
 }
 
 impl<S> RateLimit<S> {
@@ -50,7 +48,7 @@ impl<S> RateLimit<S> {
             inner,
             limiter,
             peer: None,
-            peer_descriptors: None,
+            peer_check: None,
         }
     }
 
@@ -62,12 +60,14 @@ impl<S> RateLimit<S> {
     /// extensions (a map and a box of its own, allocated per request).
     /// Clones keep it. When every source makes its descriptor from the peer
     /// alone ([`DescriptorSource::descriptor_of_peer`]), the descriptors are
-    /// made here, once, for every request that names no peer itself.
+    /// made and resolved against the policy here, once, for every request
+    /// that names no peer itself (a request after a policy reload is
+    /// resolved again, against the policy in force).
     ///
     /// [`DescriptorSource::descriptor_of_peer`]: crate::DescriptorSource::descriptor_of_peer
     pub fn set_peer(&mut self, peer: IpAddr) {
         self.peer = Some(peer);
-        self.peer_descriptors = self.limiter.peer_descriptors(peer);
+        self.peer_check = self.limiter.peer_check(peer);
     }
 
     /// The inner service.
@@ -92,7 +92,7 @@ impl<S: Clone> Clone for RateLimit<S> {
             inner: self.inner.clone(),
             limiter: Arc::clone(&self.limiter),
             peer: self.peer,
-            peer_descriptors: self.peer_descriptors.clone(),
+            peer_check: self.peer_check.clone(),
         }
     }
 }
@@ -122,7 +122,7 @@ where
         // takes its place for the next `poll_ready`.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let descriptors = match &self.peer_descriptors {
+        let descriptors = match &self.peer_check {
             Some(peer) if peer_addr(request.extensions()).is_none() => {
                 Descriptors::Peer(Arc::clone(peer))
             }
