@@ -34,13 +34,13 @@ pub trait DescriptorSource: Send + Sync + 'static {
         self.descriptor(request)
     }
 
-    /// The descriptor of every request that came over a connection from
-    /// `peer` and names no peer in its extensions, when it depends on
-    /// nothing else: `Some(descriptor)`, made once per connection
-    /// ([`RateLimit::set_peer`](crate::RateLimit::set_peer)) rather than
-    /// per request. `None` (the default): it depends on the request.
-    /// [`ClientIpKey`] for a peer that is not a trusted proxy, [`FixedKey`],
-    /// and a [`Composite`] of such parts give one.
+    /// What [`DescriptorSource::descriptor_from`] gives every request that
+    /// came over a connection from `peer` and names no peer in its
+    /// extensions, when that depends on nothing else: `Some` of it, made
+    /// once per connection ([`RateLimit::set_peer`](crate::RateLimit::set_peer))
+    /// rather than per request. `None` (the default): it depends on the
+    /// request. [`ClientIpKey`] for a peer that is not a trusted proxy,
+    /// [`FixedKey`], and a [`Composite`] of such parts give one.
     fn descriptor_of_peer(&self, peer: IpAddr) -> Option<Option<Descriptor>> {
         let _ = peer;
         None
