@@ -434,7 +434,7 @@ fn run_load(api: &str, load: Load) -> anyhow::Result<()> {
 /// slot, which ran it at once: each request went out in a write of its own
 /// (1.09 `writev` a request), and the generator, not the server, set the
 /// rate. Here the connection's task runs after the workers its answers
-/// woke, and sends their requests together (0.17 `writev` a request).
+/// woke, and sends their requests together (0.17–0.20 `writev` a request).
 #[derive(Clone, Copy)]
 struct Share<'a> {
     index: usize,
@@ -449,8 +449,19 @@ impl Share<'_> {
         (self.index..count).step_by(self.of)
     }
 
-    /// The measuring window, once every thread has connected: the same for
-    /// every thread.
+    /// What `connecting` made, and the measuring window: the same for every
+    /// thread, set once every thread is done connecting. A thread that could
+    /// not connect still meets the others first, so that none waits forever.
+    async fn connected<T>(
+        &self,
+        load: &Load,
+        connecting: impl Future<Output = anyhow::Result<T>>,
+    ) -> anyhow::Result<(T, Window)> {
+        let made = connecting.await;
+        let window = self.window(load);
+        Ok((made?, window))
+    }
+
     fn window(&self, load: &Load) -> Window {
         if self.start.ready.wait().is_leader() {
             let start = Instant::now() + Duration::from_secs_f64(load.warmup);
@@ -521,18 +532,16 @@ async fn http_load(load: &Load, share: Share<'_>) -> anyhow::Result<(Tally, f64)
         (None, Server::Tollgate) => "/v1/check",
         (None, Server::Throttlecrab) => "/throttle",
     };
-    // Connect every worker before the clock starts, and meet the other
-    // threads there even when this one could not.
-    let connected = async {
-        let mut senders = Vec::new();
-        for i in share.of(load.concurrency) {
-            senders.push((i, http_connect(load.addr).await?));
-        }
-        anyhow::Ok(senders)
-    }
-    .await;
-    let window = share.window(load);
-    let senders = connected?;
+    // Connect every worker before the clock starts.
+    let (senders, window) = share
+        .connected(load, async {
+            let mut senders = Vec::new();
+            for i in share.of(load.concurrency) {
+                senders.push((i, http_connect(load.addr).await?));
+            }
+            anyhow::Ok(senders)
+        })
+        .await?;
     let workers = senders
         .into_iter()
         .map(|(i, sender)| {
@@ -751,23 +760,21 @@ async fn grpc_load(load: &Load, share: Share<'_>) -> anyhow::Result<(Tally, f64)
         path: PathAndQuery::from_static(path),
         allowed,
     };
-    // Connect before the clock starts, and meet the other threads there
-    // even when this one could not.
-    let connected = async {
-        let mut channels = Vec::new();
-        for _ in share.of(load.connections) {
-            let channel = Endpoint::from_shared(format!("http://{}", load.addr))?
-                .tcp_nodelay(true)
-                .connect()
-                .await
-                .with_context(|| format!("cannot connect to {}", load.addr))?;
-            channels.push(channel);
-        }
-        anyhow::Ok(channels)
-    }
-    .await;
-    let window = share.window(load);
-    let channels = connected?;
+    // Connect before the clock starts.
+    let (channels, window) = share
+        .connected(load, async {
+            let mut channels = Vec::new();
+            for _ in share.of(load.connections) {
+                let channel = Endpoint::from_shared(format!("http://{}", load.addr))?
+                    .tcp_nodelay(true)
+                    .connect()
+                    .await
+                    .with_context(|| format!("cannot connect to {}", load.addr))?;
+                channels.push(channel);
+            }
+            anyhow::Ok(channels)
+        })
+        .await?;
     let workers = share
         .of(load.concurrency)
         .enumerate()
