@@ -684,5 +684,6 @@ fn rule(
         },
         action,
         source: file.source(spanned.referenced),
+        memo: Default::default(),
     }))
 }

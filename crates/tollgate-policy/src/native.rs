@@ -328,6 +328,7 @@ fn rule(
         action,
         envoy_window: None,
         source: file.source(spanned.referenced),
+        memo: Default::default(),
     }))
 }
 

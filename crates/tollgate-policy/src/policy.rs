@@ -520,6 +520,7 @@ fn override_limit(
             action,
             envoy_window: Some(o.unit),
             source: "request".into(),
+            memo: Default::default(),
         })
     };
     let Some(quota) = quota else {

@@ -1,5 +1,7 @@
+use std::any::Any;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 use tollgate_core::{Algorithm, FailurePolicy, Quota};
 
@@ -75,9 +77,47 @@ pub struct Rule {
     /// See [`Rule::envoy_window`].
     pub(crate) envoy_window: Option<Unit>,
     pub(crate) source: String,
+    /// See [`Rule::memo`].
+    pub(crate) memo: Memo,
+}
+
+/// What an observer keeps with a rule ([`Rule::memo`]). A clone starts
+/// empty: what was kept belongs to the rule it was made for.
+#[derive(Default)]
+pub(crate) struct Memo(OnceLock<Box<dyn Any + Send + Sync>>);
+
+impl Clone for Memo {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl fmt::Debug for Memo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "Memo(kept)"
+        } else {
+            "Memo"
+        })
+    }
 }
 
 impl Rule {
+    /// What an observer keeps with this rule, made by `make` the first time
+    /// it is asked for: the series it counts the rule's decisions in, say,
+    /// so that a decision finds them without a lookup by domain and rule
+    /// name. It lives as long as the rule, i.e. until the policy the rule
+    /// belongs to is replaced, and the next policy's rules start empty.
+    ///
+    /// A rule keeps one value: `None` when it already keeps one of another
+    /// type than `T`.
+    pub fn memo<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
+        self.memo
+            .0
+            .get_or_init(|| Box::new(make()))
+            .downcast_ref::<T>()
+    }
+
     /// The rule's identity within its domain: the native rule's name, or the
     /// envoyproxy/ratelimit descriptor path (`key_value.key`). Metrics label by it.
     pub fn id(&self) -> &str {
@@ -235,4 +275,35 @@ pub(crate) fn envoy_limit(quota: &Quota) -> (u64, Unit) {
         .unwrap_or(Unit::Year);
     let scaled = u128::from(quota.limit()) * unit.duration().as_nanos() / period.as_nanos().max(1);
     (u64::try_from(scaled).unwrap_or(u64::MAX), unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::Policy;
+
+    #[test]
+    fn a_rule_keeps_one_memo_made_once() {
+        let policy = Policy::parse(
+            "memo.yaml",
+            "domain: d\nrules:\n  - name: r\n    match: [{ key: k }]\n    limit: { requests: 1, per: 1s }\n",
+        )
+        .expect("a valid policy");
+        let rule = &policy.rules("d")[0];
+        let made = AtomicUsize::new(0);
+        let make = || {
+            made.fetch_add(1, Ordering::Relaxed);
+            7_u32
+        };
+        assert_eq!(rule.memo(make), Some(&7));
+        assert_eq!(rule.memo(make), Some(&7));
+        assert_eq!(made.load(Ordering::Relaxed), 1);
+        // Another type finds the memo taken.
+        assert_eq!(rule.memo(|| "other"), None);
+        // A copy of the rule is another rule: it keeps its own.
+        let copy = (**rule).clone();
+        assert_eq!(copy.memo(|| 8_u32), Some(&8));
+        assert_eq!(rule.memo(|| 9_u32), Some(&7));
+    }
 }

@@ -37,6 +37,7 @@ mod envoy_json;
 mod grpc;
 mod health;
 mod http;
+mod kept;
 mod listeners;
 mod live;
 mod metrics;

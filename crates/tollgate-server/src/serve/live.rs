@@ -6,11 +6,12 @@
 //!
 //! [`Live`] gathers what the JSON reports. It watches the enforcer as an
 //! [`Observer`] beside the metrics one: per decided descriptor, one atomic
-//! add on the counter of its (domain, rule, result), found through a map read
-//! without a lock ([`ArcSwap`]); a denied (or shadow-denied) descriptor is
-//! also offered to a bounded top-K ([`top_k`]) under a short lock. Rates come
-//! from [`sample`], which copies the counters once a second with the
-//! service's clock, so the hot path reads no clock.
+//! add on the counter of its (domain, rule, result), which the rule keeps
+//! ([`super::kept`]) once a map read without a lock ([`ArcSwap`]) has found
+//! it; a denied (or shadow-denied) descriptor is also offered to a bounded
+//! top-K ([`top_k`]) under a short lock. Rates come from [`sample`], which
+//! copies the counters once a second with the service's clock, so the hot
+//! path reads no clock.
 //!
 //! Both endpoints are served where `/metrics` is. With `--admin-token`,
 //! `/live.json` needs `Authorization: Bearer <token>`; the page itself holds
@@ -19,7 +20,7 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -33,6 +34,7 @@ use tollgate_core::{Clock, Nanos, Store};
 use tollgate_policy::{Decided, Observer, Policy, Reload};
 
 use super::http::AppState;
+use super::kept::kept;
 use super::{admin, auth, metrics, reload};
 
 mod top_k;
@@ -65,7 +67,7 @@ const PAGE_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; \
 /// One (domain, rule, result) counter. Ad-hoc checks have neither domain nor
 /// rule.
 #[derive(Debug)]
-struct Series {
+pub(crate) struct Series {
     domain: Option<Box<str>>,
     rule: Option<Box<str>>,
     result: &'static str,
@@ -91,12 +93,12 @@ struct Index {
 }
 
 impl Index {
-    fn find(&self, domain: Option<&str>, rule: Option<&str>, result: &str) -> Option<&Series> {
+    fn find(&self, domain: Option<&str>, rule: Option<&str>, result: &str) -> Option<&Arc<Series>> {
         let list = match (domain, rule) {
             (Some(domain), Some(rule)) => self.by_rule.get(domain)?.get(rule)?,
             _ => &self.adhoc,
         };
-        list.iter().find(|s| s.result == result).map(|s| &**s)
+        list.iter().find(|s| s.result == result)
     }
 
     fn insert(&mut self, series: Arc<Series>) {
@@ -237,20 +239,33 @@ impl Live {
             series.count.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        self.series(domain, rule, result)
+            .count
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The series of (`domain`, `rule`, `result`), added if new.
+    fn series(
+        &self,
+        domain: Option<&str>,
+        rule: Option<&str>,
+        result: &'static str,
+    ) -> Arc<Series> {
         let _grow = lock(&self.grow);
         let current = self.index.load_full();
         if let Some(series) = current.find(domain, rule, result) {
-            series.count.fetch_add(1, Ordering::Relaxed);
-            return;
+            return Arc::clone(series);
         }
-        let mut next = (*current).clone();
-        next.insert(Arc::new(Series {
+        let series = Arc::new(Series {
             domain: domain.map(Into::into),
             rule: rule.map(Into::into),
             result,
-            count: AtomicU64::new(1),
-        }));
+            count: AtomicU64::new(0),
+        });
+        let mut next = (*current).clone();
+        next.insert(Arc::clone(&series));
         self.index.store(Arc::new(next));
+        series
     }
 
     /// Copies every counter's total, at the service clock's now.
@@ -436,13 +451,27 @@ impl Observer for Observe {
     fn decided(&self, decided: &Decided<'_>) {
         let live = &self.0;
         for (index, verdict) in decided.verdict.descriptors.iter().enumerate() {
-            let rule = match (decided.domain, &verdict.rule) {
-                (Some(_), Some(rule)) => Some(metrics::rule_label(rule)),
+            let (rule, kept) = match (decided.domain, &verdict.rule) {
+                (Some(_), Some(rule)) => (Some(metrics::rule_label(rule)), kept(rule)),
                 (Some(_), None) => continue,
-                (None, _) => None,
+                (None, _) => (None, None),
             };
             let result = verdict.result();
-            live.count(decided.domain, rule, result);
+            // The rule keeps its series, made by this page.
+            let series = kept.and_then(|kept| {
+                kept.live.get(result, || {
+                    (
+                        Arc::downgrade(live),
+                        live.series(decided.domain, rule, result),
+                    )
+                })
+            });
+            match series {
+                Some((page, series)) if Weak::as_ptr(page) == Arc::as_ptr(live) => {
+                    series.count.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => live.count(decided.domain, rule, result),
+            }
             let top = match result {
                 OVER_LIMIT => &live.denied,
                 SHADOW_OVER_LIMIT => &live.shadow_denied,
@@ -753,6 +782,22 @@ rules:
         }
     }
 
+    /// Decides one request of domain `api`.
+    async fn enforce(
+        enforcer: &Enforcer<MemoryStore<Arc<dyn Clock>>>,
+        descriptors: &[tollgate_policy::Descriptor],
+    ) {
+        let request = CheckRequest {
+            domain: "api",
+            descriptors,
+            hits_addend: 1,
+        };
+        let _ = enforcer
+            .enforce(Check::Policy(request))
+            .await
+            .expect("valid");
+    }
+
     #[tokio::test]
     async fn counts_rates_and_denied_keys_follow_the_decisions() {
         let clock = Arc::new(Manual::default());
@@ -768,16 +813,11 @@ rules:
         clock.0.fetch_add(2_000_000_000, Ordering::Relaxed);
         for (user, times) in [("alice", 2), ("mallory", 6)] {
             for _ in 0..times {
-                let descriptors = [descriptor("user", user), descriptor("plan", "trial")];
-                let request = CheckRequest {
-                    domain: "api",
-                    descriptors: &descriptors,
-                    hits_addend: 1,
-                };
-                let _ = enforcer
-                    .enforce(Check::Policy(request))
-                    .await
-                    .expect("valid");
+                enforce(
+                    &enforcer,
+                    &[descriptor("user", user), descriptor("plan", "trial")],
+                )
+                .await;
             }
         }
         let snapshot = live.snapshot(&enforcer.policy(), Vec::new(), None);
@@ -825,6 +865,41 @@ rules:
             json["history"]["shadow_denied_per_second"],
             serde_json::json!([3.5])
         );
+    }
+
+    /// A rule keeps its series for the page that made them: a second page
+    /// watching the same policy (another enforcer on the same handle) still
+    /// counts only the decisions it saw.
+    #[tokio::test]
+    async fn pages_sharing_a_policy_count_their_own_decisions() {
+        let clock: Arc<dyn Clock> = Arc::new(Manual::default());
+        let handle = tollgate_policy::PolicyHandle::new(
+            Policy::parse("api.yaml", POLICY).expect("a valid policy"),
+        );
+        let page = || Arc::new(Live::new(Arc::clone(&clock), "test".into()));
+        let (first, second) = (page(), page());
+        let enforcer = |live: &Arc<Live>| {
+            let store = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
+            Enforcer::new(handle.clone(), store).with_observer(Arc::new(Observe(Arc::clone(live))))
+        };
+        for (live, checks) in [(&first, 2), (&second, 1), (&first, 1)] {
+            let enforcer = enforcer(live);
+            for _ in 0..checks {
+                enforce(&enforcer, &[descriptor("user", "alice")]).await;
+            }
+        }
+        let ok = |live: &Live| {
+            let json = serde_json::to_value(live.snapshot(&handle.guard(), Vec::new(), None))
+                .expect("serializable");
+            json["decisions"]
+                .as_array()
+                .expect("a list")
+                .iter()
+                .find(|s| s["rule"] == "per-user" && s["result"] == "ok")
+                .map(|s| s["total"].as_u64().unwrap())
+        };
+        assert_eq!(ok(&first), Some(3));
+        assert_eq!(ok(&second), Some(1));
     }
 
     #[test]

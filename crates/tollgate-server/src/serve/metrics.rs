@@ -21,8 +21,9 @@ use tollgate_policy::{Decided, Descriptor, FailurePolicy, Observer, Rule, State,
 use tollgate_store::{BreakerState, MemoryStats};
 
 use super::backend::StackStats;
+use super::kept::kept;
 
-mod envoy_stats;
+pub(super) mod envoy_stats;
 
 pub(crate) use envoy_stats::set_near_limit_ratio;
 mod hot;
@@ -271,10 +272,27 @@ impl Observer for Observe {
                 .flatten()
                 .map(|label| bounded(DECISIONS, domain, rule.id(), label));
             envoy_stats::record(decided, index, domain, rule);
+            let result = descriptor.result();
+            let shadow_denied = descriptor.shadow_denied();
+            // A rule's own label set: its counters are kept with it.
+            if detailed.is_none()
+                && let Some(kept) = kept(rule)
+                && let Some(counter) = kept.decisions.get(result, || {
+                    decision_counter(domain, rule_label(rule), result)
+                })
+            {
+                counter.increment(1);
+                if shadow_denied {
+                    kept.shadow_denials
+                        .get_or_init(|| shadow_denial_counter(domain, rule_label(rule)))
+                        .increment(1);
+                }
+                continue;
+            }
             let rule = detailed.as_deref().unwrap_or_else(|| rule_label(rule));
-            decision(domain, rule, descriptor.result());
-            if descriptor.shadow_denied() {
-                shadow_denial(domain, rule);
+            decision(domain, rule, result);
+            if shadow_denied {
+                shadow_denial_counter(domain, rule).increment(1);
             }
         }
     }
@@ -363,12 +381,17 @@ fn decision(domain: &str, rule: &str, result: &'static str) {
         match by_result.iter().find(|(r, _)| *r == result) {
             Some((_, counter)) => counter.increment(1),
             None => {
-                let counter = counter!(DECISIONS, "domain" => domain.to_owned(), "rule" => rule.to_owned(), "result" => result);
+                let counter = decision_counter(domain, rule, result);
                 counter.increment(1);
                 by_result.push((result, counter));
             }
         }
     });
+}
+
+/// The `tollgate_decisions_total` counter of one label set, from the registry.
+fn decision_counter(domain: &str, rule: &str, result: &'static str) -> metrics::Counter {
+    counter!(DECISIONS, "domain" => domain.to_owned(), "rule" => rule.to_owned(), "result" => result)
 }
 
 /// Decision counter handles by domain, rule and result label (all bounded by
@@ -383,9 +406,9 @@ thread_local! {
     static DECISION_COUNTERS: RefCell<DecisionCounters> = RefCell::new(HashMap::default());
 }
 
-/// Records a shadow limit that would have denied.
-fn shadow_denial(domain: &str, rule: &str) {
-    counter!(SHADOW_DENIALS, "domain" => domain.to_owned(), "rule" => rule.to_owned()).increment(1);
+/// The counter of shadow limits that would have denied, for one rule label.
+fn shadow_denial_counter(domain: &str, rule: &str) -> metrics::Counter {
+    counter!(SHADOW_DENIALS, "domain" => domain.to_owned(), "rule" => rule.to_owned())
 }
 
 /// Records one store call.

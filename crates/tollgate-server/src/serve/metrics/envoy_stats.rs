@@ -13,12 +13,14 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use metrics::{Counter, counter};
 use tollgate_policy::{Decided, DescriptorVerdict, Rule, State};
 
 use super::bounded;
+use crate::serve::kept::kept;
 
 /// The series, one per stat, in the order of [`Counts`]' fields.
 pub(super) const NAMES: [&str; 5] = [
@@ -148,17 +150,27 @@ pub(super) fn record(decided: &Decided<'_>, index: usize, domain: &str, rule: &R
     ) else {
         return;
     };
-    let Some(counts) = descriptor_counts(verdict, rule, decided.cost(index)) else {
-        return;
-    };
+    // The key first: a native rule has none, and is done at once.
     let Some(key) = rule.envoy_stat_key(descriptor) else {
         return;
     };
-    // Keys that carry the request's values are bounded per rule, as the
-    // detailed `tollgate_decisions_total` labels are.
+    let Some(counts) = descriptor_counts(verdict, rule, decided.cost(index)) else {
+        return;
+    };
     let key = match key {
+        // Keys that carry the request's values are bounded per rule, as the
+        // detailed `tollgate_decisions_total` labels are.
         Cow::Owned(key) => Cow::Owned(bounded(FAMILY, domain, rule.id(), key)),
-        borrowed => borrowed,
+        // The rule's own key: its series is kept with it.
+        Cow::Borrowed(key) => {
+            if let Some(kept) = kept(rule) {
+                kept.envoy_stats
+                    .get_or_init(|| Series::new(domain, key))
+                    .add(counts);
+                return;
+            }
+            Cow::Borrowed(key)
+        }
     };
     SERIES.with_borrow_mut(|by_domain| {
         let by_key = match by_domain.get_mut(domain) {
@@ -178,9 +190,9 @@ pub(super) fn record(decided: &Decided<'_>, index: usize, domain: &str, rule: &R
 /// One key's counters, registered at their first hit: envoyproxy/ratelimit's
 /// stats store flushes only counters that moved, so a series appears once it
 /// counts something.
-struct Series {
+pub(in crate::serve) struct Series {
     labels: Vec<(&'static str, String)>,
-    counters: [Option<Counter>; 5],
+    counters: [OnceLock<Counter>; 5],
 }
 
 impl Series {
@@ -192,12 +204,12 @@ impl Series {
         }
     }
 
-    fn add(&mut self, counts: Counts) {
-        for ((slot, name), n) in self.counters.iter_mut().zip(NAMES).zip(counts.as_array()) {
+    fn add(&self, counts: Counts) {
+        for ((slot, name), n) in self.counters.iter().zip(NAMES).zip(counts.as_array()) {
             if n == 0 {
                 continue;
             }
-            slot.get_or_insert_with(|| counter!(name, &self.labels))
+            slot.get_or_init(|| counter!(name, &self.labels))
                 .increment(n);
         }
     }
