@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tollgate_core::{Algorithm, Limit, Quota, QuotaError};
 
 use crate::config::ConfigErrors;
-use crate::rule::{Action, Limited, envoy_limit};
+use crate::rule::{Action, Limited, Memo, envoy_limit};
 use crate::tree::Node;
 use crate::{
     ConfigError, Descriptor, Entry, FailurePolicy, Request, RequestError, Rule, StoreSettings,
@@ -520,7 +520,7 @@ fn override_limit(
             action,
             envoy_window: Some(o.unit),
             source: "request".into(),
-            memo: Default::default(),
+            memo: Memo::none(),
         })
     };
     let Some(quota) = quota else {

@@ -81,23 +81,39 @@ pub struct Rule {
     pub(crate) memo: Memo,
 }
 
-/// What an observer keeps with a rule ([`Rule::memo`]). A clone starts
-/// empty: what was kept belongs to the rule it was made for.
-#[derive(Default)]
-pub(crate) struct Memo(OnceLock<Box<dyn Any + Send + Sync>>);
+/// What an observer keeps with a rule ([`Rule::memo`]): nothing for a rule
+/// made for one request. A clone starts empty: what was kept belongs to the
+/// rule it was made for.
+pub(crate) struct Memo(Option<OnceLock<Box<dyn Any + Send + Sync>>>);
+
+impl Memo {
+    /// The memo of a rule that lives as long as its policy.
+    pub(crate) fn kept() -> Self {
+        Self(Some(OnceLock::new()))
+    }
+
+    /// The memo of a rule made for one request (a limit override), which
+    /// keeps nothing: what it kept would serve that request alone.
+    pub(crate) fn none() -> Self {
+        Self(None)
+    }
+}
 
 impl Clone for Memo {
     fn clone(&self) -> Self {
-        Self::default()
+        match self.0 {
+            Some(_) => Self::kept(),
+            None => Self::none(),
+        }
     }
 }
 
 impl fmt::Debug for Memo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.get().is_some() {
-            "Memo(kept)"
-        } else {
-            "Memo"
+        f.write_str(match &self.0 {
+            Some(kept) if kept.get().is_some() => "Memo(kept)",
+            Some(_) => "Memo",
+            None => "Memo(none)",
         })
     }
 }
@@ -110,10 +126,13 @@ impl Rule {
     /// belongs to is replaced, and the next policy's rules start empty.
     ///
     /// A rule keeps one value: `None` when it already keeps one of another
-    /// type than `T`.
+    /// type than `T`, and for a rule made from a request's limit override,
+    /// which lives as long as that request (a caller looks such a rule's
+    /// series up as it would without a memo).
     pub fn memo<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
         self.memo
             .0
+            .as_ref()?
             .get_or_init(|| Box::new(make()))
             .downcast_ref::<T>()
     }
@@ -281,7 +300,7 @@ pub(crate) fn envoy_limit(quota: &Quota) -> (u64, Unit) {
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use crate::Policy;
+    use crate::{Descriptor, Entry, LimitOverride, Policy, Request, Resolved, Unit};
 
     #[test]
     fn a_rule_keeps_one_memo_made_once() {
@@ -305,5 +324,33 @@ mod tests {
         let copy = (**rule).clone();
         assert_eq!(copy.memo(|| 8_u32), Some(&8));
         assert_eq!(rule.memo(|| 9_u32), Some(&7));
+    }
+
+    #[test]
+    fn a_rule_made_for_one_request_keeps_nothing() {
+        let policy = Policy::parse(
+            "memo.yaml",
+            "domain: d\nrules:\n  - name: r\n    match: [{ key: k }]\n    limit: { requests: 1, per: 1s }\n",
+        )
+        .expect("a valid policy");
+        let descriptors = [Descriptor {
+            entries: vec![Entry::new("k", "v")],
+            limit: Some(LimitOverride {
+                requests_per_unit: 5,
+                unit: Unit::Minute,
+            }),
+            hits_addend: None,
+        }];
+        let request = Request {
+            domain: "d",
+            descriptors: &descriptors,
+            hits_addend: 1,
+        };
+        let resolved = policy.resolve(&request).expect("resolves");
+        let Some(Resolved::Limit(applied)) = resolved.first() else {
+            panic!("the override applies: {resolved:?}");
+        };
+        assert!(applied.rule.id().starts_with("override:"));
+        assert_eq!(applied.rule.memo(|| 7_u32), None);
     }
 }

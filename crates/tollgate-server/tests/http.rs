@@ -410,6 +410,33 @@ async fn v1_check_errors_name_the_field() {
     }
 }
 
+/// A request's own limit makes a rule for that request alone, which keeps
+/// no series of its own: its decisions are counted under `override`, one
+/// series however many requests make one.
+#[tokio::test]
+async fn overrides_are_counted_under_one_label() {
+    let server = daily_server();
+    let check = json!({"domain": "daily", "descriptors": [{
+        "entries": [{"key": "tenant", "value": "o"}],
+        "limit": {"requests_per_unit": 2, "unit": "hour"}
+    }]});
+    for _ in 0..3 {
+        post_json(&server, "/v1/check", check.clone()).await;
+    }
+    let metrics = reqwest::get(server.url("/metrics"))
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("text");
+    for needle in [
+        r#"tollgate_decisions_total{domain="daily",rule="override",result="ok"} 2"#,
+        r#"tollgate_decisions_total{domain="daily",rule="override",result="over_limit"} 1"#,
+    ] {
+        assert!(metrics.contains(needle), "missing {needle}:\n{metrics}");
+    }
+}
+
 #[tokio::test]
 async fn metrics_health_and_readiness() {
     let server = daily_server();
