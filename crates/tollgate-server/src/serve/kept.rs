@@ -6,7 +6,8 @@
 //!
 //! A rule's label set never changes (a `detailed_metric` rule's labels do,
 //! and those are not kept here), so nothing kept can go stale; the next
-//! policy's rules start empty.
+//! policy's rules start empty. A rule made from a request's limit override
+//! keeps nothing: it lives as long as that request.
 
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -46,7 +47,8 @@ pub(crate) struct Kept {
     pub(crate) live: PerResult<(Weak<Live>, Arc<Series>)>,
 }
 
-/// What `rule` keeps (`None` only if something else claimed its memo).
+/// What `rule` keeps: `None` for a rule made for one request (or if
+/// something else claimed its memo), whose decisions take the lookups.
 pub(crate) fn kept(rule: &Rule) -> Option<&Kept> {
     rule.memo(Kept::default)
 }
