@@ -198,11 +198,11 @@ impl HeaderStyle {
         let mut values = Values(BytesMut::with_capacity(VALUES_CAPACITY));
         // The envoy family's values replace these.
         if self.x_ratelimit && !self.envoy {
-            headers.put(X_RATELIMIT_LIMIT, values.number(d.limit()));
+            headers.put(X_RATELIMIT_LIMIT, repeated(Repeated::Limit, d.limit()));
             headers.put(X_RATELIMIT_REMAINING, values.number(d.remaining()));
             headers.put(
                 X_RATELIMIT_RESET,
-                values.number(reset_epoch_secs(now, d.reset_after())),
+                repeated(Repeated::Reset, reset_epoch_secs(now, d.reset_after())),
             );
         }
         if self.reset_after {
@@ -555,6 +555,39 @@ thread_local! {
     /// by a reload makes it anew.
     static LAST_POLICY: RefCell<Option<(Vec<PolicyItem>, HeaderValue)>> =
         const { RefCell::new(None) };
+
+    /// The last value of each [`Repeated`] number made on this thread, with
+    /// the number it spells.
+    static LAST_NUMBERS: RefCell<[Option<(u64, HeaderValue)>; 2]> =
+        const { RefCell::new([None, None]) };
+}
+
+/// Header numbers that most responses repeat from the one before: a
+/// limit's capacity, and the second it is full again (the same for every
+/// request within a second while it is not exhausted).
+#[derive(Debug, Clone, Copy)]
+enum Repeated {
+    /// `X-RateLimit-Limit`.
+    Limit,
+    /// `X-RateLimit-Reset`.
+    Reset,
+}
+
+/// `n` as a header value: the one this thread made last for `which`, when
+/// it spells the same number, else a new one (of its own, so that the memo
+/// does not hold on to a response's buffer).
+fn repeated(which: Repeated, n: u64) -> HeaderValue {
+    LAST_NUMBERS.with_borrow_mut(|last| {
+        let slot = &mut last[which as usize];
+        match slot {
+            Some((made, value)) if *made == n => value.clone(),
+            _ => {
+                let value = HeaderValue::from(n);
+                *slot = Some((n, value.clone()));
+                value
+            }
+        }
+    })
 }
 
 /// What one limit puts in `RateLimit-Policy`.
@@ -832,6 +865,35 @@ mod tests {
             "x-ratelimit,github".parse::<HeaderStyle>(),
             Err(UnknownFamily("github".into()))
         );
+    }
+
+    #[test]
+    fn a_repeated_number_is_reused_and_a_changed_one_made_anew() {
+        let at = |limit: u64, reset_after: Duration| {
+            let decision = Decision::allow(limit, 1, reset_after);
+            let limits = [LimitReport::new(
+                "api",
+                &Quota::per_second(limit).unwrap(),
+                Algorithm::Gcra,
+                decision,
+            )];
+            let headers = written(HeaderStyle::default(), &limits, EPOCH);
+            (
+                header(&headers, &X_RATELIMIT_LIMIT).unwrap().to_owned(),
+                header(&headers, &X_RATELIMIT_RESET).unwrap().to_owned(),
+            )
+        };
+        // 0.25 s past a second: 100 ms on ends in the next second, 1.9 s
+        // in the one after that.
+        let second = |s: u64| (EPOCH / SEC + s).to_string();
+        let ms = Duration::from_millis;
+        assert_eq!(at(10, ms(100)), ("10".to_owned(), second(1)));
+        // The same number again, from the memo.
+        assert_eq!(at(10, ms(100)), ("10".to_owned(), second(1)));
+        // Each changed number is made anew, the other kept.
+        assert_eq!(at(20, ms(100)), ("20".to_owned(), second(1)));
+        assert_eq!(at(20, ms(1_900)), ("20".to_owned(), second(3)));
+        assert_eq!(at(10, ms(1_900)), ("10".to_owned(), second(3)));
     }
 
     #[test]
