@@ -30,6 +30,16 @@ fn daily_server() -> Server {
     Server::with_config(&[("daily.yaml", DAILY)], &["--admin-token", ADMIN_TOKEN])
 }
 
+/// The service's `/metrics` text.
+async fn scrape(server: &Server) -> String {
+    reqwest::get(server.url("/metrics"))
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("text")
+}
+
 async fn post(server: &Server, path: &str, body: &str) -> Response {
     Client::new()
         .post(server.url(path))
@@ -423,12 +433,7 @@ async fn overrides_are_counted_under_one_label() {
     for _ in 0..3 {
         post_json(&server, "/v1/check", check.clone()).await;
     }
-    let metrics = reqwest::get(server.url("/metrics"))
-        .await
-        .expect("metrics answer")
-        .text()
-        .await
-        .expect("text");
+    let metrics = scrape(&server).await;
     for needle in [
         r#"tollgate_decisions_total{domain="daily",rule="override",result="ok"} 2"#,
         r#"tollgate_decisions_total{domain="daily",rule="override",result="over_limit"} 1"#,
@@ -445,12 +450,7 @@ async fn metrics_health_and_readiness() {
     post_json(&server, "/v1/check", check.clone()).await;
     post_json(&server, "/v1/check", check).await;
     post(&server, "/v1/check", "{").await;
-    let metrics = reqwest::get(server.url("/metrics"))
-        .await
-        .expect("metrics answer")
-        .text()
-        .await
-        .expect("text");
+    let metrics = scrape(&server).await;
     for needle in [
         r#"tollgate_checks_total{api="v1",result="ok"} 1"#,
         r#"tollgate_checks_total{api="v1",result="over_limit"} 1"#,
@@ -687,12 +687,7 @@ descriptors:
             "descriptors": [{"entries": [{"key": key, "value": value}]}]});
         post_json(&server, "/json", body).await;
     }
-    let metrics = reqwest::get(server.url("/metrics"))
-        .await
-        .expect("metrics answer")
-        .text()
-        .await
-        .expect("text");
+    let metrics = scrape(&server).await;
     for needle in [
         r#"tollgate_decisions_total{domain="detailed",rule="user_alice",result="ok"} 1"#,
         r#"tollgate_decisions_total{domain="detailed",rule="user_alice",result="over_limit"} 1"#,
@@ -730,12 +725,7 @@ descriptors:
             .status();
         assert_eq!(status, StatusCode::OK);
     }
-    let metrics = reqwest::get(server.url("/metrics"))
-        .await
-        .expect("metrics answer")
-        .text()
-        .await
-        .expect("text");
+    let metrics = scrape(&server).await;
     let series = metrics
         .lines()
         .filter(|l| l.starts_with(r#"tollgate_decisions_total{domain="detailed""#))
