@@ -336,6 +336,16 @@ pub trait Store: Send + Sync {
         Ok(())
     }
 
+    /// Whether every future this store returns (from [`Store::check`] and
+    /// [`Store::release`]) is ready at its first poll: the store holds its
+    /// state in this process and never waits. A caller may then poll such a
+    /// call where it stands instead of boxing it to be polled again. A
+    /// store that may wait for anything (a network round trip, a lock
+    /// shared across tasks) must answer `false`, the default.
+    fn decides_at_once(&self) -> bool {
+        false
+    }
+
     /// Whether the store reaches its state now, for readiness probes. A
     /// networked store answers checks even when it does not (each limit's
     /// [`FailurePolicy`] decides), so only this tells. Stores that hold their

@@ -130,6 +130,42 @@ async fn headers_on_every_response_and_a_json_429() {
     assert_eq!(status, StatusCode::OK);
 }
 
+/// A check on a store that decides at once is made within `call`, so a
+/// request counts once it is called, even if its future is dropped unpolled;
+/// on a store that waits it is made when the future is first polled.
+#[tokio::test]
+async fn a_store_that_decides_at_once_is_asked_within_call() {
+    use tower::{Layer, Service};
+    let one = PER_IP.replace("requests: 2", "requests: 1");
+    let inner = tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+    });
+    let status = |service: &RateLimit<_>| {
+        let service = service.clone();
+        async move { service.oneshot(from("192.0.2.1:1")).await.unwrap().status() }
+    };
+
+    let memory = RateLimitLayer::builder("api", policy(&one), MemoryStore::default())
+        .build()
+        .layer(inner);
+    drop(memory.clone().call(from("192.0.2.1:1")));
+    assert_eq!(status(&memory).await, StatusCode::TOO_MANY_REQUESTS);
+
+    let store = Counting::default();
+    let checks = Arc::clone(&store.checks);
+    let waits = RateLimitLayer::builder("api", policy(&one), store)
+        .build()
+        .layer(inner);
+    drop(waits.clone().call(from("192.0.2.1:1")));
+    assert_eq!(
+        checks.load(Ordering::SeqCst),
+        0,
+        "never polled, never asked"
+    );
+    assert_eq!(status(&waits).await, StatusCode::OK);
+    assert_eq!(checks.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn the_local_pre_check_stops_traffic_before_the_store_of_record() {
     let remote = Counting::default();

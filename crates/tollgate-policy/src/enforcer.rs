@@ -745,6 +745,15 @@ impl<S: Store> Enforcer<S> {
         &self.store
     }
 
+    /// Whether this enforcer's decisions ([`Enforcer::enforce`],
+    /// [`Enforcer::enforce_prepared`]) and releases complete at their first
+    /// poll: they await nothing but their store's calls, and its store
+    /// decides at once ([`Store::decides_at_once`]). A caller may then poll
+    /// one where it stands rather than box it.
+    pub fn decides_at_once(&self) -> bool {
+        self.store.decides_at_once()
+    }
+
     /// The first rule of `policy` whose limit this enforcer's store cannot
     /// enforce exactly ([`Store::supports`]): to refuse such a config when
     /// it loads (at start-up, and on reload through

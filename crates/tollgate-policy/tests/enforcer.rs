@@ -797,3 +797,85 @@ fn a_request_the_policy_cannot_take_is_not_prepared() {
     );
     assert!(enforcer.prepare("api", Vec::new().into(), 1).is_err());
 }
+
+/// The output of `future` at its first poll; it fails the test if the future
+/// is still pending then.
+fn at_first_poll<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(output) => output,
+        std::task::Poll::Pending => panic!("pending at its first poll"),
+    }
+}
+
+#[test]
+fn a_memory_enforcer_decides_everything_at_its_first_poll() {
+    let enforcer = memory(POLICY);
+    assert!(enforcer.decides_at_once());
+    let request = |descriptors: &[Descriptor]| {
+        let mut verdict = at_first_poll(enforcer.enforce(Check::Policy(Request {
+            domain: "api",
+            descriptors,
+            hits_addend: 1,
+        })))
+        .expect("a valid request");
+        let permit = std::mem::take(&mut verdict.permit);
+        (verdict, at_first_poll(enforcer.release(permit)))
+    };
+    // A limit, a shadow one beside it, and concurrency.
+    assert!(
+        request(&[descriptor("user", "a"), descriptor("dark", "a")])
+            .0
+            .allowed()
+    );
+    let (job, released) = request(&[descriptor("job", "a")]);
+    assert!(job.allowed());
+    assert_eq!(released, 1);
+    // A concurrency permit taken beside a limit that denies is given back
+    // within the decision.
+    for _ in 0..2 {
+        assert!(request(&[descriptor("user", "b")]).0.allowed());
+    }
+    let (denied, released) = request(&[descriptor("pool", "b"), descriptor("user", "b")]);
+    assert!(!denied.allowed());
+    assert_eq!(released, 0, "given back before the verdict");
+    // Prepared requests, ad-hoc limits.
+    let prepared = enforcer
+        .prepare("api", vec![descriptor("global", "a")].into(), 1)
+        .expect("a valid request");
+    assert!(at_first_poll(enforcer.enforce_prepared(&prepared)).is_ok());
+    let adhoc = AdHoc {
+        key: "k".into(),
+        quota: Quota::per_hour(2).expect("valid"),
+        algorithm: Algorithm::Gcra,
+        cost: 1,
+    };
+    assert!(at_first_poll(enforcer.enforce(Check::AdHoc(&adhoc))).is_ok());
+
+    // envoyproxy/ratelimit's counting checks each limit in a call of its own
+    // (joined), and a blocked rule reads what the others have left.
+    for (text, domain, descriptors) in [
+        (
+            ENVOY,
+            "envoy",
+            vec![descriptor("user", "u"), descriptor("tight", "t")],
+        ),
+        (
+            BLOCKED,
+            "blocked",
+            vec![descriptor("banned", "x"), descriptor("user", "u")],
+        ),
+    ] {
+        let enforcer = memory(text).with_envoy_counting(Counting::EachHit);
+        let verdict = at_first_poll(enforcer.enforce(Check::Policy(Request {
+            domain,
+            descriptors: &descriptors,
+            hits_addend: 1,
+        })));
+        assert!(verdict.is_ok(), "{domain}");
+    }
+
+    // A store that says nothing of itself is awaited.
+    assert!(!Enforcer::new(policy(POLICY), DownStore).decides_at_once());
+}

@@ -745,6 +745,12 @@ impl<C: Clock> Store for MemoryStore<C> {
         ready(Ok(()))
     }
 
+    /// Its check does its work in its first poll ([`Check`]), and every
+    /// other call is done before its future is made.
+    fn decides_at_once(&self) -> bool {
+        true
+    }
+
     fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.reset_now(limits);
         ready(Ok(()))

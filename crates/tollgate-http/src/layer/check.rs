@@ -5,9 +5,10 @@
 
 use std::future::Future;
 use std::net::IpAddr;
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
@@ -36,8 +37,18 @@ pub(crate) trait Check: Send + Sync + 'static {
     /// alone ([`DescriptorSource::descriptor_of_peer`]).
     fn peer_check(&self, peer: IpAddr) -> Option<Arc<PeerCheck>>;
 
-    /// Decides a request with these descriptors.
-    fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Verdict>;
+    /// Decides a request with these descriptors: where it is asked when
+    /// every store the check asks decides at once (the memory store), else
+    /// in a future to poll.
+    fn check(self: Arc<Self>, descriptors: Descriptors) -> Checked;
+}
+
+/// A check, decided or on its way.
+pub(crate) enum Checked {
+    /// Decided where it was asked: nothing to box, no request to hold.
+    Now(Verdict),
+    /// To be polled: a store that waits, or a request shaping holds.
+    Later(BoxFuture<Verdict>),
 }
 
 /// A request's descriptors: made from it, or its connection's, made once.
@@ -199,16 +210,43 @@ impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
         }))
     }
 
-    fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Verdict> {
-        Box::pin(async move { self.run(&descriptors).await })
+    fn check(self: Arc<Self>, descriptors: Descriptors) -> Checked {
+        if !self.decides_at_once() {
+            return Checked::Later(self.later(descriptors));
+        }
+        let (verdict, delay) = at_first_poll(self.decide(&descriptors));
+        if delay.is_zero() {
+            Checked::Now(verdict)
+        } else {
+            Checked::Later(Box::pin(held(delay, verdict)))
+        }
     }
 }
 
 impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
-    async fn run(&self, descriptors: &Descriptors) -> Verdict {
+    /// Whether every store this check asks decides at once
+    /// ([`Enforcer::decides_at_once`]).
+    fn decides_at_once(&self) -> bool {
+        self.enforcer.decides_at_once()
+            && self
+                .precheck
+                .as_ref()
+                .is_none_or(|precheck| precheck.decides_at_once())
+    }
+
+    /// The check as a future, for stores that wait.
+    fn later(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Verdict> {
+        Box::pin(async move {
+            let (verdict, delay) = self.decide(&descriptors).await;
+            held(delay, verdict).await
+        })
+    }
+
+    /// The verdict, and how long shaping holds an admitted request first.
+    async fn decide(&self, descriptors: &Descriptors) -> (Verdict, Duration) {
         let mut permits = Permits::default();
         if descriptors.is_empty() {
-            return pass(permits);
+            return (pass(permits), Duration::ZERO);
         }
         // The local pre-check: obviously-over-limit traffic stops here. A
         // request the policy cannot take (e.g. more descriptors than the
@@ -219,7 +257,7 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
             && let Ok(mut verdict) = precheck.enforce(self.request(descriptors)).await
         {
             if !verdict.allowed() {
-                return self.deny(verdict);
+                return (self.deny(verdict), Duration::ZERO);
             }
             permits.add(release(precheck, std::mem::take(&mut verdict.permit)));
             prechecked = Some(verdict);
@@ -232,11 +270,11 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
             _ => self.enforcer.enforce(self.request(descriptors)).await,
         };
         let Ok(mut verdict) = enforced else {
-            return pass(permits);
+            return (pass(permits), Duration::ZERO);
         };
         if !verdict.allowed() {
             // Dropping `permits` gives back what the pre-check took.
-            return self.deny(verdict);
+            return (self.deny(verdict), Duration::ZERO);
         }
         permits.add(release(&self.enforcer, std::mem::take(&mut verdict.permit)));
 
@@ -252,12 +290,8 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
         }
         let mut headers = HeaderList::default();
         self.style.write_into(&reported, now, &mut headers);
-        // A shaping rule admits with a delay: hold the request that long.
-        let delay = verdict.delay();
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-        Verdict::Pass { headers, permits }
+        // A shaping rule admits with a delay.
+        (Verdict::Pass { headers, permits }, verdict.delay())
     }
 
     /// The enforcer's request for `descriptors`. Made where each enforcer
@@ -278,6 +312,31 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
             verdict,
             style: self.style,
         })
+    }
+}
+
+/// `verdict` once `delay` has passed: a shaping rule holds the request it
+/// admits that long.
+async fn held(delay: Duration, verdict: Verdict) -> Verdict {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    verdict
+}
+
+/// The output of a check whose every store decides at once: it awaits
+/// nothing else (see [`Enforcer::decides_at_once`]), so its first poll ends
+/// it.
+fn at_first_poll<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(output) => output,
+        Poll::Pending => unreachable!(
+            "a check on stores that decide at once (Store::decides_at_once) was left pending"
+        ),
     }
 }
 
@@ -335,7 +394,7 @@ mod tests {
             sources: Vec::new(),
             style: HeaderStyle::default(),
         });
-        let check = limiter.check(Descriptors::Made(Vec::new()));
+        let check = limiter.later(Descriptors::Made(Vec::new()));
         let size = std::mem::size_of_val(&*check);
         assert!(
             size + DISPATCH <= SMALL_ALLOCATION,

@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::ResponseBody;
-use super::check::{Answer, BoxFuture, Permits, Verdict};
+use super::check::{Answer, BoxFuture, Checked, Denied, Permits, Verdict};
 use crate::headers::HeaderList;
 
 pin_project! {
@@ -30,10 +30,12 @@ pin_project! {
     where
         S: Service<Request<B>>,
     {
+        // The service and request are boxed, for this state is rare (a
+        // store that waits, a request shaping holds) and the others small:
+        // a future of their size is copied a few times a request.
         Checking {
             check: BoxFuture<Verdict>,
-            service: Option<S>,
-            request: Option<Request<B>>,
+            held: Option<Box<(S, Request<B>)>>,
         },
         Calling {
             #[pin]
@@ -41,19 +43,42 @@ pin_project! {
             headers: HeaderList,
             permits: Option<Permits>,
         },
+        Answered {
+            denied: Option<(Denied, Answer)>,
+        },
         Done,
     }
 }
 
-impl<S: Service<Request<B>>, B> ResponseFuture<S, B> {
-    pub(crate) fn checking(check: BoxFuture<Verdict>, service: S, request: Request<B>) -> Self {
-        Self {
-            state: State::Checking {
-                check,
-                service: Some(service),
-                request: Some(request),
+impl<S: Service<Request<B>>, B> State<S, B> {
+    /// What follows `verdict` on `request`: the inner service's call, or
+    /// the layer's own answer.
+    fn after(verdict: Verdict, mut service: S, request: Request<B>) -> Self {
+        match verdict {
+            Verdict::Pass { headers, permits } => State::Calling {
+                future: service.call(request),
+                headers,
+                permits: Some(permits),
+            },
+            Verdict::Deny(denied) => State::Answered {
+                denied: Some((denied, Answer::of(request.headers()))),
             },
         }
+    }
+}
+
+impl<S: Service<Request<B>>, B> ResponseFuture<S, B> {
+    /// A request being checked, or checked already, to be sent to `service`
+    /// if it passes.
+    pub(crate) fn checked(checked: Checked, service: S, request: Request<B>) -> Self {
+        let state = match checked {
+            Checked::Now(verdict) => State::after(verdict, service, request),
+            Checked::Later(check) => State::Checking {
+                check,
+                held: Some(Box::new((service, request))),
+            },
+        };
+        Self { state }
     }
 
     /// A request no limit applies to: straight to the inner service.
@@ -78,28 +103,11 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Checking {
-                    check,
-                    service,
-                    request,
-                } => match ready!(check.as_mut().poll(cx)) {
-                    Verdict::Pass { headers, permits } => {
-                        let mut service = service.take().expect("the service is called once");
-                        let request = request.take().expect("the request is sent once");
-                        let future = service.call(request);
-                        this.state.set(State::Calling {
-                            future,
-                            headers,
-                            permits: Some(permits),
-                        });
-                    }
-                    Verdict::Deny(denied) => {
-                        let request = request.take().expect("the request is answered once");
-                        let response = denied.response(Answer::of(request.headers()));
-                        this.state.set(State::Done);
-                        return Poll::Ready(Ok(response.map(ResponseBody::full)));
-                    }
-                },
+                StateProj::Checking { check, held } => {
+                    let verdict = ready!(check.as_mut().poll(cx));
+                    let (service, request) = *held.take().expect("the request is sent once");
+                    this.state.set(State::after(verdict, service, request));
+                }
                 StateProj::Calling {
                     future,
                     headers,
@@ -116,6 +124,12 @@ where
                         headers.set_on(response.headers_mut());
                         response.map(ResponseBody::inner)
                     }));
+                }
+                StateProj::Answered { denied } => {
+                    let (denied, answer) = denied.take().expect("the answer is given once");
+                    let response = denied.response(answer);
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after it completed"),
             }

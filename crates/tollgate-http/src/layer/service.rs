@@ -29,6 +29,11 @@ use super::future::ResponseFuture;
 /// permits are a value the verdict carries, given back when the inner
 /// service's response is ready, or when the request is abandoned.
 ///
+/// On stores that decide at once ([`tollgate_core::Store::decides_at_once`]:
+/// the memory store) the check runs within [`Service::call`], and the
+/// returned future only forwards or answers, so a request is counted once
+/// it is called; on others the check runs when the future is first polled.
+///
 /// When the store fails, the rules' failure policies decide: `fail_closed`
 /// denies like an exceeded limit (429, as through every door); `fail_open`
 /// lets the request through, and so does `local` for a store with no local
@@ -136,7 +141,7 @@ where
         if descriptors.is_empty() {
             return ResponseFuture::unlimited(inner.call(request));
         }
-        let check = Arc::clone(&self.limiter).check(descriptors);
-        ResponseFuture::checking(check, inner, request)
+        let checked = Arc::clone(&self.limiter).check(descriptors);
+        ResponseFuture::checked(checked, inner, request)
     }
 }

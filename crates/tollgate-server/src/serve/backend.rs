@@ -525,6 +525,13 @@ impl Store for Backend {
         }
     }
 
+    fn decides_at_once(&self) -> bool {
+        match self {
+            Backend::Memory(m) => m.decides_at_once(),
+            Backend::Redis(_) => false,
+        }
+    }
+
     async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
         match self {
             Backend::Memory(m) => m.check(limits).await,
