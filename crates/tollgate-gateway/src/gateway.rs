@@ -225,7 +225,7 @@ where
     }
     // The proxy is always ready (its pool makes a connection when none is
     // idle), so the layer is too: there is no `poll_ready` to wait for.
-    let response = service.clone().call(request);
+    let response = service.call_ready(request);
     let observe = observe.clone();
     async move {
         let response = response.await?;

@@ -37,10 +37,13 @@ pub(crate) trait Check: Send + Sync + 'static {
     /// alone ([`DescriptorSource::descriptor_of_peer`]).
     fn peer_check(&self, peer: IpAddr) -> Option<Arc<PeerCheck>>;
 
-    /// Decides a request with these descriptors: where it is asked when
-    /// every store the check asks decides at once (the memory store), else
-    /// in a future to poll.
-    fn check(self: Arc<Self>, descriptors: Descriptors) -> Checked;
+    /// Decides a request with these descriptors where it is asked, when
+    /// every store the check asks decides at once (the memory store);
+    /// `None`, having done nothing, when one waits.
+    fn check_now(&self, descriptors: &Descriptors) -> Option<Checked>;
+
+    /// Decides a request with these descriptors in a future to poll.
+    fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Verdict>;
 }
 
 /// A check, decided or on its way.
@@ -210,16 +213,23 @@ impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
         }))
     }
 
-    fn check(self: Arc<Self>, descriptors: Descriptors) -> Checked {
+    fn check_now(&self, descriptors: &Descriptors) -> Option<Checked> {
         if !self.decides_at_once() {
-            return Checked::Later(self.later(descriptors));
+            return None;
         }
-        let (verdict, delay) = at_first_poll(self.decide(&descriptors));
-        if delay.is_zero() {
+        let (verdict, delay) = at_first_poll(self.decide(descriptors));
+        Some(if delay.is_zero() {
             Checked::Now(verdict)
         } else {
             Checked::Later(Box::pin(held(delay, verdict)))
-        }
+        })
+    }
+
+    fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Verdict> {
+        Box::pin(async move {
+            let (verdict, delay) = self.decide(&descriptors).await;
+            held(delay, verdict).await
+        })
     }
 }
 
@@ -232,14 +242,6 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
                 .precheck
                 .as_ref()
                 .is_none_or(|precheck| precheck.decides_at_once())
-    }
-
-    /// The check as a future, for stores that wait.
-    fn later(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Verdict> {
-        Box::pin(async move {
-            let (verdict, delay) = self.decide(&descriptors).await;
-            held(delay, verdict).await
-        })
     }
 
     /// The verdict, and how long shaping holds an admitted request first.
@@ -394,7 +396,7 @@ mod tests {
             sources: Vec::new(),
             style: HeaderStyle::default(),
         });
-        let check = limiter.later(Descriptors::Made(Vec::new()));
+        let check = limiter.check(Descriptors::Made(Vec::new()));
         let size = std::mem::size_of_val(&*check);
         assert!(
             size + DISPATCH <= SMALL_ALLOCATION,

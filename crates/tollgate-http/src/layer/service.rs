@@ -9,7 +9,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::ResponseBody;
-use super::check::{Check, Descriptors, PeerCheck};
+use super::check::{Check, Checked, Descriptors, PeerCheck};
 use super::descriptors::peer_addr;
 use super::future::ResponseFuture;
 
@@ -122,11 +122,40 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         // The service that was made ready goes with this request; a clone
         // takes its place for the next `poll_ready`.
         let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let inner = std::mem::replace(&mut self.inner, clone);
+        self.checked(inner, request)
+    }
+}
+
+impl<S> RateLimit<S> {
+    /// [`Service::call`] through a shared reference, for a server that
+    /// hands every request of a connection the same service (an `Fn`
+    /// handler, like hyper's `service_fn`): it calls a clone of the inner
+    /// service rather than a clone of this whole one. Only for an inner
+    /// service that is always ready, as it is not polled ready first.
+    pub fn call_ready<ReqBody, ResBody>(
+        &self,
+        request: Request<ReqBody>,
+    ) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    {
+        self.checked(self.inner.clone(), request)
+    }
+
+    /// `request` checked, then (if it passes) sent to `inner`.
+    fn checked<ReqBody>(
+        &self,
+        mut inner: S,
+        mut request: Request<ReqBody>,
+    ) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
         let descriptors = match &self.peer_check {
             Some(peer) if peer_addr(request.extensions()).is_none() => {
                 Descriptors::Peer(Arc::clone(peer))
@@ -141,7 +170,10 @@ where
         if descriptors.is_empty() {
             return ResponseFuture::unlimited(inner.call(request));
         }
-        let checked = Arc::clone(&self.limiter).check(descriptors);
+        let checked = match self.limiter.check_now(&descriptors) {
+            Some(checked) => checked,
+            None => Checked::Later(Arc::clone(&self.limiter).check(descriptors)),
+        };
         ResponseFuture::checked(checked, inner, request)
     }
 }
