@@ -959,24 +959,30 @@ impl<S: Store> Enforcer<S> {
         let blocked = descriptors
             .iter()
             .any(|d| d.state == State::Blocked && !d.quota && !d.allowed());
+        // Each batch's future is made only when it has limits: most
+        // requests have one batch.
         let mut permit = Permit::default();
         if blocked {
             self.peek(&mut descriptors, &enforce).await;
-        } else {
+        } else if !enforce.is_empty() {
             permit = self
                 .decide(&mut descriptors, &enforce, Batch::Enforce)
                 .await;
         }
-        permit.extend(
-            self.decide_each(&mut descriptors, &alone, Batch::Enforce)
-                .await,
-        );
-        permit.extend(if each {
-            self.decide_each(&mut descriptors, &shadow, Batch::Shadow)
-                .await
-        } else {
-            self.decide(&mut descriptors, &shadow, Batch::Shadow).await
-        });
+        if !alone.is_empty() {
+            permit.extend(
+                self.decide_each(&mut descriptors, &alone, Batch::Enforce)
+                    .await,
+            );
+        }
+        if !shadow.is_empty() {
+            permit.extend(if each {
+                self.decide_each(&mut descriptors, &shadow, Batch::Shadow)
+                    .await
+            } else {
+                self.decide(&mut descriptors, &shadow, Batch::Shadow).await
+            });
+        }
         let mut verdict = Verdict {
             descriptors,
             started_at,
@@ -1033,17 +1039,15 @@ impl<S: Store> Enforcer<S> {
         verdict
     }
 
-    /// Checks the limits of `batch` in one store call, writes the decisions
-    /// into their descriptors, and returns the permits an admitting check took.
+    /// Checks the limits of `batch` (not empty) in one store call, writes
+    /// the decisions into their descriptors, and returns the permits an
+    /// admitting check took.
     async fn decide(
         &self,
         descriptors: &mut [DescriptorVerdict],
         batch: &[(usize, &Applied)],
         kind: Batch,
     ) -> Permit {
-        if batch.is_empty() {
-            return Permit::default();
-        }
         let limits: Limits<'_> = batch.iter().map(|(_, a)| a.limit()).collect();
         let result = self.timed_check(&limits).await;
         self.record(descriptors, batch, result, kind)
@@ -1057,9 +1061,6 @@ impl<S: Store> Enforcer<S> {
         batch: &[(usize, &Applied)],
         kind: Batch,
     ) -> Permit {
-        if batch.is_empty() {
-            return Permit::default();
-        }
         let limits: Limits<'_> = batch.iter().map(|(_, a)| a.limit()).collect();
         let results = join_all(
             limits
