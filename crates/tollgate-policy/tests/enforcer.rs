@@ -879,3 +879,56 @@ fn a_memory_enforcer_decides_everything_at_its_first_poll() {
     // A store that says nothing of itself is awaited.
     assert!(!Enforcer::new(policy(POLICY), DownStore).decides_at_once());
 }
+
+/// A memory store whose checks take `takes` on `timer`.
+struct Taking {
+    inner: MemoryStore<ManualClock>,
+    timer: Arc<ManualClock>,
+    takes: Duration,
+}
+
+impl Store for Taking {
+    fn check(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
+        self.timer.advance(self.takes);
+        self.inner.check(limits)
+    }
+
+    fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.release(leases)
+    }
+}
+
+/// The durations of the store calls it is told of.
+#[derive(Default)]
+struct Timed(Mutex<Vec<Duration>>);
+
+impl Observer for Timed {
+    fn decided(&self, _: &Decided<'_>) {}
+
+    fn store_call(&self, elapsed: Duration, _: bool) {
+        self.0.lock().unwrap().push(elapsed);
+    }
+}
+
+#[tokio::test]
+async fn store_calls_are_timed_by_the_timer_given() {
+    let timer = Arc::new(ManualClock::new(1_000));
+    let timed = Arc::new(Timed::default());
+    let store = Taking {
+        inner: MemoryStore::with_clock(MemoryConfig::default(), ManualClock::new(0)),
+        timer: Arc::clone(&timer),
+        takes: Duration::from_millis(3),
+    };
+    let enforcer = Enforcer::new(policy(POLICY), store)
+        .with_timer(Arc::clone(&timer) as Arc<dyn tollgate_core::Clock>)
+        .with_observer(Arc::clone(&timed) as Arc<dyn Observer>);
+    assert!(
+        run(&enforcer, "api", &[descriptor("user", "a")])
+            .await
+            .allowed()
+    );
+    assert_eq!(*timed.0.lock().unwrap(), [Duration::from_millis(3)]);
+}

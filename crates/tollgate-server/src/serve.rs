@@ -57,6 +57,7 @@ use hyper_util::service::TowerToHyperService;
 use tollgate_gateway::Gateway;
 use tollgate_gateway::listen::{Acceptor, Protocol};
 use tollgate_policy::Enforcer;
+use tollgate_store::FastClock;
 
 /// How long requests in flight may take to finish once a shutdown starts.
 pub const GRACE: Duration = Duration::from_secs(10);
@@ -523,6 +524,7 @@ async fn launch(
             .with_quota_mode(args.envoy.as_ref().is_some_and(|e| e.quota_mode))
             .with_envoy_counting(args.envoy_counting)
             .with_clock(clock)
+            .with_timer(Arc::new(FastClock::new()))
             .with_observer(record::observer(
                 (metrics::Observe, live::Observe(Arc::clone(&live))),
                 &args.record,
