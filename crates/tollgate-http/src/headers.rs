@@ -193,50 +193,51 @@ impl HeaderStyle {
             return;
         };
         let d = &reported.decision;
-        // Every value is written into one buffer and split off it: one
-        // allocation for all of them rather than one (or two) each.
-        let mut values = Values(BytesMut::with_capacity(VALUES_CAPACITY));
-        // The envoy family's values replace these.
-        if self.x_ratelimit && !self.envoy {
-            headers.put(X_RATELIMIT_LIMIT, repeated(Repeated::Limit, d.limit()));
-            headers.put(X_RATELIMIT_REMAINING, values.number(d.remaining()));
-            headers.put(
-                X_RATELIMIT_RESET,
-                repeated(Repeated::Reset, reset_epoch_secs(now, d.reset_after())),
-            );
-        }
-        if self.reset_after {
-            headers.put(X_RATELIMIT_RESET_AFTER, seconds_millis(d.reset_after()));
-        }
-        if self.bucket
-            && let Some(bucket) = reported.bucket.and_then(|b| HeaderValue::from_str(b).ok())
-        {
-            headers.put(X_RATELIMIT_BUCKET, bucket);
-        }
-        if self.ietf {
-            if let Some(policy) = policy_field(limits, &mut values) {
-                headers.put(RATELIMIT_POLICY, policy);
+        // Every value is written into this thread's buffer and split off
+        // it (see `Values::with`).
+        Values::with(|values| {
+            // The envoy family's values replace these.
+            if self.x_ratelimit && !self.envoy {
+                headers.put(X_RATELIMIT_LIMIT, repeated(Repeated::Limit, d.limit()));
+                headers.put(X_RATELIMIT_REMAINING, values.number(d.remaining()));
+                headers.put(
+                    X_RATELIMIT_RESET,
+                    repeated(Repeated::Reset, reset_epoch_secs(now, d.reset_after())),
+                );
             }
-            let limit = if self.every_limit {
-                service_limit_field(limits, &mut values)
-            } else {
-                service_limit_field([reported], &mut values)
-            };
-            if let Some(limit) = limit {
-                headers.put(RATELIMIT, limit);
+            if self.reset_after {
+                headers.put(X_RATELIMIT_RESET_AFTER, seconds_millis(d.reset_after()));
             }
-        }
-        if self.envoy {
-            for (name, value) in [X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET]
-                .into_iter()
-                .zip(envoy_values(reported))
+            if self.bucket
+                && let Some(bucket) = reported.bucket.and_then(|b| HeaderValue::from_str(b).ok())
             {
-                headers.put(name, values.number(value));
+                headers.put(X_RATELIMIT_BUCKET, bucket);
             }
-        }
-        if self.retry_after && !d.allowed() {
-            headers.put(RETRY_AFTER, values.number(retry_after_secs(d)));
-        }
+            if self.ietf {
+                if let Some(policy) = policy_field(limits, values) {
+                    headers.put(RATELIMIT_POLICY, policy);
+                }
+                let limit = if self.every_limit {
+                    service_limit_field(limits, values)
+                } else {
+                    service_limit_field([reported], values)
+                };
+                if let Some(limit) = limit {
+                    headers.put(RATELIMIT, limit);
+                }
+            }
+            if self.envoy {
+                for (name, value) in [X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET]
+                    .into_iter()
+                    .zip(envoy_values(reported))
+                {
+                    headers.put(name, values.number(value));
+                }
+            }
+            if self.retry_after && !d.allowed() {
+                headers.put(RETRY_AFTER, values.number(retry_after_secs(d)));
+            }
+        });
     }
 }
 
@@ -327,10 +328,36 @@ impl HeaderList {
 /// Room for the values of one response's headers, most of the time.
 const VALUES_CAPACITY: usize = 128;
 
+/// What a thread's values buffer takes when it runs out: room for the
+/// values of a few dozen responses.
+const VALUES_BLOCK: usize = 4096;
+
+thread_local! {
+    /// The buffer each thread writes header values into.
+    static VALUES: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+}
+
 /// Header values written one after the other into one buffer.
 struct Values(BytesMut);
 
 impl Values {
+    /// Runs `write` with this thread's values buffer, with room for one
+    /// response's values. Each value is split off the buffer and shares its
+    /// block, so a response's values take no allocation of their own; a
+    /// block is reused from its start once every value made from it has
+    /// been dropped, or left to the values still holding it.
+    fn with<R>(write: impl FnOnce(&mut Values) -> R) -> R {
+        VALUES.with_borrow_mut(|buffer| {
+            if buffer.capacity() < VALUES_CAPACITY {
+                buffer.reserve(VALUES_BLOCK);
+            }
+            let mut values = Values(std::mem::take(buffer));
+            let written = write(&mut values);
+            *buffer = values.0;
+            written
+        })
+    }
+
     /// A decimal number.
     fn number(&mut self, n: u64) -> HeaderValue {
         self.0
@@ -694,10 +721,11 @@ fn service_limit_field<'r, 'a: 'r>(
 /// Limit Service), whose clients may want every descriptor's state. `None`
 /// when no limit applied.
 pub fn draft_every_limit(limits: &[LimitReport<'_>]) -> Option<[(&'static str, HeaderValue); 2]> {
-    let mut values = Values(BytesMut::with_capacity(VALUES_CAPACITY));
-    let policy = policy_field(limits, &mut values)?;
-    let limit = service_limit_field(limits, &mut values)?;
-    Some([("RateLimit-Policy", policy), ("RateLimit", limit)])
+    Values::with(|values| {
+        let policy = policy_field(limits, values)?;
+        let limit = service_limit_field(limits, values)?;
+        Some([("RateLimit-Policy", policy), ("RateLimit", limit)])
+    })
 }
 
 #[cfg(test)]
