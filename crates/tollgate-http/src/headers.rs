@@ -896,6 +896,20 @@ mod tests {
     }
 
     #[test]
+    fn the_values_of_successive_responses_share_a_block() {
+        let quota = Quota::per_second(10).unwrap();
+        let decision = Decision::allow(10, 7, Duration::from_millis(300));
+        let limits = [LimitReport::new("api", &quota, Algorithm::Gcra, decision)];
+        let first = written(HeaderStyle::default(), &limits, EPOCH);
+        let second = written(HeaderStyle::default(), &limits, EPOCH);
+        // The first response's values are held while the second's are
+        // made: with a buffer per response, these would be two allocations.
+        let at = |headers: &HeaderMap| headers[&X_RATELIMIT_REMAINING].as_bytes().as_ptr() as usize;
+        let apart = at(&second).wrapping_sub(at(&first));
+        assert!(apart < VALUES_CAPACITY, "{apart} bytes apart");
+    }
+
+    #[test]
     fn a_repeated_number_is_reused_and_a_changed_one_made_anew() {
         let at = |limit: u64, reset_after: Duration| {
             let decision = Decision::allow(limit, 1, reset_after);
