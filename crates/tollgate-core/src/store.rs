@@ -340,8 +340,8 @@ pub trait Store: Send + Sync {
     /// [`Store::release`]) is ready at its first poll: the store holds its
     /// state in this process and never waits. A caller may then poll such a
     /// call where it stands instead of boxing it to be polled again. A
-    /// store that may wait for anything (a network round trip, a lock
-    /// shared across tasks) must answer `false`, the default.
+    /// store that may wait for anything (a network round trip, an
+    /// asynchronous lock) must answer `false`, the default.
     fn decides_at_once(&self) -> bool {
         false
     }

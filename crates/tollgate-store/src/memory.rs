@@ -745,8 +745,8 @@ impl<C: Clock> Store for MemoryStore<C> {
         ready(Ok(()))
     }
 
-    /// Its check does its work in its first poll ([`Check`]), and every
-    /// other call is done before its future is made.
+    /// Its check does its work in its first poll, and every other call
+    /// is done before its future is made.
     fn decides_at_once(&self) -> bool {
         true
     }
