@@ -8,12 +8,21 @@
 //! before use, or, when the close races the request, the request (not yet
 //! written) is sent again on a new connection. Each worker thread has its own
 //! pool, so a request never waits on another thread.
+//!
+//! A request's response head must arrive within [`UPSTREAM_TIMEOUT`] of its
+//! start (connecting included). Each connection keeps one timer for the
+//! deadline of the request it carries, moved on for each request: a timer
+//! already in tokio's wheel whose deadline only moves later is a
+//! compare-and-swap, where a timer per request is put into the wheel and
+//! taken out again (about 730 instructions a request,
+//! `scripts/profile-gateway`).
 
+use std::future::{Future, poll_fn};
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -22,7 +31,11 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 
+/// How long the upstream may take to send a response head, connecting
+/// included.
+pub(crate) const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long connecting to the upstream may take.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an idle pooled upstream connection is kept.
@@ -44,6 +57,9 @@ pub(crate) enum UpstreamError {
     /// something that is not HTTP, …).
     #[error("the upstream failed: {0}")]
     Http(#[source] hyper::Error),
+    /// No response head within [`UPSTREAM_TIMEOUT`].
+    #[error("the upstream sent no response within {UPSTREAM_TIMEOUT:?}")]
+    Timeout,
 }
 
 /// One worker's connections to one upstream.
@@ -54,8 +70,46 @@ pub(crate) struct Pool {
 }
 
 struct Idle {
-    sender: SendRequest<Incoming>,
+    connection: Connection,
     since: Instant,
+}
+
+/// One upstream connection: what sends on it, and the timer of the
+/// deadline of the request it carries.
+struct Connection {
+    sender: SendRequest<Incoming>,
+    deadline: Pin<Box<Sleep>>,
+}
+
+pin_project_lite::pin_project! {
+    /// `future`'s output, or [`UpstreamError::Timeout`] once `deadline` has
+    /// passed.
+    struct Before<'a, F> {
+        #[pin]
+        future: F,
+        deadline: &'a mut Pin<Box<Sleep>>,
+    }
+}
+
+impl<'a, F> Before<'a, F> {
+    fn new(deadline: &'a mut Pin<Box<Sleep>>, future: F) -> Self {
+        Self { future, deadline }
+    }
+}
+
+impl<F: Future> Future for Before<'_, F> {
+    type Output = Result<F::Output, UpstreamError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(output) = this.future.poll(cx) {
+            return Poll::Ready(Ok(output));
+        }
+        this.deadline
+            .as_mut()
+            .poll(cx)
+            .map(|()| Err(UpstreamError::Timeout))
+    }
 }
 
 impl Pool {
@@ -71,22 +125,35 @@ impl Pool {
     }
 
     /// Sends `request` (origin-form URI, `Host` set) on a pooled connection,
-    /// or on a new one.
+    /// or on a new one, and returns the response once its head has come, or
+    /// [`UpstreamError::Timeout`] after [`UPSTREAM_TIMEOUT`].
     pub(crate) async fn send(
         self: Arc<Self>,
         mut request: Request<Incoming>,
     ) -> Result<Response<PooledBody>, UpstreamError> {
+        let now = Instant::now();
+        let deadline = now + UPSTREAM_TIMEOUT;
         loop {
-            let (mut sender, fresh) = match self.take().await {
-                Some(sender) => (sender, false),
+            let (mut connection, fresh) = match self.take(now) {
+                Some(mut connection) => {
+                    connection.deadline.as_mut().reset(deadline);
+                    // Its last response has ended; this waits at most for
+                    // the connection's task to take note.
+                    let ready = poll_fn(|cx| connection.sender.poll_ready(cx));
+                    if Before::new(&mut connection.deadline, ready).await?.is_err() {
+                        continue;
+                    }
+                    (connection, false)
+                }
                 // Boxed: connecting is rare, and its future would more than
                 // double this one's size, which every request allocates.
-                None => (Box::pin(self.connect()).await?, true),
+                None => (Box::pin(self.connect(deadline)).await?, true),
             };
-            match sender.try_send_request(request).await {
+            let sending = connection.sender.try_send_request(request);
+            match Before::new(&mut connection.deadline, sending).await? {
                 Ok(response) => {
                     let (parts, body) = response.into_parts();
-                    let body = PooledBody::new(body, sender, Arc::clone(&self));
+                    let body = PooledBody::new(body, connection, Arc::clone(&self));
                     return Ok(Response::from_parts(parts, body));
                 }
                 Err(mut failed) => match failed.take_message() {
@@ -99,23 +166,21 @@ impl Pool {
         }
     }
 
-    /// The most recently used idle connection that is still open and
-    /// ready, dropping the stale ones on the way.
-    async fn take(&self) -> Option<SendRequest<Incoming>> {
-        loop {
-            let Idle { mut sender, since } = self.lock().pop()?;
-            if since.elapsed() > IDLE_TIMEOUT || sender.is_closed() {
-                continue;
-            }
-            // Its last response has ended; this waits at most for the
-            // connection's task to take note.
-            if sender.ready().await.is_ok() {
-                return Some(sender);
+    /// The most recently used idle connection that is still open, dropping
+    /// the stale ones on the way.
+    fn take(&self, now: Instant) -> Option<Connection> {
+        let mut idle = self.lock();
+        while let Some(Idle { connection, since }) = idle.pop() {
+            if now.saturating_duration_since(since) <= IDLE_TIMEOUT
+                && !connection.sender.is_closed()
+            {
+                return Some(connection);
             }
         }
+        None
     }
 
-    async fn connect(&self) -> Result<SendRequest<Incoming>, UpstreamError> {
+    async fn connect(&self, deadline: Instant) -> Result<Connection, UpstreamError> {
         let connecting = TcpStream::connect((self.host.as_str(), self.port));
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
             .await
@@ -131,19 +196,22 @@ impl Pool {
                 tracing::debug!(%error, "upstream connection ended with an error");
             }
         });
-        Ok(sender)
+        Ok(Connection {
+            sender,
+            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+        })
     }
 
-    /// Keeps `sender` for the next request, if it is still open and the
-    /// pool has room.
-    fn put(&self, sender: SendRequest<Incoming>) {
-        if sender.is_closed() {
+    /// Keeps `connection` for the next request, if it is still open and
+    /// the pool has room.
+    fn put(&self, connection: Connection) {
+        if connection.sender.is_closed() {
             return;
         }
         let mut idle = self.lock();
         if idle.len() < MAX_IDLE {
             idle.push(Idle {
-                sender,
+                connection,
                 since: Instant::now(),
             });
         }
@@ -159,14 +227,14 @@ impl Pool {
 /// once it has been read to the end.
 pub(crate) struct PooledBody {
     body: Incoming,
-    owner: Option<(SendRequest<Incoming>, Arc<Pool>)>,
+    owner: Option<(Connection, Arc<Pool>)>,
 }
 
 impl PooledBody {
-    fn new(body: Incoming, sender: SendRequest<Incoming>, pool: Arc<Pool>) -> Self {
+    fn new(body: Incoming, connection: Connection, pool: Arc<Pool>) -> Self {
         let mut pooled = Self {
             body,
-            owner: Some((sender, pool)),
+            owner: Some((connection, pool)),
         };
         pooled.give_back_if_ended();
         pooled
@@ -179,8 +247,8 @@ impl PooledBody {
     }
 
     fn give_back(&mut self) {
-        if let Some((sender, pool)) = self.owner.take() {
-            pool.put(sender);
+        if let Some((connection, pool)) = self.owner.take() {
+            pool.put(connection);
         }
     }
 }

@@ -14,7 +14,7 @@
 //! - The request goes out in origin form (`/path?query`), with the client's
 //!   `Host`, or the upstream's when the client sent none (HTTP/1.0).
 //! - The upstream unreachable or failing: `502`; no response head within
-//!   [`UPSTREAM_TIMEOUT`]: `504`. Either way the rate limit decision was
+//!   [`UPSTREAM_TIMEOUT`](pool::UPSTREAM_TIMEOUT): `504`. Either way the rate limit decision was
 //!   already made and counted.
 
 use std::convert::Infallible;
@@ -25,7 +25,6 @@ use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{
@@ -43,10 +42,6 @@ use tower_service::Service;
 use futures_util::FutureExt;
 
 use crate::pool::{self, Pool, PooledBody};
-
-/// How long the upstream may take to send its response head (connecting
-/// included).
-pub(crate) const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -272,7 +267,7 @@ fn forward(
     pool: Arc<Pool>,
     request: Request<Incoming>,
 ) -> impl Future<Output = Result<Response<ProxyBody>, Infallible>> + Send {
-    tokio::time::timeout(UPSTREAM_TIMEOUT, pool.send(request)).map(|sent| Ok(answer(sent)))
+    pool.send(request).map(|sent| Ok(answer(sent)))
 }
 
 impl Inner {
@@ -311,30 +306,27 @@ impl Inner {
     }
 }
 
-/// The client's answer from what the upstream sent within
-/// [`UPSTREAM_TIMEOUT`].
-fn answer(
-    sent: Result<Result<Response<PooledBody>, pool::UpstreamError>, tokio::time::error::Elapsed>,
-) -> Response<ProxyBody> {
+/// The client's answer from what the upstream sent.
+fn answer(sent: Result<Response<PooledBody>, pool::UpstreamError>) -> Response<ProxyBody> {
     match sent {
-        Ok(Ok(response)) => {
+        Ok(response) => {
             let (mut parts, body) = response.into_parts();
             // This hop speaks HTTP/1.1 to its client, whatever the upstream spoke.
             parts.version = Version::HTTP_11;
             strip_hop_by_hop(&mut parts.headers);
             Response::from_parts(parts, ResponseBody::inner(body))
         }
-        Ok(Err(e)) => {
+        Err(e @ pool::UpstreamError::Timeout) => error(
+            StatusCode::GATEWAY_TIMEOUT,
+            "gateway_timeout",
+            &e.to_string(),
+        ),
+        Err(e) => {
             // Warned, not debugged: a refused or exhausted upstream
             // connection (EMFILE) is what an operator must see.
             tracing::warn!(error = %chain(&e), "upstream request failed");
             error(StatusCode::BAD_GATEWAY, "bad_gateway", &chain(&e))
         }
-        Err(_) => error(
-            StatusCode::GATEWAY_TIMEOUT,
-            "gateway_timeout",
-            &format!("the upstream sent no response within {UPSTREAM_TIMEOUT:?}"),
-        ),
     }
 }
 

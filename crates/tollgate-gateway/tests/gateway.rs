@@ -202,6 +202,70 @@ async fn an_upstream_that_never_answers_is_a_504_after_the_deadline() {
         .expect("the gateway served without error");
 }
 
+/// A pooled upstream connection carries each request's deadline anew: a
+/// request on a connection reused after the last one's deadline has come
+/// and gone (idle in the pool meanwhile) still waits its full 60 s (of
+/// paused time) for its answer before the `504`.
+#[tokio::test(start_paused = true)]
+async fn a_reused_upstream_connection_gives_each_request_its_full_deadline() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let upstream = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", upstream.local_addr().expect("address"));
+    let accepted = Arc::new(Mutex::new(0));
+    let counted = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut stream, _)) = upstream.accept().await {
+            *counted.lock().unwrap() += 1;
+            // The first request of a connection is answered; the rest are
+            // read and never answered.
+            let mut head = Vec::new();
+            let mut byte = [0; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                stream.read_exact(&mut byte).await.expect("a request");
+                head.push(byte[0]);
+            }
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .expect("an answer");
+            held.push(stream);
+        }
+    });
+    let settings = settings_for(&url, Options::default()).on_caller_runtime();
+    let gateway = Gateway::bind(settings, &Policy::builtin())
+        .await
+        .expect("bind");
+    let url = format!("http://{}/", gateway.local_addr());
+    let enforcer = Arc::new(Enforcer::new(Policy::builtin(), MemoryStore::default()));
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    let task = gateway.spawn(&enforcer, stopped, |_outcome, _elapsed| {});
+
+    let client = reqwest::Client::new();
+    let first = client.get(&url).send().await.expect("an answer");
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(first.text().await.expect("a body"), "ok");
+    // Past the first request's deadline, within the pool's idle timeout.
+    tokio::time::sleep(Duration::from_secs(70)).await;
+
+    let started = tokio::time::Instant::now();
+    let second = client.get(&url).send().await.expect("an answer");
+    let waited = started.elapsed();
+    assert_eq!(second.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(
+        (Duration::from_secs(60)..Duration::from_secs(61)).contains(&waited),
+        "answered after {waited:?}"
+    );
+    assert_eq!(*accepted.lock().unwrap(), 1, "the connection was reused");
+
+    drop(client);
+    stop.send(()).expect("the gateway listens for the signal");
+    task.await
+        .expect("the task does not panic")
+        .expect("the gateway served without error");
+}
+
 /// The benchmark's floor: the same listeners and proxy with no limit step,
 /// so every request is forwarded and no answer carries rate limit headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
