@@ -74,9 +74,9 @@ pub const TLS_HANDSHAKE_ERRORS: &str = "tollgate_tls_handshake_errors_total";
 pub struct ConnectionLimits {
     /// Open connections at most.
     pub max_connections: usize,
-    /// How long an HTTP/1 request's head may take to arrive (hyper also
-    /// closes a kept-alive connection that has waited this long for its next
-    /// request), and a TLS handshake to end.
+    /// How long an HTTP/1 request's head may take to arrive (a kept-alive
+    /// connection that has waited this long for its next request is closed
+    /// too), and a TLS handshake to end.
     pub header_read_timeout: Duration,
     /// How long a connection may stay open with no request in flight.
     pub idle_timeout: Duration,
@@ -204,6 +204,7 @@ impl Acceptor {
                 let mut watch = Watch {
                     activity: &activity,
                     idle_timeout,
+                    drop_idle: false,
                     stopped,
                     peer,
                 };
@@ -231,6 +232,11 @@ impl Acceptor {
     fn builders(&self) -> Builders {
         // At most 100 header fields (`431` beyond): hyper's default, left
         // unset because setting it moves the parser's array to the heap.
+        // hyper's header-read timer is off: it makes, arms and drops a timer
+        // for every request (about 1,300 instructions a request,
+        // `scripts/profile-gateway`), where the connection's idle watch
+        // bounds a head's arrival with the one timer it keeps anyway
+        // (`Watch::bounding_heads`).
         let mut http1 = http1::Builder::new();
         // The answer's head and body copied into one buffer and written with
         // one `write`, rather than queued as slices for `writev`: the
@@ -245,9 +251,9 @@ impl Acceptor {
             .half_close(false)
             .max_header_size(MAX_HEAD_SIZE)
             .max_buf_size(MAX_BUF_SIZE)
-            .header_read_timeout(self.limits.header_read_timeout);
+            .header_read_timeout(None);
         let mut auto = match self.protocol {
-            Protocol::Http1 => return Builders::Http1(http1),
+            Protocol::Http1 => return Builders::Http1(http1, self.limits.header_read_timeout),
             Protocol::Http2 => auto::Builder::new(TokioExecutor::new()).http2_only(),
             // hyper-util's builder cannot set hyper's head limit, so an
             // HTTP/1 head here is bounded by the read buffer only (which a
@@ -274,8 +280,9 @@ impl Acceptor {
 
 /// The connection builder of each [`Protocol`].
 enum Builders {
-    /// hyper's own: it alone bounds an HTTP/1 head.
-    Http1(http1::Builder),
+    /// hyper's own: it alone bounds an HTTP/1 head's size. How long a head
+    /// may take to arrive, its watch bounds.
+    Http1(http1::Builder, Duration),
     /// hyper-util's, for HTTP/2 only, its writes [`Coalesced`].
     Http2(auto::Builder<TokioExecutor>),
     /// hyper-util's, for either version.
@@ -295,9 +302,12 @@ impl Builders {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         match self {
-            Builders::Http1(http1) => {
+            Builders::Http1(http1, header_read_timeout) => {
                 let connection = http1.serve_connection(io, service);
-                watch.serve(connection, |c| c.graceful_shutdown()).await;
+                watch
+                    .bounding_heads(*header_read_timeout)
+                    .serve(connection, |c| c.graceful_shutdown())
+                    .await;
             }
             Builders::Http2(auto) => {
                 let io = Coalesced {
@@ -439,14 +449,38 @@ async fn handshake(
 struct Watch<'a> {
     activity: &'a Activity,
     idle_timeout: Duration,
+    /// Whether a connection idle for the idle timeout is dropped at once
+    /// rather than asked to close.
+    drop_idle: bool,
     stopped: watch::Receiver<()>,
     peer: SocketAddr,
 }
 
+/// Why a connection's watchers want it closed.
+enum Close {
+    /// No request in flight for the idle timeout.
+    Idle,
+    /// The service stops.
+    Stopping,
+}
+
 impl Watch<'_> {
+    /// Makes this watch bound how long an HTTP/1 request's head takes to
+    /// arrive, in hyper's place: a connection with no request in flight for
+    /// `timeout` (or the idle timeout, if shorter), from its opening or the
+    /// end of its last answer, is dropped at once, whatever part of a head
+    /// it has sent. (Asked to close, hyper would wait for a head begun on a
+    /// new connection.) HTTP/1 has nothing in flight to lose then.
+    fn bounding_heads(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = self.idle_timeout.min(timeout);
+        self.drop_idle = true;
+        self
+    }
+
     /// Serves `connection` until it ends, asking it to close (`shut_down`)
-    /// when it has been idle for the idle timeout or the service stops, and
-    /// dropping it [`CLOSE_GRACE`] after asking.
+    /// when it has been idle for the idle timeout (or dropping it then, if
+    /// [`Watch::bounding_heads`]) or the service stops, and dropping it
+    /// [`CLOSE_GRACE`] after asking.
     ///
     /// The watchers (the idle timer, the stop signal, then the grace timer)
     /// are polled only when one of them has woken the task ([`Woken`]), not
@@ -458,7 +492,7 @@ impl Watch<'_> {
         C: Future<Output = Result<(), E>>,
         E: std::fmt::Display,
     {
-        let peer = self.peer;
+        let (peer, drop_idle) = (self.peer, self.drop_idle);
         let mut connection = pin!(connection);
         let woken = Arc::new(Woken::default());
         let watchers_waker = Waker::from(Arc::clone(&woken));
@@ -481,8 +515,13 @@ impl Watch<'_> {
                 match &mut grace {
                     Some(grace) => return grace.as_mut().poll(&mut watchers),
                     None => {
-                        if asked.as_mut().poll(&mut watchers).is_pending() {
-                            return Poll::Pending;
+                        match asked.as_mut().poll(&mut watchers) {
+                            Poll::Pending => return Poll::Pending,
+                            Poll::Ready(Close::Idle) if drop_idle => {
+                                tracing::debug!(%peer, "connection closed: no request head in time");
+                                return Poll::Ready(());
+                            }
+                            Poll::Ready(_) => {}
                         }
                         shut_down(connection.as_mut());
                         grace = Some(Box::pin(tokio::time::sleep(CLOSE_GRACE)));
@@ -496,22 +535,23 @@ impl Watch<'_> {
         .await;
     }
 
-    /// Returns when the connection should be asked to close: it has had no
-    /// request in flight for the idle timeout, or the service stops.
-    async fn close_asked(&mut self) {
+    /// Returns when the connection should be asked to close, and why: it
+    /// has had no request in flight for the idle timeout, or the service
+    /// stops.
+    async fn close_asked(&mut self) -> Close {
         let mut check_idle_at = Instant::now() + self.idle_timeout;
         loop {
             tokio::select! {
                 () = tokio::time::sleep_until(check_idle_at) => {
                     match self.activity.idle_deadline(self.idle_timeout) {
-                        Some(deadline) if deadline <= Instant::now() => return,
+                        Some(deadline) if deadline <= Instant::now() => return Close::Idle,
                         Some(deadline) => check_idle_at = deadline,
                         // In flight: looked at again one timeout from now
                         // at the earliest.
                         None => check_idle_at = Instant::now() + self.idle_timeout,
                     }
                 }
-                _ = self.stopped.changed() => return,
+                _ = self.stopped.changed() => return Close::Stopping,
             }
         }
     }
@@ -702,6 +742,80 @@ mod tests {
         fn wake(self: Arc<Self>) {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    /// On an HTTP/1 listener, a request's head must arrive within the
+    /// header-read timeout of the connection opening or of the last answer:
+    /// a connection that sends nothing, one that sends part of a head, and
+    /// one kept alive after an answer are each closed that long after, and
+    /// not before (on paused time).
+    #[tokio::test(start_paused = true)]
+    async fn an_http1_head_must_arrive_within_the_header_read_timeout() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        const HEAD: Duration = Duration::from_secs(2);
+        let limits = ConnectionLimits {
+            max_connections: 8,
+            header_read_timeout: HEAD,
+            idle_timeout: Duration::from_secs(60),
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let (_stop, stopped) = watch::channel(());
+        tokio::spawn(async move {
+            let acceptor = Acceptor::new("test", limits, Protocol::Http1);
+            acceptor
+                .serve(listener, stopped, |_peer| {
+                    hyper::service::service_fn(|_request| async {
+                        Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+                    })
+                })
+                .await;
+        });
+
+        /// How long after `since` the connection closes, and what it sent.
+        async fn closed_after(mut stream: TcpStream, since: Instant) -> (Duration, Vec<u8>) {
+            let mut got = Vec::new();
+            stream.read_to_end(&mut got).await.expect("read");
+            (since.elapsed(), got)
+        }
+        let silent = async {
+            let stream = TcpStream::connect(addr).await.expect("connect");
+            closed_after(stream, Instant::now()).await
+        };
+        let slow = async {
+            let mut stream = TcpStream::connect(addr).await.expect("connect");
+            let opened = Instant::now();
+            stream
+                .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n")
+                .await
+                .expect("write");
+            closed_after(stream, opened).await
+        };
+        let kept = async {
+            let mut stream = TcpStream::connect(addr).await.expect("connect");
+            stream
+                .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+                .await
+                .expect("write");
+            let mut answer = [0; 256];
+            let mut read = 0;
+            while !answer[..read].ends_with(b"ok") {
+                read += stream.read(&mut answer[read..]).await.expect("read");
+            }
+            closed_after(stream, Instant::now()).await
+        };
+        let (silent, slow, kept) = tokio::join!(silent, slow, kept);
+        for (name, (after, _)) in [("silent", &silent), ("slow", &slow), ("kept", &kept)] {
+            assert!(
+                (HEAD..HEAD + Duration::from_millis(100)).contains(after),
+                "the {name} connection closed after {after:?}"
+            );
+        }
+        assert!(
+            silent.1.is_empty() && kept.1.is_empty(),
+            "nothing more is sent"
+        );
     }
 
     #[test]
