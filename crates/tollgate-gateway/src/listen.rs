@@ -11,7 +11,13 @@
 //! [`CLOSE_GRACE`] later is dropped; whatever it trickles meanwhile does not
 //! count as a request. `tollgate_open_connections` says how many each
 //! listener holds. An HTTP/1 request's head must arrive within
-//! [`ConnectionLimits::header_read_timeout`]. An `accept` that fails (most
+//! [`ConnectionLimits::header_read_timeout`] of the connection's opening or
+//! of its last answer: a connection that has not begun with HTTP/2's
+//! preface and has no request in flight for that long is dropped at once,
+//! whatever part of a head it has sent. The idle watch keeps that time with
+//! the one timer it has anyway, where hyper's `header_read_timeout` would
+//! box, arm and drop a timer for every request (about 1,300 instructions
+//! of each). An `accept` that fails (most
 //! often: out of file descriptors) is counted in
 //! `tollgate_accept_errors_total`, logged at WARN (at most once a second)
 //! and retried after a short pause, so the loop neither spins nor stops.
@@ -40,6 +46,7 @@ use hyper::server::conn::http1;
 use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
@@ -200,22 +207,28 @@ impl Acceptor {
                 _permit: permit,
                 open,
             });
+            // An HTTP/2-only listener reads no HTTP/1 heads.
+            let heads = (self.protocol != Protocol::Http2).then_some(handshake_timeout);
             tokio::spawn(async move {
                 let mut watch = Watch {
                     activity: &activity,
                     idle_timeout,
-                    drop_idle: false,
+                    heads,
                     stopped,
                     peer,
                 };
                 match tls {
-                    None => builders.serve(TokioIo::new(stream), service, watch).await,
+                    None => {
+                        let io = TokioIo::new(Sniffed::new(stream, &activity));
+                        builders.serve(io, service, watch).await;
+                    }
                     Some(tls) => {
                         let tls = TlsAcceptor::from(tls);
                         let handshake =
                             handshake(&tls, stream, handshake_timeout, &mut watch, name, &mut slot);
                         if let Some(stream) = handshake.await {
-                            builders.serve(TokioIo::new(stream), service, watch).await;
+                            let io = TokioIo::new(Sniffed::new(stream, &activity));
+                            builders.serve(io, service, watch).await;
                         }
                     }
                 }
@@ -232,11 +245,8 @@ impl Acceptor {
     fn builders(&self) -> Builders {
         // At most 100 header fields (`431` beyond): hyper's default, left
         // unset because setting it moves the parser's array to the heap.
-        // hyper's header-read timer is off: it makes, arms and drops a timer
-        // for every request (about 1,300 instructions a request,
-        // `scripts/profile-gateway`), where the connection's idle watch
-        // bounds a head's arrival with the one timer it keeps anyway
-        // (`Watch::bounding_heads`).
+        // hyper's header-read timer is off here and below: the connection's
+        // idle watch bounds a head's arrival (see the module's doc).
         let mut http1 = http1::Builder::new();
         // The answer's head and body copied into one buffer and written with
         // one `write`, rather than queued as slices for `writev`: the
@@ -253,7 +263,7 @@ impl Acceptor {
             .max_buf_size(MAX_BUF_SIZE)
             .header_read_timeout(None);
         let mut auto = match self.protocol {
-            Protocol::Http1 => return Builders::Http1(http1, self.limits.header_read_timeout),
+            Protocol::Http1 => return Builders::Http1(http1),
             Protocol::Http2 => auto::Builder::new(TokioExecutor::new()).http2_only(),
             // hyper-util's builder cannot set hyper's head limit, so an
             // HTTP/1 head here is bounded by the read buffer only (which a
@@ -266,7 +276,7 @@ impl Acceptor {
             .keep_alive(true)
             .half_close(false)
             .max_buf_size(MAX_BUF_SIZE)
-            .header_read_timeout(self.limits.header_read_timeout);
+            .header_read_timeout(None);
         auto.http2()
             .timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(MAX_HEAD_SIZE).unwrap_or(u32::MAX));
@@ -280,9 +290,8 @@ impl Acceptor {
 
 /// The connection builder of each [`Protocol`].
 enum Builders {
-    /// hyper's own: it alone bounds an HTTP/1 head's size. How long a head
-    /// may take to arrive, its watch bounds.
-    Http1(http1::Builder, Duration),
+    /// hyper's own: it alone bounds an HTTP/1 head's size.
+    Http1(http1::Builder),
     /// hyper-util's, for HTTP/2 only, its writes [`Coalesced`].
     Http2(auto::Builder<TokioExecutor>),
     /// hyper-util's, for either version.
@@ -302,12 +311,9 @@ impl Builders {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         match self {
-            Builders::Http1(http1, header_read_timeout) => {
+            Builders::Http1(http1) => {
                 let connection = http1.serve_connection(io, service);
-                watch
-                    .bounding_heads(*header_read_timeout)
-                    .serve(connection, |c| c.graceful_shutdown())
-                    .await;
+                watch.serve(connection, |c| c.graceful_shutdown()).await;
             }
             Builders::Http2(auto) => {
                 let io = Coalesced {
@@ -395,6 +401,93 @@ impl<I: hyper::rt::Write + Unpin> hyper::rt::Write for Coalesced<I> {
     }
 }
 
+/// The start of HTTP/2's connection preface (`PRI * HTTP/2.0`), which no
+/// HTTP/1 request begins with.
+const H2_PREFACE_START: &[u8] = b"PRI ";
+
+/// A connection's stream, telling its [`Activity`] whether its first bytes
+/// are HTTP/2's preface: the idle watch bounds how long an HTTP/1 head may
+/// take, and an HTTP/2 connection reads none.
+struct Sniffed<S> {
+    stream: S,
+    activity: Arc<Activity>,
+    /// How many of the first bytes matched [`H2_PREFACE_START`], or
+    /// `None` once that is settled.
+    matched: Option<usize>,
+}
+
+impl<S> Sniffed<S> {
+    fn new(stream: S, activity: &Arc<Activity>) -> Self {
+        Self {
+            stream,
+            activity: Arc::clone(activity),
+            matched: Some(0),
+        }
+    }
+
+    /// Looks at `read`, the bytes read last, until the start is settled.
+    fn look(&mut self, read: &[u8]) {
+        let Some(matched) = self.matched else {
+            return;
+        };
+        let rest = &H2_PREFACE_START[matched..];
+        let n = rest.len().min(read.len());
+        self.matched = if read[..n] != rest[..n] {
+            None
+        } else if n == rest.len() {
+            self.activity.http2.store(true, Ordering::Relaxed);
+            None
+        } else {
+            Some(matched + n)
+        };
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Sniffed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if self.matched.is_some() && read.is_ready() {
+            self.look(&buf.filled()[before..]);
+        }
+        read
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Sniffed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
 /// A connection's place under its listener's cap, given back when dropped.
 struct Slot {
     _permit: OwnedSemaphorePermit,
@@ -449,37 +542,41 @@ async fn handshake(
 struct Watch<'a> {
     activity: &'a Activity,
     idle_timeout: Duration,
-    /// Whether a connection idle for the idle timeout is dropped at once
-    /// rather than asked to close.
-    drop_idle: bool,
+    /// How long an HTTP/1 request's head may take to arrive: `None` on a
+    /// listener that speaks HTTP/2 only.
+    heads: Option<Duration>,
     stopped: watch::Receiver<()>,
     peer: SocketAddr,
 }
 
 /// Why a connection's watchers want it closed.
 enum Close {
-    /// No request in flight for the idle timeout.
+    /// No request in flight for the idle timeout: asked to close.
     Idle,
-    /// The service stops.
+    /// No request head in time: dropped at once. HTTP/1 has nothing in
+    /// flight to lose then, and asked to close, hyper would wait for a head
+    /// begun on a fresh connection.
+    Head,
+    /// The service stops: asked to close.
     Stopping,
 }
 
 impl Watch<'_> {
-    /// Makes this watch bound how long an HTTP/1 request's head takes to
-    /// arrive, in hyper's place: a connection with no request in flight for
-    /// `timeout` (or the idle timeout, if shorter), from its opening or the
-    /// end of its last answer, is dropped at once, whatever part of a head
-    /// it has sent. (Asked to close, hyper would wait for a head begun on a
-    /// new connection.) HTTP/1 has nothing in flight to lose then.
-    fn bounding_heads(mut self, timeout: Duration) -> Self {
-        self.idle_timeout = self.idle_timeout.min(timeout);
-        self.drop_idle = true;
-        self
+    /// How long the connection may go with no request in flight, and how it
+    /// is closed then: the header-read timeout (if shorter than the idle
+    /// timeout) unless it speaks HTTP/2.
+    fn limit(&self) -> (Duration, Close) {
+        match self.heads {
+            Some(heads) if heads < self.idle_timeout && !self.activity.speaks_http2() => {
+                (heads, Close::Head)
+            }
+            _ => (self.idle_timeout, Close::Idle),
+        }
     }
 
     /// Serves `connection` until it ends, asking it to close (`shut_down`)
-    /// when it has been idle for the idle timeout (or dropping it then, if
-    /// [`Watch::bounding_heads`]) or the service stops, and dropping it
+    /// when it has been idle for the idle timeout or the service stops (or
+    /// dropping it, when no request head came in time), and dropping it
     /// [`CLOSE_GRACE`] after asking.
     ///
     /// The watchers (the idle timer, the stop signal, then the grace timer)
@@ -492,7 +589,7 @@ impl Watch<'_> {
         C: Future<Output = Result<(), E>>,
         E: std::fmt::Display,
     {
-        let (peer, drop_idle) = (self.peer, self.drop_idle);
+        let peer = self.peer;
         let mut connection = pin!(connection);
         let woken = Arc::new(Woken::default());
         let watchers_waker = Waker::from(Arc::clone(&woken));
@@ -517,11 +614,11 @@ impl Watch<'_> {
                     None => {
                         match asked.as_mut().poll(&mut watchers) {
                             Poll::Pending => return Poll::Pending,
-                            Poll::Ready(Close::Idle) if drop_idle => {
+                            Poll::Ready(Close::Head) => {
                                 tracing::debug!(%peer, "connection closed: no request head in time");
                                 return Poll::Ready(());
                             }
-                            Poll::Ready(_) => {}
+                            Poll::Ready(Close::Idle | Close::Stopping) => {}
                         }
                         shut_down(connection.as_mut());
                         grace = Some(Box::pin(tokio::time::sleep(CLOSE_GRACE)));
@@ -535,20 +632,22 @@ impl Watch<'_> {
         .await;
     }
 
-    /// Returns when the connection should be asked to close, and why: it
-    /// has had no request in flight for the idle timeout, or the service
-    /// stops.
+    /// Returns when the connection should be closed, and why: it has had no
+    /// request in flight for its [`Watch::limit`], or the service stops.
     async fn close_asked(&mut self) -> Close {
-        let mut check_idle_at = Instant::now() + self.idle_timeout;
+        let mut check_at = Instant::now() + self.limit().0;
         loop {
             tokio::select! {
-                () = tokio::time::sleep_until(check_idle_at) => {
-                    match self.activity.idle_deadline(self.idle_timeout) {
-                        Some(deadline) if deadline <= Instant::now() => return Close::Idle,
-                        Some(deadline) => check_idle_at = deadline,
+                () = tokio::time::sleep_until(check_at) => {
+                    // Looked at anew each time: a connection found to speak
+                    // HTTP/2 meanwhile has the idle timeout.
+                    let (timeout, close) = self.limit();
+                    match self.activity.idle_deadline(timeout) {
+                        Some(deadline) if deadline <= Instant::now() => return close,
+                        Some(deadline) => check_at = deadline,
                         // In flight: looked at again one timeout from now
                         // at the earliest.
-                        None => check_idle_at = Instant::now() + self.idle_timeout,
+                        None => check_at = Instant::now() + timeout,
                     }
                 }
                 _ = self.stopped.changed() => return Close::Stopping,
@@ -605,6 +704,8 @@ struct Activity {
     in_flight: AtomicU64,
     /// Nanoseconds from `opened` to the end of the last request.
     last_end: AtomicU64,
+    /// The connection began with HTTP/2's preface ([`Sniffed`]).
+    http2: AtomicBool,
 }
 
 impl Activity {
@@ -613,7 +714,12 @@ impl Activity {
             opened: Instant::now(),
             in_flight: AtomicU64::new(0),
             last_end: AtomicU64::new(0),
+            http2: AtomicBool::new(false),
         }
+    }
+
+    fn speaks_http2(&self) -> bool {
+        self.http2.load(Ordering::Relaxed)
     }
 
     /// When the connection will have been idle for `timeout`, if nothing
@@ -744,26 +850,25 @@ mod tests {
         }
     }
 
-    /// On an HTTP/1 listener, a request's head must arrive within the
-    /// header-read timeout of the connection opening or of the last answer:
-    /// a connection that sends nothing, one that sends part of a head, and
-    /// one kept alive after an answer are each closed that long after, and
-    /// not before (on paused time).
-    #[tokio::test(start_paused = true)]
-    async fn an_http1_head_must_arrive_within_the_header_read_timeout() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// How long a head may take in [`head_test_limits`].
+    const HEAD: Duration = Duration::from_secs(2);
+    /// How long a connection may idle in [`head_test_limits`].
+    const IDLE: Duration = Duration::from_secs(5);
 
-        const HEAD: Duration = Duration::from_secs(2);
+    /// A listener speaking `protocol` with [`HEAD`] and [`IDLE`], answering
+    /// `ok` to every request; its address.
+    async fn head_test_listener(protocol: Protocol) -> SocketAddr {
         let limits = ConnectionLimits {
             max_connections: 8,
             header_read_timeout: HEAD,
-            idle_timeout: Duration::from_secs(60),
+            idle_timeout: IDLE,
         };
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
-        let (_stop, stopped) = watch::channel(());
         tokio::spawn(async move {
-            let acceptor = Acceptor::new("test", limits, Protocol::Http1);
+            // Never signalled: the listener serves until the test ends.
+            let (_stop, stopped) = watch::channel(());
+            let acceptor = Acceptor::new("test", limits, protocol);
             acceptor
                 .serve(listener, stopped, |_peer| {
                     hyper::service::service_fn(|_request| async {
@@ -772,50 +877,116 @@ mod tests {
                 })
                 .await;
         });
+        addr
+    }
 
-        /// How long after `since` the connection closes, and what it sent.
-        async fn closed_after(mut stream: TcpStream, since: Instant) -> (Duration, Vec<u8>) {
-            let mut got = Vec::new();
-            stream.read_to_end(&mut got).await.expect("read");
-            (since.elapsed(), got)
-        }
-        let silent = async {
-            let stream = TcpStream::connect(addr).await.expect("connect");
-            closed_after(stream, Instant::now()).await
-        };
-        let slow = async {
-            let mut stream = TcpStream::connect(addr).await.expect("connect");
-            let opened = Instant::now();
-            stream
-                .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n")
-                .await
-                .expect("write");
-            closed_after(stream, opened).await
-        };
-        let kept = async {
-            let mut stream = TcpStream::connect(addr).await.expect("connect");
-            stream
-                .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
-                .await
-                .expect("write");
-            let mut answer = [0; 256];
-            let mut read = 0;
-            while !answer[..read].ends_with(b"ok") {
-                read += stream.read(&mut answer[read..]).await.expect("read");
+    /// How long after `since` `stream` is closed, and what it was sent.
+    async fn closed_after(mut stream: TcpStream, since: Instant) -> (Duration, Vec<u8>) {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        stream.read_to_end(&mut got).await.expect("read");
+        (since.elapsed(), got)
+    }
+
+    /// A request's head must arrive within the header-read timeout of the
+    /// connection opening or of the last answer, on an HTTP/1 listener and
+    /// on one that speaks either version: a connection that sends nothing,
+    /// one that sends part of a head, and one kept alive after an answer are
+    /// each closed that long after, and not before (on paused time).
+    #[tokio::test(start_paused = true)]
+    async fn an_http1_head_must_arrive_within_the_header_read_timeout() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        for protocol in [Protocol::Http1, Protocol::Any] {
+            let addr = head_test_listener(protocol).await;
+            let silent = async {
+                let stream = TcpStream::connect(addr).await.expect("connect");
+                closed_after(stream, Instant::now()).await
+            };
+            let slow = async {
+                let mut stream = TcpStream::connect(addr).await.expect("connect");
+                let opened = Instant::now();
+                stream
+                    .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n")
+                    .await
+                    .expect("write");
+                closed_after(stream, opened).await
+            };
+            let kept = async {
+                let mut stream = TcpStream::connect(addr).await.expect("connect");
+                stream
+                    .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+                    .await
+                    .expect("write");
+                let mut answer = [0; 256];
+                let mut read = 0;
+                while !answer[..read].ends_with(b"ok") {
+                    read += stream.read(&mut answer[read..]).await.expect("read");
+                }
+                closed_after(stream, Instant::now()).await
+            };
+            let (silent, slow, kept) = tokio::join!(silent, slow, kept);
+            for (name, (after, _)) in [("silent", &silent), ("slow", &slow), ("kept", &kept)] {
+                assert!(
+                    (HEAD..HEAD + Duration::from_millis(100)).contains(after),
+                    "{protocol:?}: the {name} connection closed after {after:?}"
+                );
             }
-            closed_after(stream, Instant::now()).await
-        };
-        let (silent, slow, kept) = tokio::join!(silent, slow, kept);
-        for (name, (after, _)) in [("silent", &silent), ("slow", &slow), ("kept", &kept)] {
             assert!(
-                (HEAD..HEAD + Duration::from_millis(100)).contains(after),
-                "the {name} connection closed after {after:?}"
+                silent.1.is_empty() && kept.1.is_empty(),
+                "nothing more is sent"
             );
         }
+    }
+
+    /// On a listener that speaks either version, a connection that began
+    /// with HTTP/2's preface reads no HTTP/1 head: it is asked to go away
+    /// (`GOAWAY`) at the idle timeout, not dropped at the header-read one.
+    #[tokio::test(start_paused = true)]
+    async fn an_http2_connection_is_not_held_to_the_header_read_timeout() {
+        use tokio::io::AsyncWriteExt;
+
+        let addr = head_test_listener(Protocol::Any).await;
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let opened = Instant::now();
+        // The preface in two writes, as a client may send it, and an empty
+        // SETTINGS frame.
+        stream.write_all(b"PR").await.expect("write");
+        tokio::task::yield_now().await;
+        stream
+            .write_all(b"I * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            .await
+            .expect("write");
+        let (after, sent) = closed_after(stream, opened).await;
+        // This client never answers the PING that ends a graceful close, so
+        // it is dropped the grace after.
         assert!(
-            silent.1.is_empty() && kept.1.is_empty(),
-            "nothing more is sent"
+            (IDLE + CLOSE_GRACE..IDLE + CLOSE_GRACE + Duration::from_millis(100)).contains(&after),
+            "closed after {after:?}"
         );
+        // A GOAWAY frame (type 7) after the server's SETTINGS.
+        assert!(
+            sent.windows(4).any(|w| w[3] == 7 && w[..3] == [0, 0, 8]),
+            "{sent:?}"
+        );
+    }
+
+    #[test]
+    fn the_first_bytes_say_whether_a_connection_speaks_http2() {
+        for (reads, http2) in [
+            (&[&b"PRI * HTTP/2.0"[..]][..], true),
+            (&[&b"P"[..], b"R", b"I ", b"* HTTP"][..], true),
+            (&[&b"POST / HTTP/1.1"[..]][..], false),
+            (&[&b"PR"[..], b"OPFIND"][..], false),
+            (&[&b"PRI"[..]][..], false),
+        ] {
+            let activity = Arc::new(Activity::new());
+            let mut sniffed = Sniffed::new((), &activity);
+            for read in reads {
+                sniffed.look(read);
+            }
+            assert_eq!(activity.speaks_http2(), http2, "{reads:?}");
+        }
     }
 
     #[test]
