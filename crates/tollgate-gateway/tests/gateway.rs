@@ -157,6 +157,43 @@ async fn on_the_caller_runtime_the_gateway_serves_on_the_callers_thread() {
         .expect("the gateway served without error");
 }
 
+/// A gateway in front of `upstream` serving on the caller's runtime (so a
+/// test's paused time is the gateway's too), deciding with the builtin
+/// policy on a memory store: its URL for `path`, its stop signal and task.
+async fn on_this_runtime(
+    upstream: &str,
+    path: &str,
+) -> (
+    String,
+    tokio::sync::watch::Sender<()>,
+    tokio::task::JoinHandle<Result<(), tollgate_gateway::Error>>,
+) {
+    let settings = settings_for(upstream, Options::default()).on_caller_runtime();
+    let gateway = Gateway::bind(settings, &Policy::builtin())
+        .await
+        .expect("bind");
+    let url = format!("http://{}{path}", gateway.local_addr());
+    let enforcer = Arc::new(Enforcer::new(Policy::builtin(), MemoryStore::default()));
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    let task = gateway.spawn(&enforcer, stopped, |_outcome, _elapsed| {});
+    (url, stop, task)
+}
+
+/// Asks `url` and expects the gateway's `504`, 60 s (of paused time) after
+/// asking and not before.
+async fn expect_504_after_the_deadline(client: &reqwest::Client, url: &str) {
+    let started = tokio::time::Instant::now();
+    let response = client.get(url).send().await.expect("an answer");
+    let waited = started.elapsed();
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(
+        (Duration::from_secs(60)..Duration::from_secs(61)).contains(&waited),
+        "answered after {waited:?}"
+    );
+    let body: serde_json::Value = response.json().await.expect("a JSON body");
+    assert_eq!(body["error"], "gateway_timeout");
+}
+
 /// An upstream that sends no answer within the deadline gets the client a
 /// `504` with the proxy's JSON error, once the deadline (60 s, of paused
 /// time here) has passed and not before; the next request on the same
@@ -172,34 +209,15 @@ async fn an_upstream_that_never_answers_is_a_504_after_the_deadline() {
             held.push(stream);
         }
     });
-    let settings = settings_for(&upstream, Options::default()).on_caller_runtime();
-    let gateway = Gateway::bind(settings, &Policy::builtin())
-        .await
-        .expect("bind");
-    let url = format!("http://{}/slow", gateway.local_addr());
-    let enforcer = Arc::new(Enforcer::new(Policy::builtin(), MemoryStore::default()));
-    let (stop, stopped) = tokio::sync::watch::channel(());
-    let task = gateway.spawn(&enforcer, stopped, |_outcome, _elapsed| {});
+    let (url, stop, task) = on_this_runtime(&upstream, "/slow").await;
 
     let client = reqwest::Client::new();
     for _ in 0..2 {
-        let started = tokio::time::Instant::now();
-        let response = client.get(&url).send().await.expect("an answer");
-        let waited = started.elapsed();
-        assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
-        assert!(
-            (Duration::from_secs(60)..Duration::from_secs(61)).contains(&waited),
-            "answered after {waited:?}"
-        );
-        let body: serde_json::Value = response.json().await.expect("a JSON body");
-        assert_eq!(body["error"], "gateway_timeout");
+        expect_504_after_the_deadline(&client, &url).await;
     }
 
     drop(client);
-    stop.send(()).expect("the gateway listens for the signal");
-    task.await
-        .expect("the task does not panic")
-        .expect("the gateway served without error");
+    stop_and_join(stop, task).await;
 }
 
 /// A pooled upstream connection carries each request's deadline anew: a
@@ -233,14 +251,7 @@ async fn a_reused_upstream_connection_gives_each_request_its_full_deadline() {
             held.push(stream);
         }
     });
-    let settings = settings_for(&url, Options::default()).on_caller_runtime();
-    let gateway = Gateway::bind(settings, &Policy::builtin())
-        .await
-        .expect("bind");
-    let url = format!("http://{}/", gateway.local_addr());
-    let enforcer = Arc::new(Enforcer::new(Policy::builtin(), MemoryStore::default()));
-    let (stop, stopped) = tokio::sync::watch::channel(());
-    let task = gateway.spawn(&enforcer, stopped, |_outcome, _elapsed| {});
+    let (url, stop, task) = on_this_runtime(&url, "/").await;
 
     let client = reqwest::Client::new();
     let first = client.get(&url).send().await.expect("an answer");
@@ -249,21 +260,11 @@ async fn a_reused_upstream_connection_gives_each_request_its_full_deadline() {
     // Past the first request's deadline, within the pool's idle timeout.
     tokio::time::sleep(Duration::from_secs(70)).await;
 
-    let started = tokio::time::Instant::now();
-    let second = client.get(&url).send().await.expect("an answer");
-    let waited = started.elapsed();
-    assert_eq!(second.status(), StatusCode::GATEWAY_TIMEOUT);
-    assert!(
-        (Duration::from_secs(60)..Duration::from_secs(61)).contains(&waited),
-        "answered after {waited:?}"
-    );
+    expect_504_after_the_deadline(&client, &url).await;
     assert_eq!(*accepted.lock().unwrap(), 1, "the connection was reused");
 
     drop(client);
-    stop.send(()).expect("the gateway listens for the signal");
-    task.await
-        .expect("the task does not panic")
-        .expect("the gateway served without error");
+    stop_and_join(stop, task).await;
 }
 
 /// The benchmark's floor: the same listeners and proxy with no limit step,
