@@ -553,9 +553,10 @@ struct Watch<'a> {
 enum Close {
     /// No request in flight for the idle timeout: asked to close.
     Idle,
-    /// No request head in time: dropped at once. HTTP/1 has nothing in
-    /// flight to lose then, and asked to close, hyper would wait for a head
-    /// begun on a fresh connection.
+    /// No request head in time on a connection that does not speak HTTP/2:
+    /// dropped at once. HTTP/1 has nothing in flight to lose then, and
+    /// asked to close, hyper would wait for a head begun on a fresh
+    /// connection.
     Head,
     /// The service stops: asked to close.
     Stopping,
@@ -563,12 +564,12 @@ enum Close {
 
 impl Watch<'_> {
     /// How long the connection may go with no request in flight, and how it
-    /// is closed then: the header-read timeout (if shorter than the idle
-    /// timeout) unless it speaks HTTP/2.
+    /// is closed then: unless it speaks HTTP/2, dropped at the header-read
+    /// or the idle timeout, whichever is shorter.
     fn limit(&self) -> (Duration, Close) {
         match self.heads {
-            Some(heads) if heads < self.idle_timeout && !self.activity.speaks_http2() => {
-                (heads, Close::Head)
+            Some(heads) if !self.activity.speaks_http2() => {
+                (heads.min(self.idle_timeout), Close::Head)
             }
             _ => (self.idle_timeout, Close::Idle),
         }
@@ -850,18 +851,18 @@ mod tests {
         }
     }
 
-    /// How long a head may take in [`head_test_limits`].
+    /// How long a head may take in a [`head_test_listener`].
     const HEAD: Duration = Duration::from_secs(2);
-    /// How long a connection may idle in [`head_test_limits`].
+    /// How long a connection may idle in most [`head_test_listener`]s.
     const IDLE: Duration = Duration::from_secs(5);
 
-    /// A listener speaking `protocol` with [`HEAD`] and [`IDLE`], answering
-    /// `ok` to every request; its address.
-    async fn head_test_listener(protocol: Protocol) -> SocketAddr {
+    /// A listener speaking `protocol` with [`HEAD`] and `idle_timeout`,
+    /// answering `ok` to every request; its address.
+    async fn head_test_listener(protocol: Protocol, idle_timeout: Duration) -> SocketAddr {
         let limits = ConnectionLimits {
             max_connections: 8,
             header_read_timeout: HEAD,
-            idle_timeout: IDLE,
+            idle_timeout,
         };
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
@@ -889,16 +890,22 @@ mod tests {
     }
 
     /// A request's head must arrive within the header-read timeout of the
-    /// connection opening or of the last answer, on an HTTP/1 listener and
-    /// on one that speaks either version: a connection that sends nothing,
-    /// one that sends part of a head, and one kept alive after an answer are
-    /// each closed that long after, and not before (on paused time).
+    /// connection opening or of the last answer, on an HTTP/1 listener
+    /// (with a longer idle timeout, and with the same one, as the gateway
+    /// has) and on one that speaks either version: a connection that sends
+    /// nothing, one that sends part of a head, and one kept alive after an
+    /// answer are each closed that long after, and not before (on paused
+    /// time).
     #[tokio::test(start_paused = true)]
     async fn an_http1_head_must_arrive_within_the_header_read_timeout() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-        for protocol in [Protocol::Http1, Protocol::Any] {
-            let addr = head_test_listener(protocol).await;
+        for (protocol, idle) in [
+            (Protocol::Http1, IDLE),
+            (Protocol::Http1, HEAD),
+            (Protocol::Any, IDLE),
+        ] {
+            let addr = head_test_listener(protocol, idle).await;
             let silent = async {
                 let stream = TcpStream::connect(addr).await.expect("connect");
                 closed_after(stream, Instant::now()).await
@@ -929,7 +936,7 @@ mod tests {
             for (name, (after, _)) in [("silent", &silent), ("slow", &slow), ("kept", &kept)] {
                 assert!(
                     (HEAD..HEAD + Duration::from_millis(100)).contains(after),
-                    "{protocol:?}: the {name} connection closed after {after:?}"
+                    "{protocol:?}, idle {idle:?}: the {name} connection closed after {after:?}"
                 );
             }
             assert!(
@@ -946,7 +953,7 @@ mod tests {
     async fn an_http2_connection_is_not_held_to_the_header_read_timeout() {
         use tokio::io::AsyncWriteExt;
 
-        let addr = head_test_listener(Protocol::Any).await;
+        let addr = head_test_listener(Protocol::Any, IDLE).await;
         let mut stream = TcpStream::connect(addr).await.expect("connect");
         let opened = Instant::now();
         // The preface in two writes, as a client may send it, and an empty
