@@ -207,8 +207,11 @@ impl Acceptor {
                 _permit: permit,
                 open,
             });
-            // An HTTP/2-only listener reads no HTTP/1 heads.
-            let heads = (self.protocol != Protocol::Http2).then_some(handshake_timeout);
+            // An HTTP/2-only listener reads no HTTP/1 heads; only one that
+            // speaks both needs a connection's first bytes to tell.
+            let heads =
+                (self.protocol != Protocol::Http2).then_some(self.limits.header_read_timeout);
+            let sniff = self.protocol == Protocol::Any;
             tokio::spawn(async move {
                 let mut watch = Watch {
                     activity: &activity,
@@ -219,7 +222,7 @@ impl Acceptor {
                 };
                 match tls {
                     None => {
-                        let io = TokioIo::new(Sniffed::new(stream, &activity));
+                        let io = TokioIo::new(Sniffed::new(stream, &activity, sniff));
                         builders.serve(io, service, watch).await;
                     }
                     Some(tls) => {
@@ -227,7 +230,7 @@ impl Acceptor {
                         let handshake =
                             handshake(&tls, stream, handshake_timeout, &mut watch, name, &mut slot);
                         if let Some(stream) = handshake.await {
-                            let io = TokioIo::new(Sniffed::new(stream, &activity));
+                            let io = TokioIo::new(Sniffed::new(stream, &activity, sniff));
                             builders.serve(io, service, watch).await;
                         }
                     }
@@ -417,11 +420,13 @@ struct Sniffed<S> {
 }
 
 impl<S> Sniffed<S> {
-    fn new(stream: S, activity: &Arc<Activity>) -> Self {
+    /// `stream`, looked at when `sniff` (a listener that speaks HTTP/1 and
+    /// HTTP/2); on any other, the listener's protocol is the connection's.
+    fn new(stream: S, activity: &Arc<Activity>, sniff: bool) -> Self {
         Self {
             stream,
             activity: Arc::clone(activity),
-            matched: Some(0),
+            matched: sniff.then_some(0),
         }
     }
 
@@ -988,12 +993,16 @@ mod tests {
             (&[&b"PRI"[..]][..], false),
         ] {
             let activity = Arc::new(Activity::new());
-            let mut sniffed = Sniffed::new((), &activity);
+            let mut sniffed = Sniffed::new((), &activity, true);
             for read in reads {
                 sniffed.look(read);
             }
             assert_eq!(activity.speaks_http2(), http2, "{reads:?}");
         }
+        // A listener of one protocol does not look.
+        let activity = Arc::new(Activity::new());
+        Sniffed::new((), &activity, false).look(b"PRI * HTTP/2.0");
+        assert!(!activity.speaks_http2());
     }
 
     #[test]
