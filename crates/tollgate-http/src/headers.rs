@@ -178,17 +178,6 @@ impl HeaderStyle {
     /// restrictive limit ([`most_restrictive`]); `RateLimit-Policy` lists every
     /// limit once. Nothing is written when no limit applied.
     pub fn write(&self, limits: &[LimitReport<'_>], now: Nanos, headers: &mut HeaderMap) {
-        self.write_into(limits, now, headers);
-    }
-
-    /// [`HeaderStyle::write`] into any [`HeaderSink`]: the layer's
-    /// [`HeaderList`], made before the response it goes on exists.
-    pub(crate) fn write_into(
-        &self,
-        limits: &[LimitReport<'_>],
-        now: Nanos,
-        headers: &mut impl HeaderSink,
-    ) {
         let Some(reported) = most_restrictive(limits) else {
             return;
         };
@@ -198,24 +187,24 @@ impl HeaderStyle {
         Values::with(|values| {
             // The envoy family's values replace these.
             if self.x_ratelimit && !self.envoy {
-                headers.put(X_RATELIMIT_LIMIT, repeated(Repeated::Limit, d.limit()));
-                headers.put(X_RATELIMIT_REMAINING, values.number(d.remaining()));
-                headers.put(
+                headers.insert(X_RATELIMIT_LIMIT, repeated(Repeated::Limit, d.limit()));
+                headers.insert(X_RATELIMIT_REMAINING, values.number(d.remaining()));
+                headers.insert(
                     X_RATELIMIT_RESET,
                     repeated(Repeated::Reset, reset_epoch_secs(now, d.reset_after())),
                 );
             }
             if self.reset_after {
-                headers.put(X_RATELIMIT_RESET_AFTER, seconds_millis(d.reset_after()));
+                headers.insert(X_RATELIMIT_RESET_AFTER, seconds_millis(d.reset_after()));
             }
             if self.bucket
                 && let Some(bucket) = reported.bucket.and_then(|b| HeaderValue::from_str(b).ok())
             {
-                headers.put(X_RATELIMIT_BUCKET, bucket);
+                headers.insert(X_RATELIMIT_BUCKET, bucket);
             }
             if self.ietf {
                 if let Some(policy) = policy_field(limits, values) {
-                    headers.put(RATELIMIT_POLICY, policy);
+                    headers.insert(RATELIMIT_POLICY, policy);
                 }
                 let limit = if self.every_limit {
                     service_limit_field(limits, values)
@@ -223,7 +212,7 @@ impl HeaderStyle {
                     service_limit_field([reported], values)
                 };
                 if let Some(limit) = limit {
-                    headers.put(RATELIMIT, limit);
+                    headers.insert(RATELIMIT, limit);
                 }
             }
             if self.envoy {
@@ -231,11 +220,11 @@ impl HeaderStyle {
                     .into_iter()
                     .zip(envoy_values(reported))
                 {
-                    headers.put(name, values.number(value));
+                    headers.insert(name, values.number(value));
                 }
             }
             if self.retry_after && !d.allowed() {
-                headers.put(RETRY_AFTER, values.number(retry_after_secs(d)));
+                headers.insert(RETRY_AFTER, values.number(retry_after_secs(d)));
             }
         });
     }
@@ -280,48 +269,6 @@ impl std::str::FromStr for HeaderStyle {
             }
         }
         Ok(style)
-    }
-}
-
-/// Where [`HeaderStyle::write_into`] puts each header (each name once).
-pub(crate) trait HeaderSink {
-    /// Sets `name` to `value`.
-    fn put(&mut self, name: HeaderName, value: HeaderValue);
-}
-
-impl HeaderSink for HeaderMap {
-    fn put(&mut self, name: HeaderName, value: HeaderValue) {
-        self.insert(name, value);
-    }
-}
-
-/// The rate limit headers of an admitted request, made before the inner
-/// service's response exists and then set on it: a short list rather than
-/// a `HeaderMap` of their own, whose table would be allocated and hashed
-/// into for every request only to be copied into the response's.
-#[derive(Debug, Default)]
-pub(crate) struct HeaderList(Vec<(HeaderName, HeaderValue)>);
-
-/// The most headers a style writes for one request.
-const MOST_HEADERS: usize = 8;
-
-impl HeaderSink for HeaderList {
-    fn put(&mut self, name: HeaderName, value: HeaderValue) {
-        // One allocation for them all (an empty list, for a request no
-        // limit applied to, allocates nothing).
-        if self.0.capacity() == 0 {
-            self.0.reserve_exact(MOST_HEADERS);
-        }
-        self.0.push((name, value));
-    }
-}
-
-impl HeaderList {
-    /// Sets every header on `headers`, replacing any of the same name.
-    pub(crate) fn set_on(self, headers: &mut HeaderMap) {
-        for (name, value) in self.0 {
-            headers.insert(name, value);
-        }
     }
 }
 
@@ -535,12 +482,17 @@ impl<'v> List<'v> {
         }
         self.empty = false;
         self.push(b"\"");
-        for b in sf_string(name).bytes() {
-            if b == b'"' || b == b'\\' {
-                self.push(b"\\");
-            }
-            self.push(&[b]);
+        // Names are pushed in runs between the bytes to escape, most of
+        // them whole.
+        let name = sf_string(name);
+        let mut rest = name.as_bytes();
+        while let Some(at) = rest.iter().position(|&b| b == b'"' || b == b'\\') {
+            self.push(&rest[..at]);
+            self.push(b"\\");
+            self.push(&rest[at..=at]);
+            rest = &rest[at + 1..];
         }
+        self.push(rest);
         self.push(b"\"");
         self
     }
@@ -980,18 +932,18 @@ mod tests {
     }
 
     #[test]
-    fn a_header_list_gets_what_a_map_gets() {
+    fn headers_of_the_same_name_on_the_response_are_replaced() {
         let quotas = global_and_per_ip_quotas();
         let limits = global_admits_per_ip_denies(&quotas);
         // The envoy family replaces x-ratelimit's values in either.
         for style in [HeaderStyle::ALL, "x-ratelimit,envoy,draft".parse().unwrap()] {
-            let map = written(style, &limits, EPOCH);
-            let mut list = HeaderList::default();
-            style.write_into(&limits, EPOCH, &mut list);
-            let mut from_list = HeaderMap::new();
-            from_list.insert(X_RATELIMIT_LIMIT, HeaderValue::from_static("upstream's"));
-            list.set_on(&mut from_list);
-            assert_eq!(from_list, map);
+            let fresh = written(style, &limits, EPOCH);
+            let mut upstreams = HeaderMap::new();
+            upstreams.insert(X_RATELIMIT_LIMIT, HeaderValue::from_static("upstream's"));
+            upstreams.append(X_RATELIMIT_LIMIT, HeaderValue::from_static("another"));
+            upstreams.insert(RATELIMIT, HeaderValue::from_static("upstream's"));
+            style.write(&limits, EPOCH, &mut upstreams);
+            assert_eq!(upstreams, fresh);
         }
     }
 

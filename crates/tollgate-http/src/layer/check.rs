@@ -18,7 +18,7 @@ use tollgate_core::Store;
 use tollgate_policy::{Check as PolicyCheck, Descriptor, Enforcer, Permit, Prepared, Request};
 
 use super::denial;
-use crate::headers::{HeaderList, reports};
+use crate::headers::reports;
 use crate::problem::Format;
 use crate::{DescriptorSource, HeaderStyle};
 
@@ -113,10 +113,11 @@ impl Answer {
 
 /// What the check decided.
 pub(crate) enum Verdict {
-    /// Forward the request; add `headers` to the response; drop `permits`
-    /// when the response is ready (or the request is abandoned).
+    /// Forward the request; add the headers of `reported` to the response;
+    /// drop `permits` when the response is ready (or the request is
+    /// abandoned).
     Pass {
-        headers: HeaderList,
+        reported: Option<Reported>,
         permits: Permits,
     },
     /// Answer instead of the inner service, with what [`Denied::response`]
@@ -125,17 +126,32 @@ pub(crate) enum Verdict {
 }
 
 /// A denied request's verdict, kept until the answer is made from it.
-pub(crate) struct Denied {
-    verdict: tollgate_policy::Verdict,
-    style: HeaderStyle,
-}
+pub(crate) struct Denied(Reported);
 
 impl Denied {
     /// The answer to the denied request, in the shape `answer` says
     /// ([`denial::too_many`]).
     pub(crate) fn response(&self, answer: Answer) -> Response<Bytes> {
-        let limits = reports(&self.verdict);
-        denial::too_many(self.style, answer, &limits, self.verdict.started_at)
+        let Reported { verdict, style } = &self.0;
+        denial::too_many(*style, answer, &reports(verdict), verdict.started_at)
+    }
+}
+
+/// The verdict whose limits a response's headers describe, kept until the
+/// response exists: its headers are then written straight into the
+/// response's map, where a list of them made at the check would take an
+/// allocation and a copy of each.
+pub(crate) struct Reported {
+    verdict: tollgate_policy::Verdict,
+    style: HeaderStyle,
+}
+
+impl Reported {
+    /// Sets the headers on `headers`, replacing any of the same name.
+    pub(crate) fn set_on(&self, headers: &mut HeaderMap) {
+        let verdict = &self.verdict;
+        self.style
+            .write(&reports(verdict), verdict.started_at, headers);
     }
 }
 
@@ -280,20 +296,19 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
         }
         permits.add(release(&self.enforcer, std::mem::take(&mut verdict.permit)));
 
+        // A shaping rule admits with a delay.
+        let delay = verdict.delay();
         // Headers describe the store of record's limits, or the pre-check's
         // when no limit of record applied.
-        let mut reported = reports(&verdict);
-        let mut now = verdict.started_at;
-        if reported.is_empty()
-            && let Some(prechecked) = &prechecked
-        {
-            reported = reports(prechecked);
-            now = prechecked.started_at;
-        }
-        let mut headers = HeaderList::default();
-        self.style.write_into(&reported, now, &mut headers);
-        // A shaping rule admits with a delay.
-        (Verdict::Pass { headers, permits }, verdict.delay())
+        let verdict = match prechecked {
+            Some(prechecked) if reports(&verdict).is_empty() => prechecked,
+            _ => verdict,
+        };
+        let reported = Some(Reported {
+            verdict,
+            style: self.style,
+        });
+        (Verdict::Pass { reported, permits }, delay)
     }
 
     /// The enforcer's request for `descriptors`. Made where each enforcer
@@ -310,10 +325,10 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
     }
 
     fn deny(&self, verdict: tollgate_policy::Verdict) -> Verdict {
-        Verdict::Deny(Denied {
+        Verdict::Deny(Denied(Reported {
             verdict,
             style: self.style,
-        })
+        }))
     }
 }
 
@@ -345,7 +360,7 @@ fn at_first_poll<F: Future>(future: F) -> F::Output {
 /// A pass with no headers.
 fn pass(permits: Permits) -> Verdict {
     Verdict::Pass {
-        headers: HeaderList::default(),
+        reported: None,
         permits,
     }
 }

@@ -9,8 +9,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::ResponseBody;
-use super::check::{Answer, BoxFuture, Checked, Denied, Permits, Verdict};
-use crate::headers::HeaderList;
+use super::check::{Answer, BoxFuture, Checked, Denied, Permits, Reported, Verdict};
 
 pin_project! {
     /// The response of a rate limited service: the check, then (if it passes)
@@ -40,7 +39,7 @@ pin_project! {
         Calling {
             #[pin]
             future: S::Future,
-            headers: HeaderList,
+            reported: Option<Reported>,
             permits: Option<Permits>,
         },
         Answered {
@@ -55,9 +54,9 @@ impl<S: Service<Request<B>>, B> State<S, B> {
     /// the layer's own answer.
     fn after(verdict: Verdict, mut service: S, request: Request<B>) -> Self {
         match verdict {
-            Verdict::Pass { headers, permits } => State::Calling {
+            Verdict::Pass { reported, permits } => State::Calling {
                 future: service.call(request),
-                headers,
+                reported,
                 permits: Some(permits),
             },
             Verdict::Deny(denied) => State::Answered {
@@ -86,7 +85,7 @@ impl<S: Service<Request<B>>, B> ResponseFuture<S, B> {
         Self {
             state: State::Calling {
                 future,
-                headers: HeaderList::default(),
+                reported: None,
                 permits: None,
             },
         }
@@ -110,18 +109,20 @@ where
                 }
                 StateProj::Calling {
                     future,
-                    headers,
+                    reported,
                     permits,
                 } => {
                     let result = ready!(future.poll(cx));
-                    let headers = std::mem::take(headers);
+                    let reported = reported.take();
                     // The response is ready: the request no longer holds its
                     // concurrency permits. (Dropping the future before this
                     // point releases them too.)
                     drop(permits.take());
                     this.state.set(State::Done);
                     return Poll::Ready(result.map(|mut response| {
-                        headers.set_on(response.headers_mut());
+                        if let Some(reported) = reported {
+                            reported.set_on(response.headers_mut());
+                        }
                         response.map(ResponseBody::inner)
                     }));
                 }
