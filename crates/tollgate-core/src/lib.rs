@@ -55,5 +55,6 @@ pub use sliding_counter::{SlidingCounter, WindowPair};
 pub use sliding_log::{Log, SlidingLog};
 pub use store::{
     FailurePolicy, InvalidLeaseId, Lease, LeaseId, Limit, Outcome, Stamped, Store, StoreError,
+    at_first_poll,
 };
 pub use token_bucket::{TokenBucket, Tokens};

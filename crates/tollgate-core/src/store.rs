@@ -398,6 +398,26 @@ pub trait Store: Send + Sync {
     }
 }
 
+/// The output of `future` at its first poll, for a future that awaits
+/// nothing but calls to stores that decide at once
+/// ([`Store::decides_at_once`]): polled where it stands, it needs no box
+/// and no room in an enclosing future.
+///
+/// # Panics
+///
+/// If `future` is still pending at its first poll: a store that claimed to
+/// decide at once did not.
+pub fn at_first_poll<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(output) => output,
+        std::task::Poll::Pending => unreachable!(
+            "a check on stores that decide at once (Store::decides_at_once) was left pending"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

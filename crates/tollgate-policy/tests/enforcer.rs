@@ -6,7 +6,9 @@ use std::future::{Future, ready};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Lease, Limit, ManualClock, Outcome, Quota, Store, StoreError};
+use tollgate_core::{
+    Algorithm, Lease, Limit, ManualClock, Outcome, Quota, Store, StoreError, at_first_poll,
+};
 use tollgate_policy::{
     AdHoc, Check, Counting, Decided, Descriptor, Enforcer, Entry, FailurePolicy, LimitOverride,
     Observer, Permit, Policy, Request, State, Unit, Verdict,
@@ -796,17 +798,6 @@ fn a_request_the_policy_cannot_take_is_not_prepared() {
             .is_err()
     );
     assert!(enforcer.prepare("api", Vec::new().into(), 1).is_err());
-}
-
-/// The output of `future` at its first poll; it fails the test if the future
-/// is still pending then.
-fn at_first_poll<F: Future>(future: F) -> F::Output {
-    let mut future = std::pin::pin!(future);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match future.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(output) => output,
-        std::task::Poll::Pending => panic!("pending at its first poll"),
-    }
 }
 
 #[test]

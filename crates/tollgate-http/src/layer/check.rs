@@ -5,16 +5,16 @@
 
 use std::future::Future;
 use std::net::IpAddr;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderMap, Response};
-use tollgate_core::Store;
+use tollgate_core::{Store, at_first_poll};
 use tollgate_policy::{Check as PolicyCheck, Descriptor, Enforcer, Permit, Prepared, Request};
 
 use super::denial;
@@ -339,22 +339,6 @@ async fn held(delay: Duration, verdict: Verdict) -> Verdict {
         tokio::time::sleep(delay).await;
     }
     verdict
-}
-
-/// The output of a check whose every store decides at once: it awaits
-/// nothing else (see [`Enforcer::decides_at_once`]), so its first poll ends
-/// it.
-fn at_first_poll<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(output) => output,
-        Poll::Pending => unreachable!(
-            "a check on stores that decide at once (Store::decides_at_once) was left pending"
-        ),
-    }
 }
 
 /// A pass with no headers.
