@@ -170,6 +170,17 @@ impl HeaderStyle {
         retry_after: false,
     };
 
+    /// The most headers [`HeaderStyle::write`] sets for one request,
+    /// admitted or not: room to reserve in a response's map, which takes a
+    /// large allocation if it has to grow.
+    pub fn most_headers(&self, allowed: bool) -> usize {
+        3 * usize::from(self.x_ratelimit || self.envoy)
+            + usize::from(self.reset_after)
+            + usize::from(self.bucket)
+            + 2 * usize::from(self.ietf)
+            + usize::from(self.retry_after && !allowed)
+    }
+
     /// Writes the headers for the limits that applied to one request into
     /// `headers`, replacing any of the same name. `now` is the wall-clock time
     /// in nanoseconds since the Unix epoch, read before the store was asked.
@@ -928,6 +939,41 @@ mod tests {
         assert_eq!(
             policy("apj", &per_minute, Algorithm::Gcra),
             r#""apj";q=10;w=60"#
+        );
+    }
+
+    #[test]
+    fn most_headers_is_what_every_style_writes_at_most() {
+        let quotas = global_and_per_ip_quotas();
+        let denied = global_admits_per_ip_denies(&quotas);
+        let admitted = [denied[0]];
+        for family in [
+            "x-ratelimit",
+            "reset-after",
+            "bucket",
+            "draft",
+            "draft-every-limit",
+            "envoy",
+        ] {
+            for other in ["", ",x-ratelimit", ",envoy", ",bucket,draft"] {
+                let style: HeaderStyle = format!("{family}{other}").parse().unwrap();
+                for (limits, allowed) in [(&denied[..], false), (&admitted[..], true)] {
+                    let written = written(style, limits, EPOCH);
+                    assert!(
+                        written.len() <= style.most_headers(allowed),
+                        "{family}{other}, allowed {allowed}: {written:?}"
+                    );
+                }
+            }
+        }
+        let default = HeaderStyle::default();
+        assert_eq!(
+            written(default, &admitted, EPOCH).len(),
+            default.most_headers(true)
+        );
+        assert_eq!(
+            written(default, &denied, EPOCH).len(),
+            default.most_headers(false)
         );
     }
 

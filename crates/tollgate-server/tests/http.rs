@@ -252,6 +252,66 @@ async fn v1_check_policy_shape_with_headers() {
     );
 }
 
+/// `/v1/check`'s answer, admitted and denied, carries the length of its
+/// body over HTTP/1.1 and HTTP/2: hyper writes it from the body, as the
+/// router's route would have put it in the map.
+#[tokio::test]
+async fn v1_check_answers_carry_their_content_length() {
+    use http_body_util::{BodyExt, Full};
+    use hyper::client::conn::{http1, http2};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let server = daily_server();
+    let request = |user: &str| {
+        let body = json!({"domain": "daily",
+            "descriptors": [{"entries": [{"key": "tenant", "value": user}]}]});
+        hyper::Request::post(server.url("/v1/check"))
+            .header("host", "tollgate")
+            .body(Full::new(bytes::Bytes::from(body.to_string())))
+            .expect("a valid request")
+    };
+    let connect = || async {
+        TokioIo::new(
+            tokio::net::TcpStream::connect(server.http)
+                .await
+                .expect("the HTTP listener accepts"),
+        )
+    };
+    let mut answers = Vec::new();
+    let (mut h1, connection) = http1::handshake(connect().await).await.expect("HTTP/1.1");
+    tokio::spawn(connection);
+    let (mut h2, connection) = http2::handshake(TokioExecutor::new(), connect().await)
+        .await
+        .expect("HTTP/2");
+    tokio::spawn(connection);
+    for (version, user) in [("HTTP/1.1", "one"), ("HTTP/2", "two")] {
+        // The tenant's limit is one a day: admitted, then denied.
+        for expected in [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
+            let response = if version == "HTTP/1.1" {
+                h1.send_request(request(user)).await
+            } else {
+                h2.send_request(request(user)).await
+            }
+            .expect("an answer");
+            let (parts, body) = response.into_parts();
+            let body = body.collect().await.expect("a body").to_bytes();
+            answers.push((version, parts.status, parts.headers, body));
+            assert_eq!(answers.last().map(|a| a.1), Some(expected), "{version}");
+        }
+    }
+    for (version, status, headers, body) in answers {
+        let length = headers
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        assert_eq!(length, Some(body.len()), "{version} {status}: {headers:?}");
+        assert!(
+            headers.contains_key("x-ratelimit-remaining"),
+            "{version} {status}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn v1_headers_picks_the_families_and_every_limit_in_ratelimit() {
     let server = Server::with_config(
