@@ -17,7 +17,7 @@ use tollgate_policy::{Enforcer, Policy};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::listen::{Acceptor, ConnectionLimits, Protocol};
+use tollgate_listen::{Acceptor, ConnectionLimits, Protocol};
 use crate::proxy::{Proxy, ProxyBody};
 use crate::routes::Routes;
 use crate::settings::Settings;

@@ -42,9 +42,8 @@
 //! # }
 //! ```
 //!
-//! [`listen`] is how every listener of the service takes connections (a cap,
-//! idle and header-read timeouts, accept errors counted): the gateway's
-//! workers, and `tollgate serve`'s HTTP API, gRPC and admin listeners.
+//! Its workers take connections as every listener of the service does,
+//! through `tollgate_listen`.
 //!
 //! See `docs/gateway.md` for the flags, the config file and the actions.
 //!
@@ -54,7 +53,6 @@
 mod actions;
 mod config;
 mod gateway;
-pub mod listen;
 mod pool;
 mod proxy;
 mod routes;

@@ -21,7 +21,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::Error;
-use crate::listen::Acceptor;
+use tollgate_listen::Acceptor;
 
 /// How long a client may take to send a request's headers, and so how long
 /// an idle keep-alive connection stays open (hyper starts the timer when it

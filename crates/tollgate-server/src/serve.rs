@@ -55,7 +55,7 @@ use grpc::{GrpcService, RateLimitGrpc};
 use http::AppState;
 use hyper_util::service::TowerToHyperService;
 use tollgate_gateway::Gateway;
-use tollgate_gateway::listen::{Acceptor, Protocol};
+use tollgate_listen::{Acceptor, Protocol};
 use tollgate_policy::Enforcer;
 use tollgate_store::FastClock;
 

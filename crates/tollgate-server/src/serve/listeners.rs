@@ -2,7 +2,7 @@
 //! when asked for): their flags, and caps that fit the process's file
 //! descriptors.
 //!
-//! Each listener is served by [`tollgate_gateway::listen`]'s `Acceptor`: a
+//! Each listener is served by [`tollgate_listen`]'s `Acceptor`: a
 //! cap on open connections, an idle timeout, an HTTP/1 header-read timeout
 //! and accept errors logged at WARN and counted. The caps are what keeps a
 //! flood on one port from starving the others, so at start-up the soft
@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use anyhow::bail;
-use tollgate_gateway::listen::ConnectionLimits;
+use tollgate_listen::ConnectionLimits;
 
 /// Open connections per listener when neither the flag nor the file limit
 /// says otherwise.

@@ -1,5 +1,7 @@
-//! How every listener of the service takes connections: the gateway's, and
-//! the HTTP API's, gRPC's and admin's in `tollgate serve`.
+//! How every listener of Tollgate takes connections: the gateway's, and the
+//! HTTP API's, gRPC's and admin's in `tollgate serve`. One job: accept, cap,
+//! time out, wrap in TLS, sniff the first bytes for HTTP/2's preface, and hand
+//! each connection to hyper with the service the caller gives.
 //!
 //! A listener holds at most [`ConnectionLimits::max_connections`] open
 //! connections; past that, a new one is closed at once (as NGINX does past
