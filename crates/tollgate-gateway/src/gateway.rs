@@ -17,11 +17,11 @@ use tollgate_policy::{Enforcer, Policy};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use tollgate_listen::{Acceptor, ConnectionLimits, Protocol};
 use crate::proxy::{Proxy, ProxyBody};
 use crate::routes::Routes;
 use crate::settings::Settings;
 use crate::workers::{self, HEADER_READ_TIMEOUT, Listeners};
+use tollgate_listen::{Acceptor, ConnectionLimits, Protocol};
 
 /// Why the gateway cannot listen or stopped serving.
 #[derive(Debug, thiserror::Error)]

@@ -3,7 +3,7 @@
 //! `/metrics`, `/healthz`, `/readyz`, `/healthcheck`, errors, and the admin
 //! API.
 
-mod common;
+use crate::common;
 
 use common::{Server, tollgate};
 use reqwest::header::HeaderMap;

@@ -3,7 +3,7 @@
 //! rediss://...`, against a real `redis-server` that serves TLS (and requires
 //! client certificates) on its TLS port; certificates made by the test's CAs.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

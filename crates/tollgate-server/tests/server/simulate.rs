@@ -1,7 +1,7 @@
 //! `tollgate simulate`, run as the real binary; its preview also on what a
 //! real `tollgate serve --record` recorded.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::PathBuf;

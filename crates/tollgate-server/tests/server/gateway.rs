@@ -7,7 +7,7 @@
 //! Shaping, whose delays take the service's time, is tested in process
 //! under paused time (tests/in_process.rs).
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};

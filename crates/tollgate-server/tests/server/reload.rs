@@ -6,7 +6,7 @@
 //! The watcher, which takes the service's time to notice a change, is
 //! tested in process under paused time (tests/in_process.rs).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -8,7 +8,7 @@
 //! envoyproxy/ratelimit-format per-day rule and per-day overrides through
 //! `/json`, with `--max-keys` small enough that the flood overflows it.
 
-mod common;
+use crate::common;
 
 use common::{Server, logged_number};
 use serde_json::{Value, json};

@@ -2,7 +2,7 @@
 //! lists, what it refuses and how it reports every error, its JSON shape
 //! and its exit status (0 valid, 1 invalid, 2 usage).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

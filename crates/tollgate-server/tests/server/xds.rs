@@ -8,7 +8,7 @@
 //! `testXdsProviderBasicConfig` and `testXdsProviderBasicConfigReload` run
 //! `testBasicBaseConfig` and `testConfigReload` of `integration_test.go`).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

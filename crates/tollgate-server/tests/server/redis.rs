@@ -2,7 +2,7 @@
 //! their limits (in hybrid mode within the documented overshoot), and a Redis
 //! that cannot be reached at start-up is a clear error.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

@@ -1,7 +1,6 @@
 //! Starts the real `tollgate serve` binary on free ports and talks to it.
 //!
-//! Shared by the integration test binaries; each uses a different subset.
-#![allow(dead_code)]
+//! Shared by every module of the test binary.
 
 pub(crate) mod pki;
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use tollgate_core::{Algorithm, Decision, Gcra, Limit, ManualClock, Quota, StateMachine, Tat};
 use tollgate_store::{MemoryConfig, MemoryStore};
 
@@ -80,7 +81,14 @@ impl Model {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    // Failing cases are saved beside the manifest, as tollgate-core's are.
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "proptest-regressions/hot_model.txt",
+        ))),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn hot_and_table_keys_decide_as_gcra_on_a_map(ops in proptest::collection::vec(op(), 1..120)) {

@@ -10,7 +10,7 @@
 //! virtual time instead, which only passes when the test (or a timer the
 //! service set) makes it pass.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -5,7 +5,7 @@
 //! Its own test binary: it lowers the whole process's open-file limit, which
 //! no other test may share.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

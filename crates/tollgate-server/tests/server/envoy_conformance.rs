@@ -26,7 +26,7 @@
 //! Each test gathers every mismatch of its sequence and fails with all of
 //! them, as `case: observed ... expected ...`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

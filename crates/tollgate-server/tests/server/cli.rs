@@ -2,7 +2,7 @@
 //! environment variables, clear failures (bad flag, unusable address, invalid
 //! config, `--redis`), and graceful shutdown on SIGTERM and SIGINT.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, ExitStatus};
 use std::time::Instant;

@@ -3,7 +3,7 @@
 //! `GRPC_CLIENT_TLS_SAN`), as Envoy Gateway runs it, and `tollgate serve
 //! --grpc-tls-cert`; certificates made by the test's own CAs.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! deployment's variables and a config mounted under `RUNTIME_ROOT` as a
 //! Kubernetes ConfigMap is), and `tollgate serve --envoy-env`.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -11,7 +11,7 @@
 //! Redis (the Redis metrics), after requests, a deny, a refused reload and a
 //! Redis outage (decided by the local fallback) have made each one appear.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

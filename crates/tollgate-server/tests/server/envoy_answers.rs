@@ -14,7 +14,7 @@
 //! so no test depends on where a window boundary falls; each test counts
 //! its own descriptor values.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

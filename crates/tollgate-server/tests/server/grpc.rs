@@ -5,7 +5,7 @@
 //! Fixed windows counted here are days (or the request is decided by its
 //! cost alone), so no test depends on where a window boundary falls.
 
-mod common;
+use crate::common;
 
 use common::{Server, rls_request};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use tollgate_core::{
     Algorithm, Clock, Limit, Log, ManualClock, Nanos, Quota, SlidingLog, StateMachine, Visitor,
 };
@@ -253,6 +254,14 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
 }
 
 proptest! {
+    // Failing cases are saved beside the manifest, as tollgate-core's are.
+    #![proptest_config(ProptestConfig {
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "proptest-regressions/flood.txt",
+        ))),
+        ..ProptestConfig::default()
+    })]
+
     #[test]
     fn eviction_forgets_only_state_at_rest_and_refuses_only_when_none_is(
         algorithm in proptest::sample::select(Algorithm::RATE.to_vec()),

@@ -12,7 +12,7 @@
 //!
 //! Windows are days, so no test depends on where a window boundary falls.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -5,7 +5,7 @@
 //! §3 that the doors once disagreed on; the tower layer's door is pinned
 //! in-process by tollgate-http's `tests/layer.rs` under the same names.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 

@@ -11,7 +11,7 @@
 //! `TOLLGATE_LIVE_SCREENSHOT=<path.png>` also saves a screenshot of the
 //! page (how `docs/live-page.png` is made).
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::process::{Command, Stdio};

@@ -1,0 +1,26 @@
+//! The tollgate binary and `serve::start` through every door: one test
+//! binary, a module per area, sharing `common` (servers on free loopback
+//! ports, a Redis launcher, certificates).
+
+mod check_config;
+mod cli;
+mod common;
+mod deploy_kit;
+mod doors;
+mod envoy_answers;
+mod envoy_conformance;
+mod envoy_env;
+mod envoy_stats;
+mod file_limit;
+mod flood;
+mod gateway;
+mod grpc;
+mod http;
+mod in_process;
+mod live_page;
+mod redis;
+mod redis_tls;
+mod reload;
+mod simulate;
+mod tls;
+mod xds;
