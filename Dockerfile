@@ -2,7 +2,7 @@
 # A small static image of the tollgate binary:
 #   docker build -t tollgate:0.1.0 .
 #   docker run --rm -p 8080:8080 -p 8081:8081 tollgate:0.1.0
-# (then deploy/kubernetes/deployment.yaml runs it; see README "Deploying").
+# (then deploy/kubernetes/deployment.yaml runs it; see docs/deploy.md).
 
 # Build: Alpine's Rust targets musl and links statically, so the binary needs
 # no libc in the final image. Redis TLS and gRPC TLS use rustls with ring,

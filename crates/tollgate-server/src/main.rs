@@ -78,3 +78,23 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `tollgate --help` opens with the crate's description, which names the
+    /// subcommands: it must name exactly those that exist.
+    #[test]
+    fn the_help_summary_names_every_subcommand_and_no_other() {
+        let cli = Cli::command();
+        cli.clone().debug_assert();
+        let about = cli.get_about().expect("a summary").to_string();
+        let (_, list) = about.split_once(": ").expect("`...: a, b, c`");
+        let mut named: Vec<&str> = list.split(", ").collect();
+        let mut commands: Vec<&str> = cli.get_subcommands().map(|c| c.get_name()).collect();
+        named.sort_unstable();
+        commands.sort_unstable();
+        assert_eq!(named, commands, "{about}");
+    }
+}

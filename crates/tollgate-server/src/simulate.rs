@@ -146,7 +146,7 @@ pub(crate) struct Args {
     )]
     trace: Option<PathBuf>,
 
-    /// Algorithm to replay, or `all` for the seven in turn.
+    /// Algorithm to replay, or `all` for each but hit-counter in turn.
     #[arg(
         long,
         value_name = "NAME",

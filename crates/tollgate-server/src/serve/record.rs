@@ -50,7 +50,7 @@ const QUEUE: usize = 16_384;
 pub(crate) struct Args {
     /// Append every policy check decided (any door) to FILE, one JSON line
     /// each, as `tollgate simulate --requests` reads them (docs/service.md,
-    /// "Recording requests"). Off by default.
+    /// "Recording and previewing"). Off by default.
     #[arg(long, env = "TOLLGATE_RECORD", value_name = "FILE")]
     record: Option<PathBuf>,
 
