@@ -31,11 +31,7 @@ use tollgate_policy::{Policy, PolicyHandle, Reloader, StoreSettings};
 mod admin;
 mod auth;
 mod backend;
-mod envoy;
 mod envoy_env;
-mod envoy_json;
-mod grpc;
-mod health;
 mod http;
 mod kept;
 mod listeners;
@@ -51,9 +47,10 @@ pub use envoy_env::{ENVOY_VARIABLES, invoked_as_ratelimit, ratelimit_command};
 pub use reload::POLL as RELOAD_POLL;
 
 use backend::Backend;
-use grpc::{GrpcService, RateLimitGrpc};
 use http::AppState;
 use hyper_util::service::TowerToHyperService;
+use metrics::Api;
+use tollgate_envoy::{GrpcService, Health, RateLimitGrpc};
 use tollgate_gateway::Gateway;
 use tollgate_listen::{Acceptor, Protocol};
 use tollgate_policy::Enforcer;
@@ -170,7 +167,7 @@ pub struct Args {
         value_delimiter = ',',
         default_value = "auto"
     )]
-    envoy_headers: Vec<envoy::HeaderFamily>,
+    envoy_headers: Vec<tollgate_envoy::HeaderFamily>,
 
     /// Which rate limit headers `POST /v1/check` answers carry,
     /// comma-separated: `x-ratelimit`, `reset-after`, `bucket`, `draft`
@@ -494,9 +491,9 @@ async fn launch(
     if let Some(envoy) = envoy {
         metrics::set_near_limit_ratio(envoy.near_limit_ratio);
     }
-    let reply = Arc::new(envoy::Reply::new(
+    let reply = Arc::new(tollgate_envoy::Reply::new(
         &args.envoy_headers,
-        envoy.map_or(envoy::DEFAULT_NAMES.map(String::from), |e| {
+        envoy.map_or(tollgate_envoy::DEFAULT_NAMES.map(String::from), |e| {
             e.header_names.clone()
         }),
         envoy.is_some_and(|e| e.dynamic_metadata),
@@ -548,7 +545,7 @@ async fn launch(
     });
     let (stop, stopped) = watch::channel(());
 
-    let (health, health_service) = health::Health::start().await;
+    let (health, health_service) = Health::start().await;
     let xds = args.envoy.as_ref().and_then(|e| e.xds.clone());
     if let Some(xds) = &xds {
         // Before the listeners serve: a probe never sees a healthy start
@@ -558,8 +555,9 @@ async fn launch(
     let grpc_service = GrpcService::new(
         RateLimitGrpc::new(
             Arc::clone(&enforcer),
-            args.api_token.clone(),
+            auth::admits_any(&args.api_token),
             Arc::clone(&reply),
+            |outcome, elapsed| metrics::check(Api::Grpc, outcome.into(), elapsed),
         ),
         tonic::service::Routes::new(health_service).prepare(),
     );
@@ -664,7 +662,7 @@ pub struct Running {
     grpc: SocketAddr,
     admin: Option<SocketAddr>,
     gateway: Option<SocketAddr>,
-    health: Arc<health::Health>,
+    health: Arc<Health>,
     /// Sending on it (or dropping it) is the one signal that stops
     /// everything.
     stop: watch::Sender<()>,

@@ -41,6 +41,16 @@ pub(crate) fn admits(tokens: &[Token], given: Option<&str>) -> bool {
     })
 }
 
+/// What admits a call to a check door: one of `tokens`, or anything when
+/// there are none.
+pub(crate) fn admits_any(tokens: &[Token]) -> Option<tollgate_envoy::Admits> {
+    if tokens.is_empty() {
+        return None;
+    }
+    let tokens = tokens.to_vec();
+    Some(Box::new(move |given| admits(&tokens, given)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

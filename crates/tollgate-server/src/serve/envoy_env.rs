@@ -39,8 +39,8 @@ use tollgate_policy::{ConfigFiles, Counting, Policy, PolicyHandle};
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tracing_subscriber::EnvFilter;
 
-use super::envoy::{DEFAULT_NAMES, HeaderFamily};
 use super::{Args, RedisUrl, ServeFlags, tls, xds};
+use tollgate_envoy::{DEFAULT_NAMES, HeaderFamily};
 
 /// Every variable envoyproxy/ratelimit's `settings.go` reads (at commit
 /// f2fb157). Each is either read here or in [`IGNORED`].

@@ -3,7 +3,7 @@
 //!
 //! | endpoint | answer |
 //! | --- | --- |
-//! | `/json` (any method; `POST` in practice) | envoyproxy/ratelimit's JSON shape (see `envoy_json`) |
+//! | `/json` (any method; `POST` in practice) | envoyproxy/ratelimit's JSON shape (see `tollgate_envoy`) |
 //! | `POST /v1/check` | Tollgate's JSON shape (see `native`) |
 //! | `POST /v1/release` | gives back a checked request's concurrency permits |
 //! | `GET /metrics` | Prometheus text |
@@ -37,8 +37,8 @@ use tollgate_core::Store;
 
 use super::admin;
 use super::auth::{self, Token};
-use super::health::Health;
-use super::{envoy_json, live, metrics, native, reload};
+use super::{live, metrics, native, reload};
+use tollgate_envoy::Health;
 use tollgate_policy::{Enforcer, Reloader};
 
 /// What every handler shares.
@@ -65,7 +65,7 @@ pub(crate) struct AppState<S> {
     /// What `/healthcheck` reports, as the gRPC health service does.
     pub(crate) health: Arc<Health>,
     /// The headers and metadata `/json` answers carry.
-    pub(crate) reply: Arc<super::envoy::Reply>,
+    pub(crate) reply: Arc<tollgate_envoy::Reply>,
     /// Where `/metrics` is served: envoyproxy/ratelimit's `PROMETHEUS_PATH`
     /// in its mode.
     pub(crate) metrics_path: String,
@@ -134,7 +134,7 @@ pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>, surface: Surfa
         .route("/readyz", get(readyz::<S>));
     if surface.checks() {
         let checks = Router::new()
-            .route("/json", any(envoy_json::json::<S>))
+            .route("/json", any(json::<S>))
             .route("/v1/check", post(native::check::<S>))
             .route("/v1/release", post(native::release::<S>))
             .route_layer(middleware::from_fn_with_state(
@@ -307,6 +307,14 @@ async fn authorize_checks<S: Store + 'static>(
     } else {
         admin::unauthorized("API token")
     }
+}
+
+/// `/json`, envoyproxy/ratelimit's door, counted in the check metrics.
+async fn json<S: Store + 'static>(State(state): State<Arc<AppState<S>>>, body: Bytes) -> Response {
+    tollgate_envoy::json(&state.enforcer, &state.reply, body, |outcome, elapsed| {
+        metrics::check(metrics::Api::Json, outcome.into(), elapsed);
+    })
+    .await
 }
 
 async fn render_metrics<S: Store + 'static>(State(state): State<Arc<AppState<S>>>) -> Response {

@@ -122,6 +122,16 @@ pub(crate) enum CheckResult {
     Invalid,
 }
 
+impl From<tollgate_envoy::Outcome> for CheckResult {
+    fn from(outcome: tollgate_envoy::Outcome) -> Self {
+        match outcome {
+            tollgate_envoy::Outcome::Ok => CheckResult::Ok,
+            tollgate_envoy::Outcome::OverLimit => CheckResult::OverLimit,
+            tollgate_envoy::Outcome::Invalid => CheckResult::Invalid,
+        }
+    }
+}
+
 /// A Prometheus recorder (not installed) with this service's buckets and help
 /// texts; the caller installs it or keeps it local (tests).
 pub(crate) fn recorder() -> Result<metrics_exporter_prometheus::PrometheusRecorder, BuildError> {

@@ -36,7 +36,7 @@ use tollgate_policy::Reloader;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{ClientTlsConfig, Endpoint};
 
-use super::health::Health;
+use tollgate_envoy::Health;
 
 /// How long one connection attempt may take: an address that drops packets
 /// would otherwise hold the client for the system's TCP timeout (minutes)

@@ -73,8 +73,9 @@ pub(crate) struct CurrentLimit<'a> {
 
 /// A family of rate limit headers the Envoy doors can add
 /// (`--envoy-headers`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum HeaderFamily {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum HeaderFamily {
     /// `x-ratelimit` for domains in Tollgate's format, none for
     /// envoyproxy/ratelimit's; in its mode, its `LIMIT_RESPONSE_HEADERS_ENABLED`.
     Auto,
@@ -115,7 +116,7 @@ impl Families {
 /// How the Envoy doors answer, beyond the verdict: which headers and
 /// whether dynamic metadata.
 #[derive(Debug, Clone)]
-pub(crate) struct Reply {
+pub struct Reply {
     /// `None`: `auto`, chosen per domain.
     families: Option<Families>,
     /// The `ratelimit` family's names: limit, remaining, reset.
@@ -124,10 +125,33 @@ pub(crate) struct Reply {
     dynamic_metadata: bool,
 }
 
+/// Why a [`Reply`] cannot be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplyError {
+    /// `auto` or `none` in a list of families.
+    #[error("--envoy-headers: auto and none stand alone, not in a list")]
+    NotAlone,
+}
+
+/// How an Envoy door answered a request, as its [`Answered`] hook is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Allowed (`OK`).
+    Ok,
+    /// Denied (`OVER_LIMIT`).
+    OverLimit,
+    /// Refused as malformed.
+    Invalid,
+}
+
+/// What a door calls with each answer and the time it took to make (the
+/// server counts it in its metrics).
+pub type Answered = fn(Outcome, Duration);
+
 /// envoyproxy/ratelimit's default header names (`LIMIT_LIMIT_HEADER`,
 /// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
-pub(crate) const DEFAULT_NAMES: [&str; 3] =
-    ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"];
+pub const DEFAULT_NAMES: [&str; 3] = ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"];
 
 impl Default for Reply {
     fn default() -> Self {
@@ -146,14 +170,14 @@ impl Reply {
     /// # Errors
     ///
     /// `auto` or `none` beside another family.
-    pub(crate) fn new(
+    pub fn new(
         families: &[HeaderFamily],
         names: [String; 3],
         dynamic_metadata: bool,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, ReplyError> {
         let alone = |f: &HeaderFamily| matches!(f, HeaderFamily::Auto | HeaderFamily::None);
         if families.len() > 1 && families.iter().any(alone) {
-            anyhow::bail!("--envoy-headers: auto and none stand alone, not in a list");
+            return Err(ReplyError::NotAlone);
         }
         let families = match families {
             [] | [HeaderFamily::Auto] => None,

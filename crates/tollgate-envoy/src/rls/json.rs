@@ -13,12 +13,10 @@
 //! Request` and a newline. The reason is logged at debug level.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::http::header::{CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS};
 use axum::response::{IntoResponse, Response};
@@ -26,11 +24,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use serde::de::{self, Deserializer, Unexpected, Visitor};
 use serde::{Deserialize, Serialize};
 use tollgate_core::Store;
-use tollgate_policy::{Check, Descriptor, Entry, Metadata, MetadataValue, Request};
+use tollgate_policy::{Check, Descriptor, Enforcer, Entry, Metadata, MetadataValue, Request};
 
-use super::envoy::{self, Answer, Refusal, RequestDescriptor};
-use super::http::AppState;
-use super::metrics::{self, Api, CheckResult};
+use super::answer::{self, Answer, Answered, Outcome, Refusal, Reply, RequestDescriptor};
 
 /// `RateLimitRequest`.
 #[derive(Debug, Deserialize)]
@@ -95,9 +91,9 @@ struct JsonOverride {
 
 impl JsonRequest {
     /// The domain, the descriptors as the enforcer takes them and the
-    /// hits, or why the request is refused (see [`envoy::descriptors`]).
+    /// hits, or why the request is refused (see [`answer::descriptors`]).
     fn descriptors(self) -> Result<(String, Vec<Descriptor>, u32), Refusal> {
-        let descriptors = envoy::descriptors(
+        let descriptors = answer::descriptors(
             &self.domain,
             self.descriptors.into_iter().map(|d| RequestDescriptor {
                 entries: d
@@ -174,7 +170,7 @@ impl From<Answer<'_>> for JsonResponse {
                     current_limit: s.current_limit.map(|l| JsonLimit {
                         name: l.name.to_owned(),
                         requests_per_unit: l.requests_per_unit,
-                        unit: envoy::proto_unit(l.unit).as_str_name(),
+                        unit: answer::proto_unit(l.unit).as_str_name(),
                     }),
                     limit_remaining: s.limit_remaining,
                     duration_until_reset: s.duration_until_reset.map(duration),
@@ -244,19 +240,22 @@ fn duration(d: Duration) -> String {
     }
 }
 
-/// `/json`.
-pub(crate) async fn json<S: Store + 'static>(
-    State(state): State<Arc<AppState<S>>>,
+/// `/json`: the answer to `body` from `enforcer`, with what `reply` asks
+/// for; `answered` is told how it went.
+pub async fn json<S: Store>(
+    enforcer: &Enforcer<S>,
+    reply: &Reply,
     body: Bytes,
+    answered: Answered,
 ) -> Response {
     let started = Instant::now();
-    let answer = answer(&state, &body).await;
-    let result = match &answer {
-        Ok(response) if response.overall_code == "OK" => CheckResult::Ok,
-        Ok(_) => CheckResult::OverLimit,
-        Err(_) => CheckResult::Invalid,
+    let answer = answer(enforcer, reply, &body).await;
+    let outcome = match &answer {
+        Ok(response) if response.overall_code == "OK" => Outcome::Ok,
+        Ok(_) => Outcome::OverLimit,
+        Err(_) => Outcome::Invalid,
     };
-    metrics::check(Api::Json, result, started.elapsed());
+    answered(outcome, started.elapsed());
     match answer {
         Ok(response) => {
             let status = if response.overall_code == "OK" {
@@ -288,7 +287,11 @@ fn bad_request() -> Response {
 }
 
 /// The answer, or why there is none.
-async fn answer<S: Store>(state: &AppState<S>, body: &[u8]) -> Result<JsonResponse, String> {
+async fn answer<S: Store>(
+    enforcer: &Enforcer<S>,
+    reply: &Reply,
+    body: &[u8],
+) -> Result<JsonResponse, String> {
     let Json(request) =
         Json::<JsonRequest>::from_bytes(body).map_err(|rejection| rejection.body_text())?;
     let (domain, descriptors, hits_addend) = request
@@ -299,17 +302,13 @@ async fn answer<S: Store>(state: &AppState<S>, body: &[u8]) -> Result<JsonRespon
         descriptors: &descriptors,
         hits_addend: u64::from(hits_addend),
     };
-    let verdict = state
-        .enforcer
+    let verdict = enforcer
         .enforce(Check::Policy(checked))
         .await
         .map_err(|e| e.to_string())?;
-    let families = state.reply.families(&state.enforcer, &domain);
-    Ok(JsonResponse::from(envoy::answer(
-        &checked,
-        &verdict,
-        &state.reply,
-        families,
+    let families = reply.families(enforcer, &domain);
+    Ok(JsonResponse::from(answer::answer(
+        &checked, &verdict, reply, families,
     )))
 }
 

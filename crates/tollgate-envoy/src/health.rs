@@ -26,14 +26,14 @@ use tonic_health::pb::health_server::{Health as HealthService, HealthServer};
 use tonic_health::server::{HealthReporter, health_reporter};
 
 /// How often the store is asked whether it answers.
-pub(crate) const POLL: Duration = Duration::from_secs(1);
+const POLL: Duration = Duration::from_secs(1);
 
 /// The gRPC health service's names for the service.
 const NAMES: [&str; 3] = ["", "ratelimit", SERVICE_NAME];
 
 /// The health every probe reports.
 #[derive(Debug)]
-pub(crate) struct Health {
+pub struct Health {
     reporter: HealthReporter,
     /// What `/healthcheck` answers; published to gRPC under `stopped`.
     healthy: AtomicBool,
@@ -49,7 +49,7 @@ pub(crate) struct Health {
 
 impl Health {
     /// A healthy service, and the gRPC health service that reports it.
-    pub(crate) async fn start() -> (Arc<Self>, HealthServer<impl HealthService>) {
+    pub async fn start() -> (Arc<Self>, HealthServer<impl HealthService>) {
         let (reporter, service) = health_reporter();
         for name in NAMES {
             reporter
@@ -67,12 +67,12 @@ impl Health {
     }
 
     /// Whether the service is healthy.
-    pub(crate) fn healthy(&self) -> bool {
+    pub fn healthy(&self) -> bool {
         self.healthy.load(Ordering::Acquire)
     }
 
     /// Follows whether `enforcer`'s store answers until `stopped` changes.
-    pub(crate) async fn follow<S: Store>(
+    pub async fn follow<S: Store>(
         self: Arc<Self>,
         enforcer: Arc<Enforcer<S>>,
         mut stopped: watch::Receiver<()>,
@@ -106,7 +106,7 @@ impl Health {
 
     /// Sets the config component: `ready` when the config in force is what
     /// the health rules ask for. Ignored once the shutdown has started.
-    pub(crate) async fn config(&self, ready: bool) {
+    pub async fn config(&self, ready: bool) {
         let stopped = self.stopped.lock().await;
         if *stopped {
             return;
@@ -126,7 +126,7 @@ impl Health {
     }
 
     /// Turns every probe unhealthy for good: the service is shutting down.
-    pub(crate) async fn stop(&self) {
+    pub async fn stop(&self) {
         let mut stopped = self.stopped.lock().await;
         *stopped = true;
         self.set(false).await;

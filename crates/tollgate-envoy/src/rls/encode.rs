@@ -17,7 +17,7 @@ use prost::bytes::BufMut;
 use prost::encoding::{self, WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 use tollgate_policy::{Metadata, MetadataValue};
 
-use super::super::envoy::{self, Answer, CurrentLimit, HeaderText, Status};
+use super::answer::{self, Answer, CurrentLimit, HeaderText, Status};
 
 /// A message written from borrowed parts: its length, then its fields.
 trait Fields {
@@ -197,7 +197,7 @@ pub(crate) fn code(ok: bool) -> i32 {
 }
 
 fn unit(limit: &CurrentLimit<'_>) -> i32 {
-    envoy::proto_unit(limit.unit).into()
+    answer::proto_unit(limit.unit).into()
 }
 
 fn proto_duration(d: Duration) -> ProtoDuration {

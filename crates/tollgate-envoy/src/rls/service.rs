@@ -1,16 +1,14 @@
 //! gRPC: Envoy's `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`,
 //! with the protos of the `envoy-types` crate. The request is decoded by
 //! prost and read straight into the enforcer's [`Request`]; the answer is
-//! encoded from [`envoy::Answer`], the model `POST /json` encodes too,
+//! encoded from [`Answer`], the model `POST /json` encodes too,
 //! straight into tonic's frame buffer by a codec of this one method
-//! ([`encode`]).
+//! ([`super::encode`]).
 //!
 //! The listener's service ([`GrpcService`]) hands `ShouldRateLimit` to tonic's
 //! unary machinery directly; every other path (the health service, unknown
 //! methods) goes through tonic's router, which would otherwise add its route
 //! lookup and two boxed bodies to every check.
-
-mod encode;
 
 use std::convert::Infallible;
 use std::future::{Future, poll_fn};
@@ -32,16 +30,15 @@ use tonic::{Response, Status};
 use tonic_prost::ProstDecoder;
 use tower_service::Service;
 
-use super::auth::{self, Token};
-use super::envoy::{self, Answer, Families, Refusal, Reply, RequestDescriptor};
-use super::metrics::{self, Api, CheckResult};
+use super::answer::{self, Answer, Answered, Families, Outcome, Refusal, Reply, RequestDescriptor};
+use super::encode;
 
 /// The path of `ShouldRateLimit`.
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// The gRPC listener's service: `ShouldRateLimit` over the shared
 /// [`Enforcer`], everything else through `routes`.
-pub(crate) struct GrpcService<S> {
+pub struct GrpcService<S> {
     rls: RateLimitGrpc<S>,
     routes: Routes,
 }
@@ -57,7 +54,7 @@ impl<S> Clone for GrpcService<S> {
 
 impl<S> GrpcService<S> {
     /// Serves `ShouldRateLimit` with `rls`, any other path with `routes`.
-    pub(crate) fn new(rls: RateLimitGrpc<S>, routes: Routes) -> Self {
+    pub fn new(rls: RateLimitGrpc<S>, routes: Routes) -> Self {
         Self { rls, routes }
     }
 }
@@ -71,7 +68,7 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
 
     fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
         if request.uri().path() == PATH {
-            let rls = self.rls.clone();
+            let rls = Unary(Arc::clone(&self.rls.inner));
             Box::pin(async move { Ok(Grpc::new(AnswerCodec::new()).unary(rls, request).await) })
         } else {
             let mut routes = self.routes.clone();
@@ -85,7 +82,7 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
 }
 
 /// `ShouldRateLimit` over the shared [`Enforcer`].
-pub(crate) struct RateLimitGrpc<S> {
+pub struct RateLimitGrpc<S> {
     inner: Arc<Rls<S>>,
 }
 
@@ -99,39 +96,54 @@ impl<S> Clone for RateLimitGrpc<S> {
 
 struct Rls<S> {
     enforcer: Arc<Enforcer<S>>,
-    /// The bearer tokens any of which a call must carry in its
-    /// `authorization` metadata; none: open.
-    tokens: Vec<Token>,
+    /// Whether a call's `authorization` metadata admits it; `None`: open.
+    admits: Option<Admits>,
     /// The headers and metadata answers carry.
     reply: Arc<Reply>,
+    /// Told of each answer.
+    answered: Answered,
 }
 
+/// Whether the `authorization` value given (if any) admits a call.
+pub type Admits = Box<dyn Fn(Option<&str>) -> bool + Send + Sync>;
+
 impl<S> RateLimitGrpc<S> {
-    /// Serves `enforcer` to callers with one of `tokens` (to any caller when
-    /// there are none), answering as `reply` says.
-    pub(crate) fn new(enforcer: Arc<Enforcer<S>>, tokens: Vec<Token>, reply: Arc<Reply>) -> Self {
+    /// Serves `enforcer` to the callers `admits` lets in (to any caller
+    /// without it), answering as `reply` says and telling `answered` of
+    /// each answer.
+    pub fn new(
+        enforcer: Arc<Enforcer<S>>,
+        admits: Option<Admits>,
+        reply: Arc<Reply>,
+        answered: Answered,
+    ) -> Self {
         Self {
             inner: Arc::new(Rls {
                 enforcer,
-                tokens,
+                admits,
                 reply,
+                answered,
             }),
         }
     }
 }
 
-impl<S: Store + 'static> UnaryService<RateLimitRequest> for RateLimitGrpc<S> {
+/// The service tonic's unary machinery calls: crate-private, as what it
+/// answers ([`Checked`]) is.
+struct Unary<S>(Arc<Rls<S>>);
+
+impl<S: Store + 'static> UnaryService<RateLimitRequest> for Unary<S> {
     type Response = Checked<S>;
     type Future = BoxFuture<Result<Response<Checked<S>>, Status>>;
 
     fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
-        let rls = &self.inner;
-        if !rls.tokens.is_empty() {
+        let rls = &self.0;
+        if let Some(admits) = &rls.admits {
             let given = request
                 .metadata()
                 .get("authorization")
                 .and_then(|v| v.to_str().ok());
-            if !auth::admits(&rls.tokens, given) {
+            if !admits(given) {
                 return Box::pin(std::future::ready(Err(Status::unauthenticated(
                     "missing or wrong `authorization: Bearer <API token>` metadata",
                 ))));
@@ -141,7 +153,7 @@ impl<S: Store + 'static> UnaryService<RateLimitRequest> for RateLimitGrpc<S> {
     }
 }
 
-/// [`should_rate_limit`], counted in the check metrics.
+/// [`should_rate_limit`], told to the service's [`Answered`] hook.
 ///
 /// Mapped rather than awaited in an `async` block, which would keep the
 /// request beside the check future that holds it: so the boxed future fits
@@ -152,18 +164,19 @@ fn answered<S: Store + 'static>(
     request: RateLimitRequest,
 ) -> impl Future<Output = Result<Response<Checked<S>>, Status>> + Send {
     let started = Instant::now();
+    let answered = rls.answered;
     should_rate_limit(rls, request).map(move |checked| {
-        metrics::check(Api::Grpc, result_of(&checked), started.elapsed());
+        answered(outcome_of(&checked), started.elapsed());
         checked.map(Response::new)
     })
 }
 
-/// How `checked` is counted in `tollgate_checks_total`.
-fn result_of<S>(checked: &Result<Checked<S>, Status>) -> CheckResult {
+/// How `checked` answered.
+fn outcome_of<S>(checked: &Result<Checked<S>, Status>) -> Outcome {
     match checked {
-        Ok(c) if c.verdict.allowed() => CheckResult::Ok,
-        Ok(_) => CheckResult::OverLimit,
-        Err(_) => CheckResult::Invalid,
+        Ok(c) if c.verdict.allowed() => Outcome::Ok,
+        Ok(_) => Outcome::OverLimit,
+        Err(_) => Outcome::Invalid,
     }
 }
 
@@ -187,7 +200,7 @@ impl<S> Checked<S> {
             descriptors: &self.descriptors,
             hits_addend: self.hits_addend,
         };
-        envoy::answer(&request, &self.verdict, &self.rls.reply, self.families)
+        answer::answer(&request, &self.verdict, &self.rls.reply, self.families)
     }
 }
 
@@ -250,7 +263,7 @@ async fn should_rate_limit<S: Store>(
         descriptors: given,
         hits_addend,
     } = request;
-    let descriptors = envoy::descriptors(&domain, descriptors(given)).map_err(status)?;
+    let descriptors = answer::descriptors(&domain, descriptors(given)).map_err(status)?;
     let hits_addend = u64::from(hits_addend);
     // Envoy's protocol has no release call: a concurrency permit lapses
     // after its rule's period.
@@ -299,8 +312,12 @@ fn descriptors(descriptors: Vec<RateLimitDescriptor>) -> impl Iterator<Item = Re
 
 #[cfg(test)]
 mod tests {
-    use super::super::backend::Backend;
     use super::*;
+    use tollgate_core::Clock;
+    use tollgate_store::MemoryStore;
+
+    /// The in-process store as the server runs it, on a clock it is given.
+    type Backend = MemoryStore<Arc<dyn Clock>>;
 
     #[test]
     fn a_check_is_a_small_allocation() {
