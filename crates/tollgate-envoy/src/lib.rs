@@ -1,17 +1,26 @@
 //! Everything of Tollgate that speaks Envoy: the Rate Limit Service
 //! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over gRPC,
 //! and envoyproxy/ratelimit's `/json`) answering from the shared
-//! [`Enforcer`](tollgate_policy::Enforcer), and health as Envoy's probes see
-//! it (the gRPC health service and `/healthcheck`).
+//! [`Enforcer`](tollgate_policy::Enforcer); health as Envoy's probes see it
+//! (the gRPC health service and `/healthcheck`); envoyproxy/ratelimit's
+//! settings ([`settings`]), read into a value the server applies, with the
+//! TLS they configure; and its xDS client.
 //!
 //! The server wires these to its listeners; what it records of each answer
 //! it gives as a hook ([`Answered`]).
 
+mod error;
 mod health;
 mod rls;
+pub mod settings;
+mod tls;
+mod xds;
 
+pub use error::SettingsError;
 pub use health::Health;
 pub use rls::{
     Admits, Answered, DEFAULT_NAMES, GrpcService, HeaderFamily, Outcome, RateLimitGrpc, Reply,
     ReplyError, json,
 };
+pub use tls::{GrpcTlsFlags, Named, RedisFiles, RedisTlsFlags, ServerFiles};
+pub use xds::{Settings as XdsSettings, follow as follow_xds};

@@ -31,7 +31,7 @@ use tollgate_policy::{Policy, PolicyHandle, Reloader, StoreSettings};
 mod admin;
 mod auth;
 mod backend;
-mod envoy_env;
+mod envoy_mode;
 mod http;
 mod kept;
 mod listeners;
@@ -40,11 +40,10 @@ mod metrics;
 mod native;
 pub mod record;
 mod reload;
-mod tls;
-mod xds;
 
-pub use envoy_env::{ENVOY_VARIABLES, invoked_as_ratelimit, ratelimit_command};
+pub use envoy_mode::{invoked_as_ratelimit, ratelimit_command};
 pub use reload::POLL as RELOAD_POLL;
+pub use tollgate_envoy::settings::ENVOY_VARIABLES;
 
 use backend::Backend;
 use http::AppState;
@@ -137,7 +136,7 @@ pub struct Args {
     listen: listeners::Args,
 
     #[command(flatten, next_help_heading = "gRPC TLS")]
-    grpc_tls: tls::Args,
+    grpc_tls: tollgate_envoy::GrpcTlsFlags,
 
     #[command(flatten, next_help_heading = "Store")]
     store: backend::StoreArgs,
@@ -206,7 +205,7 @@ pub struct Args {
 
     /// What envoyproxy/ratelimit's environment set beside the flags.
     #[arg(skip)]
-    envoy: Option<Box<envoy_env::Envoy>>,
+    envoy: Option<Box<tollgate_envoy::settings::EnvoySettings>>,
 
     /// Whether the gateway serves on the runtime that calls [`start`]; not a
     /// flag (see [`Args::gateway_on_caller_runtime`]).
@@ -378,7 +377,7 @@ async fn prepare(args: Args) -> anyhow::Result<Prepared> {
     tracing::info!(?domains, %source, "policy loaded");
     let grpc_tls = match args.envoy.as_ref().and_then(|e| e.grpc_tls.clone()) {
         Some(files) => Some(files),
-        None => tls::ServerFiles::from_flags(&args.grpc_tls)?,
+        None => tollgate_envoy::ServerFiles::from_flags(&args.grpc_tls)?,
     };
     let grpc_tls = grpc_tls.map(|files| files.config()).transpose()?;
 
@@ -616,7 +615,7 @@ async fn launch(
     });
     if let Some(listener) = debug {
         tracing::info!("listening for debug on {}", local_addr("debug", &listener)?);
-        let router = envoy_env::debug_router(handle);
+        let router = tollgate_envoy::settings::debug_router(handle);
         let acceptor = Acceptor::new("debug", limits, Protocol::Any);
         serve_on(acceptor, listener, stopped.clone(), move |_| {
             TowerToHyperService::new(router.clone())
@@ -628,7 +627,12 @@ async fn launch(
     match (reloader, xds) {
         (Some(reloader), Some(xds)) => {
             let health = Arc::clone(&health);
-            tokio::spawn(xds::follow(xds, reloader, health, stopped.clone()));
+            tokio::spawn(tollgate_envoy::follow_xds(
+                xds,
+                reloader,
+                health,
+                stopped.clone(),
+            ));
         }
         (Some(reloader), None) => {
             tokio::spawn(reloader.watch(reload::POLL, signalled(stopped.clone())));
@@ -777,7 +781,7 @@ fn metrics_handle() -> anyhow::Result<PrometheusHandle> {
 
 /// Runs the service until SIGTERM or SIGINT.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    envoy_env::init_logging(args.envoy.as_deref())?;
+    envoy_mode::init_logging(args.envoy.as_deref())?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

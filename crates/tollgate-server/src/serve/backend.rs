@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{live, tls};
+use super::live;
 use tollgate_core::{Algorithm, Clock, Lease, Limit, Outcome, Quota, Stamped, Store, StoreError};
+use tollgate_envoy::{RedisFiles, RedisTlsFlags};
 use tollgate_policy::StoreSettings;
 use tollgate_redis::{RedisConfig, RedisStats, RedisStore};
 use tollgate_store::{
@@ -140,7 +141,19 @@ pub(crate) struct StoreArgs {
     /// The TLS files as envoyproxy/ratelimit's `REDIS_TLS_*` variables name
     /// them (under the flags), so errors name the variable.
     #[arg(skip)]
-    pub(crate) redis_tls: Option<tls::RedisFiles>,
+    pub(crate) redis_tls: Option<RedisFiles>,
+}
+
+impl StoreArgs {
+    /// The `--redis-tls-*` flags.
+    pub(crate) fn redis_tls_flags(&self) -> RedisTlsFlags {
+        RedisTlsFlags {
+            ca: self.redis_tls_ca.clone(),
+            cert: self.redis_tls_cert.clone(),
+            key: self.redis_tls_key.clone(),
+            skip_hostname_verification: self.redis_tls_skip_hostname_verification,
+        }
+    }
 }
 
 /// The settings in force: each flag, else the config's `store:` section,
@@ -374,7 +387,7 @@ impl Backend {
         };
         let tls = match &flags.redis_tls {
             Some(files) => files.clone(),
-            None => tls::RedisFiles::from_flags(flags),
+            None => RedisFiles::from_flags(&flags.redis_tls_flags()),
         };
         let mut config = RedisConfig {
             timeout,

@@ -16,41 +16,72 @@ use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
+use crate::error::SettingsError;
+
 /// The gRPC listener's TLS flags (each also from its `TOLLGATE_*`
 /// variable); in envoyproxy/ratelimit's mode its `GRPC_SERVER_*` variables
 /// fill those not given.
-#[derive(Debug, Default, clap::Args)]
-#[group(id = "grpc_tls")]
-pub(crate) struct Args {
+#[derive(Debug, Default)]
+#[cfg_attr(feature = "clap", derive(clap::Args), group(id = "grpc_tls"))]
+pub struct GrpcTlsFlags {
     /// Serve gRPC over TLS (ALPN `h2`) with this certificate chain (PEM),
     /// read at start-up; needs `--grpc-tls-key`.
-    #[arg(long, env = "TOLLGATE_GRPC_TLS_CERT", value_name = "PATH")]
-    pub(crate) grpc_tls_cert: Option<PathBuf>,
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, env = "TOLLGATE_GRPC_TLS_CERT", value_name = "PATH")
+    )]
+    pub grpc_tls_cert: Option<PathBuf>,
 
     /// The private key (PEM) of `--grpc-tls-cert`.
-    #[arg(long, env = "TOLLGATE_GRPC_TLS_KEY", value_name = "PATH")]
-    pub(crate) grpc_tls_key: Option<PathBuf>,
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, env = "TOLLGATE_GRPC_TLS_KEY", value_name = "PATH")
+    )]
+    pub grpc_tls_key: Option<PathBuf>,
 
     /// Require a client certificate on gRPC, verified against the CA
     /// certificates of this file (PEM): mutual TLS.
-    #[arg(long, env = "TOLLGATE_GRPC_CLIENT_CA", value_name = "PATH")]
-    pub(crate) grpc_client_ca: Option<PathBuf>,
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, env = "TOLLGATE_GRPC_CLIENT_CA", value_name = "PATH")
+    )]
+    pub grpc_client_ca: Option<PathBuf>,
 
     /// With `--grpc-client-ca`: the client certificate must also be valid
     /// for this name (a DNS name, wildcards matched, or an IP address).
-    #[arg(long, env = "TOLLGATE_GRPC_CLIENT_SAN", value_name = "NAME")]
-    pub(crate) grpc_client_san: Option<String>,
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, env = "TOLLGATE_GRPC_CLIENT_SAN", value_name = "NAME")
+    )]
+    pub grpc_client_san: Option<String>,
+}
+
+/// The Redis TLS flags (`--redis-tls-*`); in envoyproxy/ratelimit's mode its
+/// `REDIS_TLS_*` variables fill those not given.
+#[derive(Debug, Default, Clone)]
+pub struct RedisTlsFlags {
+    /// `--redis-tls-ca`.
+    pub ca: Option<PathBuf>,
+    /// `--redis-tls-cert`.
+    pub cert: Option<PathBuf>,
+    /// `--redis-tls-key`.
+    pub key: Option<PathBuf>,
+    /// `--redis-tls-skip-hostname-verification`.
+    pub skip_hostname_verification: bool,
 }
 
 /// A file a setting names: the setting (flag or variable), for errors.
 #[derive(Debug, Clone)]
-pub(crate) struct Named {
-    pub(crate) setting: &'static str,
-    pub(crate) path: PathBuf,
+pub struct Named {
+    /// The flag or variable that names the file.
+    pub setting: &'static str,
+    /// The file.
+    pub path: PathBuf,
 }
 
 impl Named {
-    pub(crate) fn new(setting: &'static str, path: impl Into<PathBuf>) -> Self {
+    /// The file `path`, named by `setting`.
+    pub fn new(setting: &'static str, path: impl Into<PathBuf>) -> Self {
         Self {
             setting,
             path: path.into(),
@@ -86,22 +117,26 @@ impl Named {
 
 /// The TLS files of a `rediss` Redis URL, each named by its setting.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct RedisFiles {
-    pub(crate) ca: Option<Named>,
-    pub(crate) cert: Option<Named>,
-    pub(crate) key: Option<Named>,
-    pub(crate) skip_hostname_verification: bool,
+pub struct RedisFiles {
+    /// The CA that Redis's certificate must chain to.
+    pub ca: Option<Named>,
+    /// The client certificate, for mutual TLS.
+    pub cert: Option<Named>,
+    /// The client certificate's key.
+    pub key: Option<Named>,
+    /// Whether Redis's certificate may be for another name.
+    pub skip_hostname_verification: bool,
 }
 
 impl RedisFiles {
     /// The files `--redis-tls-*` name.
-    pub(crate) fn from_flags(args: &super::backend::StoreArgs) -> Self {
+    pub fn from_flags(flags: &RedisTlsFlags) -> Self {
         let named = |setting, path: &Option<PathBuf>| path.as_ref().map(|p| Named::new(setting, p));
         Self {
-            ca: named("--redis-tls-ca", &args.redis_tls_ca),
-            cert: named("--redis-tls-cert", &args.redis_tls_cert),
-            key: named("--redis-tls-key", &args.redis_tls_key),
-            skip_hostname_verification: args.redis_tls_skip_hostname_verification,
+            ca: named("--redis-tls-ca", &flags.ca),
+            cert: named("--redis-tls-cert", &flags.cert),
+            key: named("--redis-tls-key", &flags.key),
+            skip_hostname_verification: flags.skip_hostname_verification,
         }
     }
 
@@ -112,7 +147,11 @@ impl RedisFiles {
     /// A file that cannot be read or holds no usable PEM (naming its
     /// setting), or a certificate without its key or a key without its
     /// certificate.
-    pub(crate) fn read(&self) -> anyhow::Result<tollgate_redis::RedisTls> {
+    pub fn read(&self) -> Result<tollgate_redis::RedisTls, SettingsError> {
+        self.read_files().map_err(SettingsError)
+    }
+
+    fn read_files(&self) -> anyhow::Result<tollgate_redis::RedisTls> {
         let ca = match &self.ca {
             Some(ca) => {
                 ca.certificates()?;
@@ -145,13 +184,15 @@ impl RedisFiles {
 
 /// What the gRPC listener serves TLS with.
 #[derive(Debug, Clone)]
-pub(crate) struct ServerFiles {
-    pub(crate) cert: Named,
-    pub(crate) key: Named,
+pub struct ServerFiles {
+    /// The certificate chain.
+    pub cert: Named,
+    /// Its private key.
+    pub key: Named,
     /// Client certificates required and verified against these CAs.
-    pub(crate) client_ca: Option<Named>,
+    pub client_ca: Option<Named>,
     /// The name the client certificate must be valid for, and its setting.
-    pub(crate) client_san: Option<(&'static str, String)>,
+    pub client_san: Option<(&'static str, String)>,
 }
 
 impl ServerFiles {
@@ -161,7 +202,11 @@ impl ServerFiles {
     /// # Errors
     ///
     /// A flag given without the ones it needs.
-    pub(crate) fn from_flags(args: &Args) -> anyhow::Result<Option<Self>> {
+    pub fn from_flags(args: &GrpcTlsFlags) -> Result<Option<Self>, SettingsError> {
+        Self::from_given(args).map_err(SettingsError)
+    }
+
+    fn from_given(args: &GrpcTlsFlags) -> anyhow::Result<Option<Self>> {
         let (cert, key) = match (&args.grpc_tls_cert, &args.grpc_tls_key) {
             (Some(cert), Some(key)) => (cert, key),
             (None, None) if args.grpc_client_ca.is_none() && args.grpc_client_san.is_none() => {
@@ -194,7 +239,11 @@ impl ServerFiles {
     ///
     /// A file that cannot be read or holds no usable PEM, a key that is not
     /// the certificate's, a SAN that is no name.
-    pub(crate) fn config(&self) -> anyhow::Result<rustls::ServerConfig> {
+    pub fn config(&self) -> Result<rustls::ServerConfig, SettingsError> {
+        self.server_config().map_err(SettingsError)
+    }
+
+    fn server_config(&self) -> anyhow::Result<rustls::ServerConfig> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()

@@ -14,7 +14,7 @@
 //! force. When the stream cannot be opened or breaks, the client tries again
 //! every `CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL`, sending the
 //! version it last ACKed. With `CONFIG_GRPC_XDS_SERVER_USE_TLS` it speaks
-//! TLS, set up at start-up (`super::tls::xds_client`); a server that fails
+//! TLS, set up at start-up (`crate::tls::xds_client`); a server that fails
 //! verification ends the attempt like an unreachable one.
 
 use std::sync::Arc;
@@ -36,7 +36,7 @@ use tollgate_policy::Reloader;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{ClientTlsConfig, Endpoint};
 
-use tollgate_envoy::Health;
+use crate::health::Health;
 
 /// How long one connection attempt may take: an address that drops packets
 /// would otherwise hold the client for the system's TCP timeout (minutes)
@@ -46,38 +46,38 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Where and as whom the client asks for its config: envoyproxy/ratelimit's
 /// `CONFIG_GRPC_XDS_*` settings.
 #[derive(Debug, Clone)]
-pub(crate) struct Settings {
+pub struct Settings {
     /// The management server, `host:port` (`CONFIG_GRPC_XDS_SERVER_URL`).
-    pub(crate) server: String,
+    pub server: String,
     /// `CONFIG_GRPC_XDS_NODE_ID`.
-    pub(crate) node_id: String,
+    pub node_id: String,
     /// `CONFIG_GRPC_XDS_NODE_METADATA`, as string values.
-    pub(crate) node_metadata: Vec<(String, String)>,
+    pub node_metadata: Vec<(String, String)>,
     /// `CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL`.
-    pub(crate) retry: Duration,
+    pub retry: Duration,
     /// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`, sent with the stream.
-    pub(crate) headers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
+    pub headers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
     /// How to reach `server`: [`endpoint`]'s, TLS (with
     /// `CONFIG_GRPC_XDS_SERVER_USE_TLS`) set up once, at start-up.
-    pub(crate) endpoint: Endpoint,
+    pub endpoint: Endpoint,
     /// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`; gRPC's 4 MiB when unset.
-    pub(crate) max_message: Option<usize>,
+    pub max_message: Option<usize>,
     /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: healthy before the first
     /// config (envoyproxy/ratelimit serves nothing before it otherwise).
-    pub(crate) force_start: bool,
+    pub force_start: bool,
     /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: unhealthy while the config
     /// in force has no domain.
-    pub(crate) healthy_with_config: bool,
+    pub healthy_with_config: bool,
 }
 
 impl Settings {
     /// How logs and reloads name the config's source.
-    pub(crate) fn source(&self) -> String {
+    pub fn source(&self) -> String {
         format!("xds:{}", self.server)
     }
 
     /// Whether the health's config component is healthy before any config.
-    pub(crate) fn healthy_at_start(&self) -> bool {
+    pub fn healthy_at_start(&self) -> bool {
         self.force_start && !self.healthy_with_config
     }
 
@@ -136,7 +136,7 @@ impl Acked {
 /// Follows the management server's config into `reloader` until `stopped`
 /// changes, reconnecting whenever the stream cannot be opened or ends; each
 /// config put in force sets `health`'s config component.
-pub(crate) async fn follow(
+pub async fn follow(
     settings: Settings,
     reloader: Reloader,
     health: Arc<Health>,

@@ -25,22 +25,20 @@ use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::bail;
 use axum::Router;
 use axum::routing::get;
-use clap::parser::ValueSource;
-use clap::{ArgMatches, CommandFactory, FromArgMatches};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 use tollgate_policy::{ConfigFiles, Counting, Policy, PolicyHandle};
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
-use tracing_subscriber::EnvFilter;
 
-use super::{Args, RedisUrl, ServeFlags, tls, xds};
-use tollgate_envoy::{DEFAULT_NAMES, HeaderFamily};
+use crate::error::SettingsError;
+use crate::rls::{DEFAULT_NAMES, HeaderFamily};
+use crate::tls::{self, GrpcTlsFlags, RedisTlsFlags};
+use crate::xds;
 
 /// Every variable envoyproxy/ratelimit's `settings.go` reads (at commit
 /// f2fb157). Each is either read here or in [`IGNORED`].
@@ -303,76 +301,140 @@ const IGNORED: &[(&str, &str)] = &[
     ("TRACING_SAMPLING_RATE", NO_TRACING),
 ];
 
-/// Whether the process was started under the name `ratelimit`
-/// (envoyproxy/ratelimit's `/bin/ratelimit`), busybox-style.
-pub fn invoked_as_ratelimit() -> bool {
-    std::env::args_os()
-        .next()
-        .map(PathBuf::from)
-        .is_some_and(|argv0| argv0.file_name().is_some_and(|name| name == "ratelimit"))
+/// A Tollgate setting that, given as a flag or its `TOLLGATE_*` variable,
+/// wins over envoyproxy/ratelimit's variable for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Flag {
+    /// `--http` (`HOST`, `PORT`).
+    Http,
+    /// `--grpc` (`GRPC_HOST`, `GRPC_PORT`).
+    Grpc,
+    /// `--config` (`RUNTIME_ROOT` and its subdirectories).
+    Config,
+    /// `--admin-listen` (`PROMETHEUS_ADDR`).
+    AdminListen,
+    /// `--envoy-counting` (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`).
+    EnvoyCounting,
+    /// `--merge-domains` (`MERGE_DOMAIN_CONFIG`).
+    MergeDomains,
+    /// `--envoy-headers` (`LIMIT_RESPONSE_HEADERS_ENABLED`).
+    EnvoyHeaders,
+    /// `--redis` (`REDIS_URL` and its companions).
+    Redis,
+    /// `--redis-timeout` (`REDIS_TIMEOUT`).
+    RedisTimeout,
+    /// `--deny-cache` (`LOCAL_CACHE_SIZE_IN_BYTES`).
+    DenyCache,
+    /// `--grpc-tls-cert` (`GRPC_SERVER_TLS_CERT`).
+    GrpcTlsCert,
+    /// `--grpc-tls-key` (`GRPC_SERVER_TLS_KEY`).
+    GrpcTlsKey,
+    /// `--grpc-client-ca` (`GRPC_CLIENT_TLS_CACERT`).
+    GrpcClientCa,
+    /// `--grpc-client-san` (`GRPC_CLIENT_TLS_SAN`).
+    GrpcClientSan,
+    /// `--redis-tls-ca` (`REDIS_TLS_CACERT`).
+    RedisTlsCa,
+    /// `--redis-tls-cert` (`REDIS_TLS_CLIENT_CERT`).
+    RedisTlsCert,
+    /// `--redis-tls-key` (`REDIS_TLS_CLIENT_KEY`).
+    RedisTlsKey,
+    /// `--redis-tls-skip-hostname-verification`
+    /// (`REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`).
+    RedisTlsSkipHostnameVerification,
 }
 
-/// `tollgate serve`'s flags under the name `ratelimit`: what the binary
-/// takes when [`invoked_as_ratelimit`] (no subcommand).
-pub fn ratelimit_command() -> clap::Command {
-    ServeFlags::command().name("ratelimit").about(
-        "Tollgate as envoyproxy/ratelimit's binary: `tollgate serve`, configured by \
-         envoyproxy/ratelimit's environment (docs/envoy.md, Settings)",
-    )
+/// What Tollgate's own settings say, read before envoyproxy/ratelimit's.
+pub struct Given<'a> {
+    /// Whether a setting was given as a flag or `TOLLGATE_*` variable.
+    pub explicit: &'a dyn Fn(Flag) -> bool,
+    /// The gRPC listener's TLS flags.
+    pub grpc_tls: &'a GrpcTlsFlags,
+    /// The Redis TLS flags.
+    pub redis_tls: &'a RedisTlsFlags,
+    /// Whether the admin listener serves another endpoint at a path, which
+    /// `PROMETHEUS_PATH` then cannot take.
+    pub taken_path: &'a dyn Fn(&str) -> bool,
 }
 
-impl Args {
-    /// The options of `matches` (`tollgate serve`'s flags), with
-    /// envoyproxy/ratelimit's environment read into them when `forced` (the
-    /// binary runs as `ratelimit`) or asked for by `--envoy-env`, under the
-    /// precedence of the module's doc.
-    ///
-    /// # Errors
-    ///
-    /// A flag clap refuses, or a variable whose value is bad or that Tollgate
-    /// cannot honour safely: the error names the variable and why.
-    pub fn from_envoy_env(matches: &ArgMatches, forced: bool) -> anyhow::Result<Self> {
-        let mut args = Args::from_arg_matches(matches)?;
-        if forced || args.envoy_env {
-            let env = Env::new(|name| std::env::var_os(name));
-            let envoy = read(&env, &mut args, matches)?;
-            args.envoy = Some(Box::new(envoy));
-        }
-        Ok(args)
-    }
+/// envoyproxy/ratelimit's settings, read from the environment `lookup`
+/// gives (the process's: `std::env::var_os`) under the precedence of the
+/// module's doc: a setting [`Given`] explicitly is left to Tollgate's own.
+///
+/// # Errors
+///
+/// A variable whose value is bad or that Tollgate cannot honour safely:
+/// the error names the variable and why.
+pub fn read(
+    lookup: impl Fn(&str) -> Option<OsString>,
+    given: &Given<'_>,
+) -> Result<EnvoySettings, SettingsError> {
+    read_env(&Env::new(lookup), given).map_err(SettingsError)
 }
 
-/// What envoyproxy/ratelimit's environment sets beside Tollgate's flags.
+/// What envoyproxy/ratelimit's environment sets: the settings the server
+/// maps onto its own options (each `None` where a [`Flag`] was given or
+/// nothing is set), and those only this mode has.
 #[derive(Debug, Default)]
-pub(crate) struct Envoy {
+#[non_exhaustive]
+pub struct EnvoySettings {
+    /// Where the HTTP API listens (`HOST`:`PORT`).
+    pub http: Option<String>,
+    /// Where gRPC listens (`GRPC_HOST`:`GRPC_PORT`).
+    pub grpc: Option<String>,
+    /// The config directory (`RUNTIME_ROOT`/`RUNTIME_SUBDIRECTORY`/
+    /// `RUNTIME_APPDIRECTORY`), unless the config comes over xDS.
+    pub config: Option<PathBuf>,
+    /// Which of its files are read (`RUNTIME_IGNOREDOTFILES`).
+    pub config_files: ConfigFiles,
+    /// Where the admin listener serves the metrics (`PROMETHEUS_ADDR`).
+    pub admin_listen: Option<String>,
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
+    pub envoy_counting: Option<Counting>,
+    /// `MERGE_DOMAIN_CONFIG`.
+    pub merge_domains: bool,
+    /// The header family (`LIMIT_RESPONSE_HEADERS_ENABLED`).
+    pub envoy_headers: Option<HeaderFamily>,
+    /// The Redis URL (`REDIS_URL` with `REDIS_TYPE`, `REDIS_SOCKET_TYPE`,
+    /// `REDIS_AUTH`, `REDIS_TLS`).
+    pub redis: Option<String>,
+    /// `REDIS_TLS=true`: Redis's TLS files.
+    pub redis_tls: Option<tls::RedisFiles>,
+    /// How long a Redis round trip may take (`REDIS_TIMEOUT`).
+    pub redis_timeout: Option<Duration>,
+    /// Whether the deny cache is on (`LOCAL_CACHE_SIZE_IN_BYTES`).
+    pub deny_cache: Option<bool>,
+    /// `CACHE_KEY_PREFIX`.
+    pub key_prefix: Option<String>,
     /// Where `/rlconfig` is served (`DEBUG_HOST`:`DEBUG_PORT`).
-    pub(crate) debug: String,
+    pub debug: String,
     /// `SHADOW_MODE`.
-    pub(crate) shadow_mode: bool,
+    pub shadow_mode: bool,
     /// `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`.
-    pub(crate) header_names: [String; 3],
+    pub header_names: [String; 3],
     /// `RESPONSE_DYNAMIC_METADATA`.
-    pub(crate) dynamic_metadata: bool,
+    pub dynamic_metadata: bool,
     /// `NEAR_LIMIT_RATIO`.
-    pub(crate) near_limit_ratio: f32,
+    pub near_limit_ratio: f32,
     /// `PROMETHEUS_PATH`, with `USE_PROMETHEUS`.
-    pub(crate) metrics_path: Option<String>,
+    pub metrics_path: Option<String>,
     /// `QUOTA_MODE`.
-    pub(crate) quota_mode: bool,
+    pub quota_mode: bool,
     /// `CONFIG_TYPE=GRPC_XDS_SOTW`: where the config comes from instead of
     /// files.
-    pub(crate) xds: Option<xds::Settings>,
+    pub xds: Option<xds::Settings>,
     /// `GRPC_SERVER_USE_TLS=true`: the gRPC listener's TLS files.
-    pub(crate) grpc_tls: Option<tls::ServerFiles>,
+    pub grpc_tls: Option<tls::ServerFiles>,
     /// The log level when `RUST_LOG` does not say (`LOG_LEVEL`).
-    log_level: &'static str,
+    pub log_level: &'static str,
     /// `LOG_FORMAT=json`.
-    log_json: bool,
-    /// What to log once at start-up.
-    notes: Vec<String>,
+    pub log_json: bool,
+    /// What to log once at start-up: the variables ignored, and why.
+    pub notes: Vec<String>,
 }
 
-impl Envoy {
+impl EnvoySettings {
     fn ignored(&mut self, name: &str, value: &str, reason: &str) {
         self.notes
             .push(format!("{name}={value} is ignored: {reason}"));
@@ -466,7 +528,7 @@ impl<F: Fn(&str) -> Option<OsString>> Env<F> {
 ///
 /// A path that does not start with `/`, holds a brace (a route pattern
 /// here), or is one of the admin listener's own endpoints.
-fn metrics_path(path: &str) -> anyhow::Result<String> {
+fn metrics_path(path: &str, taken: &dyn Fn(&str) -> bool) -> anyhow::Result<String> {
     if path.is_empty() {
         return Ok("/metrics".into());
     }
@@ -475,16 +537,7 @@ fn metrics_path(path: &str) -> anyhow::Result<String> {
             "PROMETHEUS_PATH={path:?}: not a path such as /metrics (it starts with /, no braces)"
         );
     }
-    if [
-        "/",
-        "/healthcheck",
-        "/healthz",
-        "/readyz",
-        super::live::JSON_PATH,
-    ]
-    .contains(&path)
-        || path.starts_with("/admin/")
-    {
+    if taken(path) {
         bail!("PROMETHEUS_PATH={path:?}: Tollgate serves another endpoint there");
     }
     Ok(path.to_owned())
@@ -500,23 +553,14 @@ fn join_host_port(host: &str, port: u16) -> String {
     }
 }
 
-/// Whether `id`'s value was given as a Tollgate flag or `TOLLGATE_*`
-/// variable, which win over envoyproxy/ratelimit's variables.
-fn explicit(matches: &ArgMatches, id: &str) -> bool {
-    matches!(
-        matches.value_source(id),
-        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-    )
-}
-
-/// Reads envoyproxy/ratelimit's variables from `env` into `args` (where no
-/// flag says otherwise) and into what it returns.
-fn read<F: Fn(&str) -> Option<OsString>>(
+/// Reads envoyproxy/ratelimit's variables from `env`, leaving out the
+/// settings `given` explicitly.
+fn read_env<F: Fn(&str) -> Option<OsString>>(
     env: &Env<F>,
-    args: &mut Args,
-    matches: &ArgMatches,
-) -> anyhow::Result<Envoy> {
-    let mut envoy = Envoy::default();
+    given: &Given<'_>,
+) -> anyhow::Result<EnvoySettings> {
+    let mut envoy = EnvoySettings::default();
+    let explicit = |flag| (given.explicit)(flag);
 
     let http = join_host_port(&env.string("HOST", "0.0.0.0")?, env.port("PORT", 8080)?);
     let grpc = join_host_port(
@@ -527,11 +571,11 @@ fn read<F: Fn(&str) -> Option<OsString>>(
         &env.string("DEBUG_HOST", "0.0.0.0")?,
         env.port("DEBUG_PORT", 6070)?,
     );
-    if !explicit(matches, "http") {
-        args.http = http;
+    if !explicit(Flag::Http) {
+        envoy.http = Some(http);
     }
-    if !explicit(matches, "grpc") {
-        args.grpc = grpc;
+    if !explicit(Flag::Grpc) {
+        envoy.grpc = Some(grpc);
     }
     if let Some(uds) = env.get("GRPC_UDS")?.filter(|u| !u.is_empty()) {
         bail!(
@@ -540,7 +584,7 @@ fn read<F: Fn(&str) -> Option<OsString>>(
         );
     }
     if env.bool("GRPC_SERVER_USE_TLS", false)? {
-        envoy.grpc_tls = Some(read_grpc_tls(env, args, matches, &mut envoy)?);
+        envoy.grpc_tls = Some(read_grpc_tls(env, given, &mut envoy)?);
     } else {
         for name in GRPC_TLS_VARIABLES {
             if let Some(value) = env.get(name)? {
@@ -579,7 +623,7 @@ fn read<F: Fn(&str) -> Option<OsString>>(
             }
         }
         "GRPC_XDS_SOTW" => {
-            if explicit(matches, "config") {
+            if explicit(Flag::Config) {
                 bail!(
                     "CONFIG_TYPE=GRPC_XDS_SOTW and --config (TOLLGATE_CONFIG): the config comes \
                      either over xDS or from files; unset one"
@@ -600,38 +644,40 @@ fn read<F: Fn(&str) -> Option<OsString>>(
             config.push(part);
         }
     }
-    if envoy.xds.is_none() && !explicit(matches, "config") {
-        args.config = Some(config);
+    if envoy.xds.is_none() && !explicit(Flag::Config) {
+        envoy.config = Some(config);
     }
-    args.reload.files =
+    envoy.config_files =
         ConfigFiles::default().ignore_dot_files(env.bool("RUNTIME_IGNOREDOTFILES", false)?);
 
-    read_redis(env, args, matches, &mut envoy)?;
+    read_redis(env, given, &mut envoy)?;
 
     envoy.shadow_mode = env.bool("SHADOW_MODE", false)?;
     if env.bool("USE_PROMETHEUS", false)? {
         let addr = env.string("PROMETHEUS_ADDR", ":9090")?;
-        if !explicit(matches, "admin_listen") {
-            args.listen.admin_listen = Some(match addr.strip_prefix(':') {
+        if !explicit(Flag::AdminListen) {
+            envoy.admin_listen = Some(match addr.strip_prefix(':') {
                 Some(port) => format!("0.0.0.0:{port}"),
                 None => addr,
             });
         }
-        envoy.metrics_path = Some(metrics_path(&env.string("PROMETHEUS_PATH", "/metrics")?)?);
+        envoy.metrics_path = Some(metrics_path(
+            &env.string("PROMETHEUS_PATH", "/metrics")?,
+            given.taken_path,
+        )?);
     } else {
         env.get("PROMETHEUS_ADDR")?;
         env.get("PROMETHEUS_PATH")?;
     }
     envoy.near_limit_ratio = env.float32("NEAR_LIMIT_RATIO", 0.8)?;
 
-    if env.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)?
-        && !explicit(matches, "envoy_counting")
+    if env.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)? && !explicit(Flag::EnvoyCounting)
     {
-        args.envoy_counting = Counting::AllOrNothing;
+        envoy.envoy_counting = Some(Counting::AllOrNothing);
     }
     envoy.quota_mode = env.bool("QUOTA_MODE", false)?;
-    if env.bool("MERGE_DOMAIN_CONFIG", false)? && !explicit(matches, "merge_domains") {
-        args.reload.merge_domains = true;
+    if env.bool("MERGE_DOMAIN_CONFIG", false)? && !explicit(Flag::MergeDomains) {
+        envoy.merge_domains = true;
     }
     envoy.dynamic_metadata = env.bool("RESPONSE_DYNAMIC_METADATA", false)?;
     let headers = env.bool("LIMIT_RESPONSE_HEADERS_ENABLED", false)?;
@@ -640,12 +686,12 @@ fn read<F: Fn(&str) -> Option<OsString>>(
         env.string("LIMIT_REMAINING_HEADER", DEFAULT_NAMES[1])?,
         env.string("LIMIT_RESET_HEADER", DEFAULT_NAMES[2])?,
     ];
-    if !explicit(matches, "envoy_headers") {
-        args.envoy_headers = vec![if headers {
+    if !explicit(Flag::EnvoyHeaders) {
+        envoy.envoy_headers = Some(if headers {
             HeaderFamily::Ratelimit
         } else {
             HeaderFamily::None
-        }];
+        });
     }
 
     for (name, reason) in IGNORED {
@@ -660,7 +706,7 @@ fn read<F: Fn(&str) -> Option<OsString>>(
 /// envoyproxy/ratelimit's defaults.
 fn read_xds<F: Fn(&str) -> Option<OsString>>(
     env: &Env<F>,
-    envoy: &mut Envoy,
+    envoy: &mut EnvoySettings,
 ) -> anyhow::Result<xds::Settings> {
     let tls = if env.bool("CONFIG_GRPC_XDS_SERVER_USE_TLS", false)? {
         // As `utils.TlsConfigFromFiles` takes them: the client certificate
@@ -748,22 +794,21 @@ fn read_xds<F: Fn(&str) -> Option<OsString>>(
 /// its variable unless its Tollgate flag names one.
 fn read_grpc_tls<F: Fn(&str) -> Option<OsString>>(
     env: &Env<F>,
-    args: &Args,
-    matches: &ArgMatches,
-    envoy: &mut Envoy,
+    given: &Given<'_>,
+    envoy: &mut EnvoySettings,
 ) -> anyhow::Result<tls::ServerFiles> {
-    let flags = &args.grpc_tls;
-    let file = |id: &str, flag: &'static str, given: &Option<PathBuf>, name: &'static str| {
-        tls_file(env, matches, (id, flag, given), name)
+    let flags = given.grpc_tls;
+    let file = |id: Flag, flag: &'static str, path: &Option<PathBuf>, name: &'static str| {
+        tls_file(env, ((given.explicit)(id), flag, path), name)
     };
     let cert = file(
-        "grpc_tls_cert",
+        Flag::GrpcTlsCert,
         "--grpc-tls-cert",
         &flags.grpc_tls_cert,
         "GRPC_SERVER_TLS_CERT",
     )?;
     let key = file(
-        "grpc_tls_key",
+        Flag::GrpcTlsKey,
         "--grpc-tls-key",
         &flags.grpc_tls_key,
         "GRPC_SERVER_TLS_KEY",
@@ -772,12 +817,15 @@ fn read_grpc_tls<F: Fn(&str) -> Option<OsString>>(
         bail!("GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY");
     };
     let client_ca = file(
-        "grpc_client_ca",
+        Flag::GrpcClientCa,
         "--grpc-client-ca",
         &flags.grpc_client_ca,
         "GRPC_CLIENT_TLS_CACERT",
     )?;
-    let client_san = match (&flags.grpc_client_san, explicit(matches, "grpc_client_san")) {
+    let client_san = match (
+        &flags.grpc_client_san,
+        (given.explicit)(Flag::GrpcClientSan),
+    ) {
         (Some(san), true) => Some(("--grpc-client-san", san.clone())),
         _ => env
             .get("GRPC_CLIENT_TLS_SAN")?
@@ -830,10 +878,10 @@ fn headers(value: &str) -> anyhow::Result<Vec<(AsciiMetadataKey, AsciiMetadataVa
 /// Memcache), so this mode does too.
 fn read_redis<F: Fn(&str) -> Option<OsString>>(
     env: &Env<F>,
-    args: &mut Args,
-    matches: &ArgMatches,
-    envoy: &mut Envoy,
+    given: &Given<'_>,
+    envoy: &mut EnvoySettings,
 ) -> anyhow::Result<()> {
+    let explicit = |flag| (given.explicit)(flag);
     match env.string("BACKEND_TYPE", "redis")?.as_str() {
         "redis" | "" => {}
         "memcache" => bail!(
@@ -849,7 +897,7 @@ fn read_redis<F: Fn(&str) -> Option<OsString>>(
     let auth = env.string("REDIS_AUTH", "")?;
     let redis = redis_url(&socket, &kind, &url, &auth, use_tls)?;
     if use_tls {
-        args.store.redis_tls = Some(read_redis_tls(env, args, matches)?);
+        envoy.redis_tls = Some(read_redis_tls(env, given)?);
     } else {
         for name in REDIS_TLS_VARIABLES {
             if let Some(value) = env.get(name)? {
@@ -857,8 +905,8 @@ fn read_redis<F: Fn(&str) -> Option<OsString>>(
             }
         }
     }
-    if !explicit(matches, "redis") {
-        args.redis = Some(RedisUrl(redis));
+    if !explicit(Flag::Redis) {
+        envoy.redis = Some(redis);
     }
     // Unset, envoyproxy/ratelimit's default: its decisions wait on Redis,
     // and so do a swapped binary's (Tollgate's own 10 ms default would
@@ -866,7 +914,7 @@ fn read_redis<F: Fn(&str) -> Option<OsString>>(
     let timeout = env
         .duration("REDIS_TIMEOUT")?
         .unwrap_or(Duration::from_secs(10));
-    if !explicit(matches, "redis_timeout") {
+    if !explicit(Flag::RedisTimeout) {
         let longest = Duration::from_secs(60);
         if timeout.is_zero() || timeout > longest {
             envoy.ignored(
@@ -875,37 +923,35 @@ fn read_redis<F: Fn(&str) -> Option<OsString>>(
                 "Tollgate waits at most 1m for a Redis round trip, so it waits 1m",
             );
         }
-        args.redis_timeout = Some(if timeout.is_zero() {
+        envoy.redis_timeout = Some(if timeout.is_zero() {
             longest
         } else {
             timeout.min(longest)
         });
     }
     let local_cache = env.int("LOCAL_CACHE_SIZE_IN_BYTES", 0)?;
-    if !explicit(matches, "deny_cache") {
-        args.store.deny_cache = Some(local_cache > 0);
+    if !explicit(Flag::DenyCache) {
+        envoy.deny_cache = Some(local_cache > 0);
     }
     let prefix = env.string("CACHE_KEY_PREFIX", "")?;
     if prefix.contains(['{', '}']) {
         bail!("CACHE_KEY_PREFIX={prefix:?}: Tollgate's Redis keys cannot hold braces");
     }
     if !prefix.is_empty() {
-        args.store.key_prefix = Some(prefix);
+        envoy.key_prefix = Some(prefix);
     }
     Ok(())
 }
 
-/// A certificate file: the flag `id` (named `flag` in errors) when given,
-/// else envoyproxy/ratelimit's variable `name` when set and not empty.
+/// A certificate file: the flag's (named `flag` in errors) when given
+/// explicitly, else envoyproxy/ratelimit's variable `name` when set and not
+/// empty.
 fn tls_file<F: Fn(&str) -> Option<OsString>>(
     env: &Env<F>,
-    matches: &ArgMatches,
-    (id, flag, given): (&str, &'static str, &Option<PathBuf>),
+    (explicit, flag, given): (bool, &'static str, &Option<PathBuf>),
     name: &'static str,
 ) -> anyhow::Result<Option<tls::Named>> {
-    if explicit(matches, id)
-        && let Some(path) = given
-    {
+    if explicit && let Some(path) = given {
         return Ok(Some(tls::Named::new(flag, path)));
     }
     Ok(env
@@ -919,35 +965,34 @@ fn tls_file<F: Fn(&str) -> Option<OsString>>(
 /// `utils.TlsConfigFromFiles` reads them for Redis.
 fn read_redis_tls<F: Fn(&str) -> Option<OsString>>(
     env: &Env<F>,
-    args: &Args,
-    matches: &ArgMatches,
+    given: &Given<'_>,
 ) -> anyhow::Result<tls::RedisFiles> {
-    let flags = &args.store;
-    let file = |id: &str, flag: &'static str, given: &Option<PathBuf>, name: &'static str| {
-        tls_file(env, matches, (id, flag, given), name)
+    let flags = given.redis_tls;
+    let file = |id: Flag, flag: &'static str, path: &Option<PathBuf>, name: &'static str| {
+        tls_file(env, ((given.explicit)(id), flag, path), name)
     };
-    let skip_hostname_verification = if explicit(matches, "redis_tls_skip_hostname_verification") {
-        flags.redis_tls_skip_hostname_verification
+    let skip_hostname_verification = if (given.explicit)(Flag::RedisTlsSkipHostnameVerification) {
+        flags.skip_hostname_verification
     } else {
         env.bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)?
     };
     Ok(tls::RedisFiles {
         ca: file(
-            "redis_tls_ca",
+            Flag::RedisTlsCa,
             "--redis-tls-ca",
-            &flags.redis_tls_ca,
+            &flags.ca,
             "REDIS_TLS_CACERT",
         )?,
         cert: file(
-            "redis_tls_cert",
+            Flag::RedisTlsCert,
             "--redis-tls-cert",
-            &flags.redis_tls_cert,
+            &flags.cert,
             "REDIS_TLS_CLIENT_CERT",
         )?,
         key: file(
-            "redis_tls_key",
+            Flag::RedisTlsKey,
             "--redis-tls-key",
-            &flags.redis_tls_key,
+            &flags.key,
             "REDIS_TLS_CLIENT_KEY",
         )?,
         skip_hostname_verification,
@@ -1076,32 +1121,9 @@ fn go_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_nanos(nanos as u64))
 }
 
-/// Sets up the process's log: `RUST_LOG`, else envoyproxy/ratelimit's
-/// `LOG_LEVEL` (in its mode), else `info`; JSON lines with `LOG_FORMAT=json`.
-/// Then logs, once, what envoyproxy/ratelimit's environment set that
-/// Tollgate ignores or does not honour yet.
-pub(crate) fn init_logging(envoy: Option<&Envoy>) -> anyhow::Result<()> {
-    let level = envoy.map_or("info", |e| e.log_level);
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
-    let log = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let installed = if envoy.is_some_and(|e| e.log_json) {
-        log.json().try_init()
-    } else {
-        log.with_ansi(std::io::stderr().is_terminal()).try_init()
-    };
-    installed.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))?;
-    // At WARN: envoyproxy/ratelimit's default LOG_LEVEL hides anything less.
-    for note in envoy.iter().flat_map(|e| &e.notes) {
-        tracing::warn!("envoyproxy/ratelimit setting {note}");
-    }
-    Ok(())
-}
-
 /// envoyproxy/ratelimit's debug listener: `/rlconfig` dumps the config in
 /// force, `/` lists the endpoints.
-pub(crate) fn debug_router(policy: PolicyHandle) -> Router {
+pub fn debug_router(policy: PolicyHandle) -> Router {
     Router::new()
         .route(
             "/rlconfig",
@@ -1159,33 +1181,17 @@ mod tests {
 
     use super::*;
 
-    /// `args` read with the environment `vars`, in envoyproxy/ratelimit's mode.
-    fn read_env(vars: &[(&str, &str)], flags: &[&str]) -> anyhow::Result<(Args, Envoy)> {
-        let vars: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        let env = Env::new(move |name: &str| vars.get(name).map(OsString::from));
-        let matches = ratelimit_command()
-            .try_get_matches_from(std::iter::once("ratelimit").chain(flags.iter().copied()))?;
-        let mut args = Args::from_arg_matches(&matches)?;
-        let envoy = read(&env, &mut args, &matches)?;
-        Ok((args, envoy))
-    }
-
-    fn error(vars: &[(&str, &str)]) -> String {
-        format!("{:#}", read_env(vars, &[]).expect_err("refused"))
-    }
-
     #[test]
     fn every_variable_is_read_or_ignored_with_a_reason() {
         let vars: HashMap<&str, &str> = HashMap::new();
         let env = Env::new(move |name: &str| vars.get(name).map(OsString::from));
-        let matches = ratelimit_command()
-            .try_get_matches_from(["ratelimit"])
-            .expect("no flags");
-        let mut args = Args::from_arg_matches(&matches).expect("defaults");
-        read(&env, &mut args, &matches).expect("defaults are fine");
+        let given = Given {
+            explicit: &|_| false,
+            grpc_tls: &GrpcTlsFlags::default(),
+            redis_tls: &RedisTlsFlags::default(),
+            taken_path: &|_| false,
+        };
+        read_env(&env, &given).expect("defaults are fine");
         let read = env.read.into_inner();
         let known: BTreeSet<&str> = ENVOY_VARIABLES.iter().copied().collect();
         assert_eq!(
@@ -1194,293 +1200,6 @@ mod tests {
         );
         let ignored: BTreeSet<&str> = IGNORED.iter().map(|(name, _)| *name).collect();
         assert!(ignored.is_subset(&known));
-    }
-
-    #[test]
-    fn defaults_are_envoyproxy_ratelimits() {
-        let (args, envoy) = read_env(&[], &[]).expect("defaults");
-        assert_eq!(args.http, "0.0.0.0:8080");
-        assert_eq!(args.grpc, "0.0.0.0:8081");
-        assert_eq!(envoy.debug, "0.0.0.0:6070");
-        assert_eq!(
-            args.config.as_deref(),
-            Some(std::path::Path::new("/srv/runtime_data/current/config"))
-        );
-        assert_eq!(
-            args.redis.as_ref().map(|r| r.0.as_str()),
-            Some("unix:///var/run/nutcracker/ratelimit.sock")
-        );
-        assert_eq!(args.store.deny_cache, Some(false));
-        assert_eq!(args.redis_timeout, Some(Duration::from_secs(10)));
-        assert_eq!(args.envoy_counting, Counting::EachHit);
-        assert!(!args.reload.merge_domains);
-        assert_eq!(envoy.log_level, "warn");
-        assert!(!envoy.shadow_mode && !envoy.quota_mode && !envoy.log_json);
-        assert_eq!(args.listen.admin_listen, None);
-        assert!(!args.reload.files.ignore_dot_files);
-        assert_eq!(args.envoy_headers, [HeaderFamily::None]);
-        assert_eq!(envoy.header_names, DEFAULT_NAMES);
-        assert!(!envoy.dynamic_metadata);
-        assert_eq!(envoy.near_limit_ratio, 0.8);
-        assert_eq!(envoy.metrics_path, None);
-    }
-
-    #[test]
-    fn answer_settings_are_read() {
-        let (args, envoy) = read_env(
-            &[
-                ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
-                ("LIMIT_RESET_HEADER", "X-Reset"),
-                ("RESPONSE_DYNAMIC_METADATA", "1"),
-                ("NEAR_LIMIT_RATIO", "0.25"),
-                ("USE_PROMETHEUS", "true"),
-                ("PROMETHEUS_PATH", ""),
-            ],
-            &[],
-        )
-        .expect("valid");
-        assert_eq!(args.envoy_headers, [HeaderFamily::Ratelimit]);
-        assert_eq!(
-            envoy.header_names,
-            ["RateLimit-Limit", "RateLimit-Remaining", "X-Reset"]
-        );
-        assert!(envoy.dynamic_metadata);
-        assert_eq!(envoy.near_limit_ratio, 0.25);
-        assert_eq!(envoy.metrics_path.as_deref(), Some("/metrics"));
-        assert!(envoy.notes.is_empty(), "all honoured: {:?}", envoy.notes);
-
-        let (flagged, _) = read_env(
-            &[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")],
-            &["--envoy-headers", "x-ratelimit,draft"],
-        )
-        .expect("valid");
-        assert_eq!(
-            flagged.envoy_headers,
-            [HeaderFamily::XRatelimit, HeaderFamily::Draft],
-            "the flag wins"
-        );
-    }
-
-    #[test]
-    fn counting_quota_and_merging_are_read() {
-        let (args, envoy) = read_env(
-            &[
-                ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
-                ("QUOTA_MODE", "true"),
-                ("MERGE_DOMAIN_CONFIG", "true"),
-            ],
-            &[],
-        )
-        .expect("valid");
-        assert_eq!(args.envoy_counting, Counting::AllOrNothing);
-        assert!(envoy.quota_mode);
-        assert!(args.reload.merge_domains);
-        let (flagged, _) = read_env(
-            &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")],
-            &["--envoy-counting", "each-hit", "--redis-timeout", "20ms"],
-        )
-        .expect("valid");
-        assert_eq!(flagged.envoy_counting, Counting::EachHit, "the flag wins");
-        assert_eq!(flagged.redis_timeout, Some(Duration::from_millis(20)));
-    }
-
-    #[test]
-    fn a_deployment_env_is_read() {
-        let (args, envoy) = read_env(
-            &[
-                ("HOST", "127.0.0.1"),
-                ("PORT", "9080"),
-                ("GRPC_HOST", "::1"),
-                ("GRPC_PORT", "9081"),
-                ("DEBUG_PORT", "0"),
-                ("RUNTIME_ROOT", "/data"),
-                ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-                ("RUNTIME_APPDIRECTORY", "/rules"),
-                ("RUNTIME_IGNOREDOTFILES", "T"),
-                ("REDIS_SOCKET_TYPE", "tcp"),
-                ("REDIS_URL", "redis.default:6379"),
-                ("REDIS_AUTH", "app:p@ss/word"),
-                ("REDIS_TIMEOUT", "1.5s"),
-                ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
-                ("CACHE_KEY_PREFIX", "rl_"),
-                ("SHADOW_MODE", "1"),
-                ("USE_PROMETHEUS", "true"),
-                ("PROMETHEUS_ADDR", ":9102"),
-                ("LOG_LEVEL", "Debug"),
-                ("LOG_FORMAT", "JSON"),
-                ("REDIS_POOL_SIZE", "20"),
-            ],
-            &[],
-        )
-        .expect("a valid env");
-        assert_eq!(args.http, "127.0.0.1:9080");
-        assert_eq!(args.grpc, "[::1]:9081");
-        assert_eq!(envoy.debug, "0.0.0.0:0");
-        assert_eq!(
-            args.config.as_deref(),
-            Some(std::path::Path::new("/data/ratelimit/rules"))
-        );
-        assert!(args.reload.files.ignore_dot_files);
-        assert_eq!(
-            args.redis.as_ref().map(|r| r.0.as_str()),
-            Some("redis://app:p%40ss%2Fword@redis.default:6379")
-        );
-        assert_eq!(args.redis_timeout, Some(Duration::from_millis(1500)));
-        assert_eq!(args.store.deny_cache, Some(true));
-        assert_eq!(args.store.key_prefix.as_deref(), Some("rl_"));
-        assert!(envoy.shadow_mode && envoy.log_json);
-        assert_eq!(envoy.log_level, "debug");
-        assert_eq!(args.listen.admin_listen.as_deref(), Some("0.0.0.0:9102"));
-        let ignored: Vec<&String> = envoy
-            .notes
-            .iter()
-            .filter(|n| n.contains(" is ignored: "))
-            .collect();
-        assert_eq!(ignored.len(), 1, "{ignored:?}");
-        assert!(ignored[0].starts_with("REDIS_POOL_SIZE=20 is ignored: "));
-    }
-
-    #[test]
-    fn xds_settings_are_read_with_envoyproxy_ratelimits_defaults() {
-        let (args, envoy) = read_env(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")], &[]).expect("valid");
-        assert_eq!(args.config, None, "no files are read");
-        let xds = envoy.xds.expect("xDS");
-        assert_eq!(xds.server, "localhost:18000");
-        assert_eq!(xds.node_id, "default");
-        assert!(xds.node_metadata.is_empty() && xds.headers.is_empty());
-        assert_eq!(xds.retry, Duration::from_secs(3));
-        assert_eq!(xds.max_message, None);
-        assert!(!xds.force_start && !xds.healthy_with_config);
-
-        let (_, envoy) = read_env(
-            &[
-                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-                ("CONFIG_GRPC_XDS_SERVER_URL", "dns:///eg.system:18001"),
-                ("CONFIG_GRPC_XDS_NODE_ID", "ratelimit-0"),
-                ("CONFIG_GRPC_XDS_NODE_METADATA", "zone=a,bare,k=v=w"),
-                ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "250ms"),
-                (
-                    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-                    "X-Team:rl,tenant:a",
-                ),
-                ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "1048576"),
-                ("XDS_CLIENT_BACKOFF_JITTER", "false"),
-                ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
-                ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "1"),
-            ],
-            &[],
-        )
-        .expect("valid");
-        let xds = envoy.xds.expect("xDS");
-        assert_eq!(xds.server, "eg.system:18001");
-        assert_eq!(xds.node_id, "ratelimit-0");
-        let metadata = [("zone", "a"), ("k", "v=w")].map(|(k, v)| (k.to_owned(), v.to_owned()));
-        assert_eq!(xds.node_metadata, metadata);
-        assert_eq!(xds.retry, Duration::from_millis(250));
-        let headers: Vec<(&str, &str)> = xds
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.to_str().expect("ASCII")))
-            .collect();
-        assert_eq!(headers, [("x-team", "rl"), ("tenant", "a")]);
-        assert_eq!(xds.max_message, Some(1 << 20));
-        assert!(xds.force_start && xds.healthy_with_config);
-        assert!(
-            envoy
-                .notes
-                .iter()
-                .any(|n| n.starts_with("XDS_CLIENT_BACKOFF_JITTER=false is ignored: "))
-        );
-
-        let (args, envoy) =
-            read_env(&[("CONFIG_GRPC_XDS_NODE_ID", "n")], &[]).expect("FILE ignores it");
-        assert!(envoy.xds.is_none() && args.config.is_some());
-        assert!(
-            envoy
-                .notes
-                .iter()
-                .any(|n| n.starts_with("CONFIG_GRPC_XDS_NODE_ID=n is ignored"))
-        );
-        let both = read_env(
-            &[("CONFIG_TYPE", "GRPC_XDS_SOTW")],
-            &["--config", "/etc/rl"],
-        );
-        assert!(format!("{:#}", both.expect_err("refused")).contains("--config"));
-    }
-
-    #[test]
-    fn grpc_tls_files_come_from_flags_then_variables() {
-        let vars = [
-            ("GRPC_SERVER_USE_TLS", "true"),
-            ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
-            ("GRPC_SERVER_TLS_KEY", "/tls/key.pem"),
-            ("GRPC_CLIENT_TLS_CACERT", "/tls/ca.pem"),
-            ("GRPC_CLIENT_TLS_SAN", "envoy.example"),
-        ];
-        let (_, envoy) = read_env(&vars, &["--grpc-tls-cert", "/mine/cert.pem"]).expect("valid");
-        let tls = envoy.grpc_tls.expect("TLS asked for");
-        let setting = |named: &tls::Named| (named.setting, named.path.display().to_string());
-        assert_eq!(
-            setting(&tls.cert),
-            ("--grpc-tls-cert", "/mine/cert.pem".into())
-        );
-        assert_eq!(
-            setting(&tls.key),
-            ("GRPC_SERVER_TLS_KEY", "/tls/key.pem".into())
-        );
-        assert_eq!(
-            tls.client_ca.as_ref().map(setting),
-            Some(("GRPC_CLIENT_TLS_CACERT", "/tls/ca.pem".into()))
-        );
-        assert_eq!(
-            tls.client_san,
-            Some(("GRPC_CLIENT_TLS_SAN", "envoy.example".into()))
-        );
-
-        // settings.go asks for no client certificate without a CA, so the
-        // SAN has nothing to check.
-        let (_, envoy) = read_env(&[vars[0], vars[1], vars[2], vars[4]], &[]).expect("valid");
-        assert_eq!(envoy.grpc_tls.expect("TLS asked for").client_san, None);
-        assert!(
-            envoy
-                .notes
-                .iter()
-                .any(|n| n.starts_with("GRPC_CLIENT_TLS_SAN=envoy.example is ignored")),
-            "{:?}",
-            envoy.notes
-        );
-
-        // Without GRPC_SERVER_USE_TLS the files are not read.
-        let (_, envoy) = read_env(&vars[1..], &[]).expect("valid");
-        assert!(envoy.grpc_tls.is_none());
-        assert_eq!(envoy.notes.len(), 4, "{:?}", envoy.notes);
-    }
-
-    #[test]
-    fn flags_and_tollgate_variables_win() {
-        let (args, _) = read_env(
-            &[
-                ("PORT", "9080"),
-                ("REDIS_URL", "h:1"),
-                ("REDIS_SOCKET_TYPE", "tcp"),
-            ],
-            &[
-                "--http",
-                "127.0.0.1:0",
-                "--redis",
-                "redis://other:2",
-                "--deny-cache",
-                "true",
-            ],
-        )
-        .expect("valid");
-        assert_eq!(args.http, "127.0.0.1:0");
-        assert_eq!(args.grpc, "0.0.0.0:8081", "its own default still applies");
-        assert_eq!(
-            args.redis.as_ref().map(|r| r.0.as_str()),
-            Some("redis://other:2")
-        );
-        assert_eq!(args.store.deny_cache, Some(true));
     }
 
     #[test]
@@ -1516,82 +1235,6 @@ mod tests {
     }
 
     #[test]
-    fn bad_values_are_errors_naming_the_variable() {
-        for (vars, needle) in [
-            (vec![("PORT", "x")], "PORT=\"x\": not an integer"),
-            (vec![("GRPC_PORT", "70000")], "GRPC_PORT=70000: not a port"),
-            (
-                vec![("SHADOW_MODE", "yes")],
-                "SHADOW_MODE=\"yes\": not a boolean",
-            ),
-            (
-                vec![("REDIS_TIMEOUT", "10")],
-                "REDIS_TIMEOUT=\"10\": not a duration",
-            ),
-            (
-                vec![("LOG_LEVEL", "loud")],
-                "LOG_LEVEL=\"loud\": not a log level",
-            ),
-            (vec![("REDIS_TYPE", "sentinel")], "REDIS_TYPE=sentinel: "),
-            (vec![("REDIS_TYPE", "ring")], "REDIS_TYPE=\"ring\""),
-            (
-                vec![("REDIS_TLS", "true")],
-                "REDIS_TLS=true with REDIS_SOCKET_TYPE=unix",
-            ),
-            (
-                vec![("GRPC_UDS", "/tmp/rl.sock")],
-                "GRPC_UDS=\"/tmp/rl.sock\"",
-            ),
-            (
-                vec![
-                    ("GRPC_SERVER_USE_TLS", "true"),
-                    ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
-                ],
-                "GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
-            ),
-            (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
-            (vec![("CONFIG_TYPE", "XDS")], "CONFIG_TYPE=\"XDS\""),
-            (
-                vec![
-                    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-                    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
-                    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/tls/key.pem"),
-                ],
-                "a client certificate needs both",
-            ),
-            (
-                vec![
-                    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-                    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
-                    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/nowhere/ca.pem"),
-                ],
-                "CONFIG_GRPC_XDS_SERVER_TLS_CACERT: cannot read /nowhere/ca.pem",
-            ),
-            (
-                vec![
-                    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-                    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "a:b,c"),
-                ],
-                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: \"c\": invalid map item",
-            ),
-            (
-                vec![
-                    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-                    ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3"),
-                ],
-                "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL=\"3\": not a duration",
-            ),
-            (
-                vec![("CACHE_KEY_PREFIX", "{x}")],
-                "CACHE_KEY_PREFIX=\"{x}\"",
-            ),
-        ] {
-            let error = error(&vars);
-            assert!(error.contains(needle), "{vars:?}: {error}");
-        }
-    }
-
-    #[test]
     fn go_durations() {
         for (text, nanos) in [
             ("0", 0),
@@ -1623,17 +1266,5 @@ mod tests {
              api.free: unlimited, shadow_mode: false\n\
              api.dark: unit=SECOND requests_per_unit=0, shadow_mode: true\n"
         );
-    }
-
-    #[test]
-    fn the_metrics_path_cannot_take_the_live_page() {
-        for taken in ["/", "/live.json", "/healthz", "/admin/reload"] {
-            let error = metrics_path(taken).unwrap_err().to_string();
-            assert!(
-                error.contains("Tollgate serves another endpoint"),
-                "{taken}: {error}"
-            );
-        }
-        assert_eq!(metrics_path("/stats").unwrap(), "/stats");
     }
 }
