@@ -40,15 +40,17 @@ mod metrics;
 mod native;
 pub mod record;
 mod reload;
+mod state;
+mod store_health;
 
 pub use envoy_mode::{invoked_as_ratelimit, ratelimit_command};
 pub use reload::POLL as RELOAD_POLL;
 pub use tollgate_envoy::settings::ENVOY_VARIABLES;
 
 use backend::Backend;
-use http::AppState;
 use hyper_util::service::TowerToHyperService;
 use metrics::Api;
+use state::AppState;
 use tollgate_envoy::{GrpcService, Health, RateLimitGrpc};
 use tollgate_gateway::Gateway;
 use tollgate_listen::{Acceptor, Protocol};
@@ -572,7 +574,7 @@ async fn launch(
         let enforcer = Arc::clone(&enforcer);
         Some(Box::new(move || enforcer.store().record_metrics()))
     };
-    let store_health: Option<Box<dyn Fn() -> live::StoreHealth + Send + Sync>> = {
+    let store_health: Option<Box<dyn Fn() -> store_health::StoreHealth + Send + Sync>> = {
         let enforcer = Arc::clone(&enforcer);
         Some(Box::new(move || enforcer.store().health()))
     };
@@ -775,6 +777,7 @@ fn metrics_handle() -> anyhow::Result<PrometheusHandle> {
     let recorder = metrics::recorder().context("cannot set up metrics")?;
     let handle =
         metrics::install(recorder).map_err(|e| anyhow::anyhow!("cannot set up metrics: {e}"))?;
+    record::describe();
     *installed = Some(handle.clone());
     Ok(handle)
 }

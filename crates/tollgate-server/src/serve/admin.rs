@@ -27,8 +27,8 @@ use tollgate_core::Store;
 use tollgate_policy::{Refusal, ReloadError, ResetError};
 
 use super::auth;
-use super::http::{ApiError, AppState};
 use super::native::quota_of;
+use super::state::{ApiError, AppState};
 
 /// The admin routes, each behind the bearer token check.
 pub(crate) fn routes<S: Store + 'static>(state: Arc<AppState<S>>) -> Router<Arc<AppState<S>>> {

@@ -9,14 +9,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::live;
+use super::metrics::StackStats;
+use super::store_health;
 use tollgate_core::{Algorithm, Clock, Lease, Limit, Outcome, Quota, Stamped, Store, StoreError};
 use tollgate_envoy::{RedisFiles, RedisTlsFlags};
 use tollgate_policy::StoreSettings;
-use tollgate_redis::{RedisConfig, RedisStats, RedisStore};
+use tollgate_redis::{RedisConfig, RedisStore};
 use tollgate_store::{
-    BreakerState, DenyCache, DenyCacheStats, Fallback, FallbackConfig, FallbackStats, Hybrid,
-    HybridConfig, HybridStats, MemoryConfig, MemoryStore,
+    BreakerState, DenyCache, Fallback, FallbackConfig, Hybrid, HybridConfig, MemoryConfig,
+    MemoryStore,
 };
 
 /// Keys the deny cache holds when it is on.
@@ -340,16 +341,6 @@ impl Store for Remote {
 /// The Redis stack `serve --redis` runs.
 pub(crate) type RedisStack = DenyCache<Fallback<Remote>>;
 
-/// The counters of every part of the Redis stack, for metrics.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct StackStats {
-    pub(crate) redis: RedisStats,
-    pub(crate) deny_cache: DenyCacheStats,
-    pub(crate) fallback: FallbackStats,
-    /// With `--hybrid` only.
-    pub(crate) hybrid: Option<HybridStats>,
-}
-
 /// One of the stores `tollgate serve` can run on.
 #[allow(
     clippy::large_enum_variant,
@@ -440,11 +431,11 @@ impl Backend {
     }
 
     /// What `/live.json` shows of the store: its kind and its parts' counters.
-    pub(crate) fn health(&self) -> live::StoreHealth {
+    pub(crate) fn health(&self) -> store_health::StoreHealth {
         let memory = match self {
             Backend::Memory(m) => {
                 let stats = m.stats();
-                Some(live::MemoryHealth {
+                Some(store_health::MemoryHealth {
                     keys: stats.keys,
                     evictions: stats.evictions,
                     refusals: stats.refusals,
@@ -453,10 +444,10 @@ impl Backend {
             Backend::Redis(_) => None,
         };
         let stats = self.redis_stats();
-        live::StoreHealth {
+        store_health::StoreHealth {
             kind: self.describe(),
             memory,
-            redis: stats.map(|s| live::RedisHealth {
+            redis: stats.map(|s| store_health::RedisHealth {
                 checks: s.redis.redis_checks,
                 errors: s.fallback.errors,
                 timeouts: s.fallback.timeouts,
@@ -468,18 +459,20 @@ impl Backend {
                     BreakerState::Open => "open",
                 },
                 breaker_opens: s.fallback.breaker_opens,
-                fallbacks: live::Fallbacks {
+                fallbacks: store_health::Fallbacks {
                     fail_open: s.fallback.fallback_fail_open,
                     fail_closed: s.fallback.fallback_fail_closed,
                     local: s.fallback.fallback_local,
                 },
             }),
-            hybrid: stats.and_then(|s| s.hybrid).map(|h| live::HybridHealth {
-                local_decisions: h.local_decisions,
-                redis_checks: h.inner_checks,
-                units_leased: h.units_leased,
-                units_returned: h.units_returned,
-            }),
+            hybrid: stats
+                .and_then(|s| s.hybrid)
+                .map(|h| store_health::HybridHealth {
+                    local_decisions: h.local_decisions,
+                    redis_checks: h.inner_checks,
+                    units_leased: h.units_leased,
+                    units_returned: h.units_returned,
+                }),
         }
     }
 

@@ -32,75 +32,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use futures_util::TryFutureExt;
 use futures_util::future::Either;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tollgate_core::Store;
 
 use super::admin;
-use super::auth::{self, Token};
+use super::auth;
+use super::state::{ApiError, AppState};
 use super::{live, metrics, native, reload};
-use tollgate_envoy::Health;
-use tollgate_policy::{Enforcer, Reloader};
-
-/// What every handler shares.
-pub(crate) struct AppState<S> {
-    /// The shared check path.
-    pub(crate) enforcer: Arc<Enforcer<S>>,
-    /// Renders `/metrics`.
-    pub(crate) metrics: PrometheusHandle,
-    /// Records the store's own counters (Redis calls, fallbacks, the breaker)
-    /// just before `/metrics` renders; `None` for a store that keeps none.
-    pub(crate) store_metrics: Option<Box<dyn Fn() + Send + Sync>>,
-    /// What the store reports of its health for `/live.json`; `None` for a
-    /// store that reports none.
-    pub(crate) store_health: Option<Box<dyn Fn() -> live::StoreHealth + Send + Sync>>,
-    /// What the live page shows.
-    pub(crate) live: Arc<live::Live>,
-    /// The bearer token of the admin API; `None` disables it.
-    pub(crate) admin_token: Option<Token>,
-    /// The bearer tokens any of which the check APIs require; none: open.
-    pub(crate) api_tokens: Vec<Token>,
-    /// Reloads `--config` for `POST /admin/reload` and tells `/readyz` how
-    /// the last reload went; `None` when the built-in policy is in force.
-    pub(crate) reloader: Option<Reloader>,
-    /// What `/healthcheck` reports, as the gRPC health service does.
-    pub(crate) health: Arc<Health>,
-    /// The headers and metadata `/json` answers carry.
-    pub(crate) reply: Arc<tollgate_envoy::Reply>,
-    /// Where `/metrics` is served: envoyproxy/ratelimit's `PROMETHEUS_PATH`
-    /// in its mode.
-    pub(crate) metrics_path: String,
-    /// The rate limit headers `POST /v1/check` answers carry (`--v1-headers`).
-    pub(crate) v1_headers: tollgate_http::HeaderStyle,
-}
-
-/// An error answer: a status and `{"error": message}`.
-#[derive(Debug)]
-pub(crate) struct ApiError {
-    status: StatusCode,
-    pub(crate) message: String,
-}
-
-impl ApiError {
-    /// An error with `status`.
-    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            message: message.into(),
-        }
-    }
-
-    /// 400: the request cannot be read or checked.
-    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, message)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = serde_json::json!({ "error": self.message });
-        (self.status, axum::Json(body)).into_response()
-    }
-}
 
 /// Which endpoints one listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,7 +84,7 @@ pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>, surface: Surfa
         router = router
             .route(&state.metrics_path, get(render_metrics::<S>))
             .route("/", get(live::page))
-            .route(live::JSON_PATH, get(live::json::<S>))
+            .route(live::JSON_PATH, get(live_json::<S>))
             .merge(admin::routes(Arc::clone(&state)));
     }
     router.fallback(not_found).with_state(state)
@@ -317,6 +254,25 @@ async fn json<S: Store + 'static>(State(state): State<Arc<AppState<S>>>, body: B
     .await
 }
 
+/// `GET /live.json`: behind the admin token when there is one.
+async fn live_json<S: Store + 'static>(
+    State(state): State<Arc<AppState<S>>>,
+    request: Request,
+) -> Response {
+    if let Some(token) = &state.admin_token
+        && !auth::admits(std::slice::from_ref(token), admin::authorization(&request))
+    {
+        return admin::unauthorized("admin token");
+    }
+    let store = state.store_health.as_ref().map(|health| health());
+    live::json(
+        &state.live,
+        &state.enforcer.policy(),
+        state.enforcer.kill_switch().disabled(),
+        store,
+    )
+}
+
 async fn render_metrics<S: Store + 'static>(State(state): State<Arc<AppState<S>>>) -> Response {
     if let Some(record) = &state.store_metrics {
         record();
@@ -361,7 +317,8 @@ mod tests {
     use axum::body::Body;
     use axum::http::Request;
     use tollgate_core::SystemClock;
-    use tollgate_policy::Policy;
+    use tollgate_envoy::Health;
+    use tollgate_policy::{Enforcer, Policy};
     use tollgate_store::{MemoryConfig, MemoryStore};
     use tower::ServiceExt;
 

@@ -25,17 +25,16 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use axum::Json;
-use axum::extract::{Request, State};
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tokio::sync::watch;
-use tollgate_core::{Clock, Nanos, Store};
+use tollgate_core::{Clock, Nanos};
 use tollgate_policy::{Decided, Observer, Policy, Reload};
 
-use super::http::AppState;
 use super::kept::kept;
-use super::{admin, auth, metrics, reload};
+use super::metrics;
+use super::store_health::StoreHealth;
 
 mod top_k;
 
@@ -291,7 +290,7 @@ impl Live {
         let seen = ReloadSeen {
             at_ms: millis(at),
             trigger: metrics::trigger_label(attempt.trigger),
-            result: reload::result_label(attempt),
+            result: metrics::result_label(attempt),
             error: attempt.outcome.as_ref().err().map(ToString::to_string),
         };
         let mut config = lock(&self.config);
@@ -621,59 +620,6 @@ struct StoreView {
     health: Option<StoreHealth>,
 }
 
-/// What the store reports of itself (see `Backend::health`).
-#[derive(Debug, Serialize)]
-pub(crate) struct StoreHealth {
-    /// `memory`, `redis`, `redis, hybrid`, `redis cluster`, ...
-    pub(crate) kind: &'static str,
-    /// The memory store's, when it is the store.
-    pub(crate) memory: Option<MemoryHealth>,
-    /// The Redis stack's, with `--redis`.
-    pub(crate) redis: Option<RedisHealth>,
-    /// Hybrid mode's, with `--hybrid`.
-    pub(crate) hybrid: Option<HybridHealth>,
-}
-
-/// The memory store's keys and what `--max-keys` cost.
-#[derive(Debug, Serialize)]
-pub(crate) struct MemoryHealth {
-    pub(crate) keys: usize,
-    pub(crate) evictions: u64,
-    pub(crate) refusals: u64,
-}
-
-/// The Redis stack's counters and its breaker.
-#[derive(Debug, Serialize)]
-pub(crate) struct RedisHealth {
-    pub(crate) checks: u64,
-    pub(crate) errors: u64,
-    pub(crate) timeouts: u64,
-    pub(crate) refunds: u64,
-    pub(crate) deny_cache_hits: u64,
-    /// `closed`, `half_open` or `open`.
-    pub(crate) breaker: &'static str,
-    pub(crate) breaker_opens: u64,
-    /// Limits decided without Redis, by failure policy.
-    pub(crate) fallbacks: Fallbacks,
-}
-
-/// Limits decided by each failure policy.
-#[derive(Debug, Serialize)]
-pub(crate) struct Fallbacks {
-    pub(crate) fail_open: u64,
-    pub(crate) fail_closed: u64,
-    pub(crate) local: u64,
-}
-
-/// Hybrid mode's leases.
-#[derive(Debug, Serialize)]
-pub(crate) struct HybridHealth {
-    pub(crate) local_decisions: u64,
-    pub(crate) redis_checks: u64,
-    pub(crate) units_leased: u64,
-    pub(crate) units_returned: u64,
-}
-
 #[derive(Debug, Serialize)]
 struct ConfigView {
     source: String,
@@ -716,27 +662,20 @@ pub(crate) async fn page() -> Response {
         .into_response()
 }
 
-/// `GET /live.json`: behind the admin token when there is one.
-pub(crate) async fn json<S: Store + 'static>(
-    State(state): State<Arc<AppState<S>>>,
-    request: Request,
+/// `GET /live.json`'s answer: what `live` shows of `policy`, with the rules
+/// and domains the kill switch turned off and what the store says of
+/// itself.
+pub(crate) fn json(
+    live: &Live,
+    policy: &Policy,
+    disabled: impl IntoIterator<Item = (String, Option<String>)>,
+    store: Option<StoreHealth>,
 ) -> Response {
-    if let Some(token) = &state.admin_token
-        && !auth::admits(std::slice::from_ref(token), admin::authorization(&request))
-    {
-        return admin::unauthorized("admin token");
-    }
-    let disabled = state
-        .enforcer
-        .kill_switch()
-        .disabled()
+    let disabled = disabled
         .into_iter()
         .map(|(domain, rule)| Disabled { domain, rule })
         .collect();
-    let store = state.store_health.as_ref().map(|health| health());
-    let snapshot = state
-        .live
-        .snapshot(&state.enforcer.policy(), disabled, store);
+    let snapshot = live.snapshot(policy, disabled, store);
     (
         [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))],
         Json(snapshot),

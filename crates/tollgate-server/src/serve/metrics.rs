@@ -17,10 +17,12 @@ use std::time::Duration;
 use metrics::{counter, describe_counter, describe_gauge, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use tollgate_core::StoreError;
-use tollgate_policy::{Decided, Descriptor, FailurePolicy, Observer, Rule, State, Trigger};
-use tollgate_store::{BreakerState, MemoryStats};
+use tollgate_policy::{
+    Decided, Descriptor, FailurePolicy, Observer, Reload, ReloadError, Rule, State, Trigger,
+};
+use tollgate_redis::RedisStats;
+use tollgate_store::{BreakerState, DenyCacheStats, FallbackStats, HybridStats, MemoryStats};
 
-use super::backend::StackStats;
 use super::kept::kept;
 
 pub(super) mod envoy_stats;
@@ -168,7 +170,6 @@ pub(crate) fn install(
         "Limits decided by their failure policy because the store failed."
     );
     describe_counter!(CONFIG_RELOADS, "Config reloads by result and trigger.");
-    super::record::describe();
     describe_counter!(REDIS_CHECKS, "Checks decided by Redis.");
     describe_counter!(
         REDIS_DENY_CACHE_HITS,
@@ -440,6 +441,16 @@ pub(crate) fn config_reload(trigger: Trigger, result: &'static str) {
     counter!(CONFIG_RELOADS, "result" => result, "trigger" => trigger_label(trigger)).increment(1);
 }
 
+/// How a reload attempt ended: `ok`, `refused` (valid, but the safeguards
+/// kept the last good config) or `error`.
+pub(crate) fn result_label(reload: &Reload) -> &'static str {
+    match &reload.outcome {
+        Ok(_) => "ok",
+        Err(ReloadError::Refused { .. }) => "refused",
+        Err(_) => "error",
+    }
+}
+
 /// The `trigger` label of a reload: `watch`, `xds` or `admin`.
 pub(crate) fn trigger_label(trigger: Trigger) -> &'static str {
     // Only `POST /admin/reload` reloads on demand.
@@ -455,6 +466,16 @@ pub(crate) fn memory(stats: &MemoryStats) {
     gauge!(MEMORY_KEYS).set(stats.keys as f64);
     counter!(MEMORY_EVICTIONS).absolute(stats.evictions);
     counter!(MEMORY_REFUSALS).absolute(stats.refusals);
+}
+
+/// The counters of every part of the Redis stack, for metrics.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StackStats {
+    pub(crate) redis: RedisStats,
+    pub(crate) deny_cache: DenyCacheStats,
+    pub(crate) fallback: FallbackStats,
+    /// With `--hybrid` only.
+    pub(crate) hybrid: Option<HybridStats>,
 }
 
 /// Copies the Redis stack's counters into the registry (they are monotonic

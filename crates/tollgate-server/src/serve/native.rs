@@ -45,8 +45,8 @@ use tollgate_http::HeaderStyle;
 use tollgate_http::headers::reports;
 use tollgate_policy::{Descriptor, Entry, LimitOverride, Request, Unit, parse_duration};
 
-use super::http::{ApiError, AppState};
 use super::metrics::{self, Api, CheckResult};
+use super::state::{ApiError, AppState};
 use tollgate_http::headers::ceil_millis;
 use tollgate_policy::{AdHoc, Check, DescriptorVerdict, Enforcer, Permit, Verdict};
 

@@ -77,20 +77,10 @@ pub(crate) fn pushed(source: String) -> Reloader {
     Reloader::pushed(source, safeguards)
 }
 
-/// How a reload attempt ended: `ok`, `refused` (valid, but the safeguards
-/// kept the last good config) or `error`.
-pub(crate) fn result_label(reload: &Reload) -> &'static str {
-    match &reload.outcome {
-        Ok(_) => "ok",
-        Err(ReloadError::Refused { .. }) => "refused",
-        Err(_) => "error",
-    }
-}
-
 /// Logs and counts one reload attempt (the live page notes it too, see
 /// `serve::launch`).
 pub(crate) fn observe(reload: &Reload) {
-    metrics::config_reload(reload.trigger, result_label(reload));
+    metrics::config_reload(reload.trigger, metrics::result_label(reload));
     match &reload.outcome {
         Ok(domains) => {
             tracing::info!(path = %reload.path.display(), ?domains, "config reloaded");
