@@ -14,7 +14,8 @@ use tollgate_envoy::SettingsError;
 use tollgate_envoy::settings::{self, EnvoySettings, Flag, Given};
 use tracing_subscriber::EnvFilter;
 
-use super::{Args, RedisUrl, ServeFlags, live};
+use super::args::{Args, RedisUrl, ServeFlags};
+use super::live;
 
 /// Whether the process was started under the name `ratelimit`
 /// (envoyproxy/ratelimit's `/bin/ratelimit`), busybox-style.
