@@ -9,12 +9,12 @@
 //! policy's rules start empty. A rule made from a request's limit override
 //! keeps nothing: it lives as long as that request.
 
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 
 use tollgate_policy::Rule;
 
-use super::live::{Live, Series};
-use super::metrics::envoy_stats::Series as EnvoyStats;
+use super::live::series::Series;
+use super::metrics::envoy_stats::series::Series as EnvoyStats;
 
 /// Every `result` label a descriptor with a rule can carry
 /// ([`tollgate_policy::DescriptorVerdict::result`]); a label not listed is
@@ -41,10 +41,10 @@ pub(crate) struct Kept {
     /// envoyproxy/ratelimit's series of a rule of its format, when its stats
     /// key is the rule's own (it carries no request values).
     pub(crate) envoy_stats: OnceLock<EnvoyStats>,
-    /// The live page's series, by result, with the page that made them: a
-    /// rule observed by another page (two services sharing a policy) counts
-    /// the slower way.
-    pub(crate) live: PerResult<(Weak<Live>, Arc<Series>)>,
+    /// The live page's series, by result, with the id of the page that made
+    /// them: a rule observed by another page (two services sharing a
+    /// policy) counts the slower way.
+    pub(crate) live: PerResult<(u64, Arc<Series>)>,
 }
 
 /// What `rule` keeps: `None` for a rule made for one request (or if

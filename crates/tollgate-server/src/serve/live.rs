@@ -20,7 +20,7 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -36,8 +36,10 @@ use super::kept::kept;
 use super::metrics;
 use super::store_health::StoreHealth;
 
+pub(crate) mod series;
 mod top_k;
 
+pub(crate) use series::Series;
 use top_k::SpaceSaving;
 
 /// Where the page polls.
@@ -62,16 +64,6 @@ const PAGE: &str = include_str!("live/page.html");
 const PAGE_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; \
     style-src 'unsafe-inline'; connect-src 'self'; img-src data:; \
     base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
-
-/// One (domain, rule, result) counter. Ad-hoc checks have neither domain nor
-/// rule.
-#[derive(Debug)]
-pub(crate) struct Series {
-    domain: Option<Box<str>>,
-    rule: Option<Box<str>>,
-    result: &'static str,
-    count: AtomicU64,
-}
 
 /// One domain's counters: by rule, one series per result. Hashed with
 /// foldhash, not SipHash: two lookups on every decision, by keys from the
@@ -183,6 +175,10 @@ struct ReloadSeen {
 /// What the live page shows, gathered as the service runs; see the module
 /// docs.
 pub(crate) struct Live {
+    /// Which page this is, among those of the process: what a rule's kept
+    /// series are checked against (a number never reused, where an address
+    /// could be).
+    id: u64,
     clock: Arc<dyn Clock>,
     index: ArcSwap<Index>,
     /// Held while a new series is added, so two adders do not lose one.
@@ -214,7 +210,10 @@ impl Live {
             at: loaded_at,
             totals: Vec::new(),
         });
+        /// The next page's id.
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             clock,
             index: ArcSwap::default(),
             grow: Mutex::new(()),
@@ -459,14 +458,11 @@ impl Observer for Observe {
             // The rule keeps its series, made by this page.
             let series = kept.and_then(|kept| {
                 kept.live.get(result, || {
-                    (
-                        Arc::downgrade(live),
-                        live.series(decided.domain, rule, result),
-                    )
+                    (live.id, live.series(decided.domain, rule, result))
                 })
             });
             match series {
-                Some((page, series)) if Weak::as_ptr(page) == Arc::as_ptr(live) => {
+                Some((page, series)) if *page == live.id => {
                     series.count.fetch_add(1, Ordering::Relaxed);
                 }
                 _ => live.count(decided.domain, rule, result),
