@@ -25,20 +25,17 @@ use tollgate_core::{Clock, SystemClock};
 use tollgate_policy::{Policy, PolicyHandle, Reloader, StoreSettings};
 
 mod admin;
+mod answered;
 mod args;
 mod auth;
 mod backend;
 mod envoy_mode;
 mod http;
-mod kept;
 mod listeners;
-mod live;
-mod metrics;
 mod native;
 pub mod record;
 mod reload;
 mod state;
-mod store_health;
 
 pub use args::Args;
 pub use envoy_mode::{invoked_as_ratelimit, ratelimit_command};
@@ -47,11 +44,12 @@ pub use tollgate_envoy::settings::ENVOY_VARIABLES;
 
 use backend::Backend;
 use hyper_util::service::TowerToHyperService;
-use metrics::Api;
 use state::AppState;
 use tollgate_envoy::{GrpcService, Health, RateLimitGrpc};
 use tollgate_gateway::Gateway;
 use tollgate_listen::{Acceptor, Protocol};
+use tollgate_observe::metrics::Api;
+use tollgate_observe::{live, metrics, store_health};
 use tollgate_policy::Enforcer;
 use tollgate_store::FastClock;
 
@@ -324,7 +322,7 @@ async fn launch(
             Arc::clone(&enforcer),
             auth::admits_any(&args.api_token),
             Arc::clone(&reply),
-            |outcome, elapsed| metrics::check(Api::Grpc, outcome.into(), elapsed),
+            |outcome, elapsed| metrics::check(Api::Grpc, answered::envoy(outcome), elapsed),
         ),
         tonic::service::Routes::new(health_service).prepare(),
     );
@@ -390,7 +388,7 @@ async fn launch(
         });
     }
     let gateway_addr = gateway.as_ref().map(Gateway::local_addr);
-    let gateway_task = gateway.map(|g| g.spawn(&enforcer, stopped.clone(), metrics::gateway));
+    let gateway_task = gateway.map(|g| g.spawn(&enforcer, stopped.clone(), answered::gateway));
 
     match (reloader, xds) {
         (Some(reloader), Some(xds)) => {

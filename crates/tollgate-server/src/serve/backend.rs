@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::metrics::StackStats;
-use super::store_health;
 use tollgate_core::{Algorithm, Clock, Lease, Limit, Outcome, Quota, Stamped, Store, StoreError};
 use tollgate_envoy::{RedisFiles, RedisTlsFlags};
+use tollgate_observe::metrics::StackStats;
+use tollgate_observe::store_health;
 use tollgate_policy::StoreSettings;
 use tollgate_redis::{RedisConfig, RedisStore};
 use tollgate_store::{
@@ -421,10 +421,10 @@ impl Backend {
     /// Copies the store's counters into the metrics registry (at each scrape).
     pub(crate) fn record_metrics(&self) {
         match self {
-            Backend::Memory(m) => super::metrics::memory(&m.stats()),
+            Backend::Memory(m) => tollgate_observe::metrics::memory(&m.stats()),
             Backend::Redis(_) => {
                 if let Some(stats) = self.redis_stats() {
-                    super::metrics::redis(&stats);
+                    tollgate_observe::metrics::redis(&stats);
                 }
             }
         }

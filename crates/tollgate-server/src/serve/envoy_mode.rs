@@ -15,7 +15,7 @@ use tollgate_envoy::settings::{self, EnvoySettings, Flag, Given};
 use tracing_subscriber::EnvFilter;
 
 use super::args::{Args, RedisUrl, ServeFlags};
-use super::live;
+use tollgate_observe::live;
 
 /// Whether the process was started under the name `ratelimit`
 /// (envoyproxy/ratelimit's `/bin/ratelimit`), busybox-style.

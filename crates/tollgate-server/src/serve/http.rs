@@ -37,7 +37,8 @@ use tollgate_core::Store;
 use super::admin;
 use super::auth;
 use super::state::{ApiError, AppState};
-use super::{live, metrics, native, reload};
+use super::{answered, native, reload};
+use tollgate_observe::{live, metrics};
 
 /// Which endpoints one listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -249,7 +250,7 @@ async fn authorize_checks<S: Store + 'static>(
 /// `/json`, envoyproxy/ratelimit's door, counted in the check metrics.
 async fn json<S: Store + 'static>(State(state): State<Arc<AppState<S>>>, body: Bytes) -> Response {
     tollgate_envoy::json(&state.enforcer, &state.reply, body, |outcome, elapsed| {
-        metrics::check(metrics::Api::Json, outcome.into(), elapsed);
+        metrics::check(metrics::Api::Json, answered::envoy(outcome), elapsed);
     })
     .await
 }
@@ -322,7 +323,6 @@ mod tests {
     use tollgate_store::{MemoryConfig, MemoryStore};
     use tower::ServiceExt;
 
-    use super::super::metrics;
     use super::*;
 
     fn test_live() -> Arc<live::Live> {

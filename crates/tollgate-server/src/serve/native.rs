@@ -45,9 +45,9 @@ use tollgate_http::HeaderStyle;
 use tollgate_http::headers::reports;
 use tollgate_policy::{Descriptor, Entry, LimitOverride, Request, Unit, parse_duration};
 
-use super::metrics::{self, Api, CheckResult};
 use super::state::{ApiError, AppState};
 use tollgate_http::headers::ceil_millis;
+use tollgate_observe::metrics::{self, Api, CheckResult};
 use tollgate_policy::{AdHoc, Check, DescriptorVerdict, Enforcer, Permit, Verdict};
 
 /// A check against the policy.

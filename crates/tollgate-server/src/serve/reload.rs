@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tollgate_policy::{ConfigFiles, Refusal, Reload, ReloadError, Reloader, Safeguards};
 
-use super::metrics;
+use tollgate_observe::metrics;
 
 /// How often the watcher looks at the config. A change is loaded at the
 /// second look that sees it (once the files have held still for a poll).

@@ -11,8 +11,8 @@ use tollgate_envoy::Health;
 use tollgate_policy::{Enforcer, Reloader};
 
 use super::auth::Token;
-use super::live;
-use super::store_health;
+use tollgate_observe::live;
+use tollgate_observe::store_health;
 
 /// What every handler shares.
 pub(crate) struct AppState<S> {

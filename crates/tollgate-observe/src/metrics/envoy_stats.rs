@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use tollgate_policy::{Decided, DescriptorVerdict, Rule, State};
 
 use super::bounded::bounded;
-use crate::serve::kept::kept;
+use crate::kept::kept;
 
 pub(crate) mod series;
 
@@ -27,7 +27,7 @@ pub(crate) use series::NAMES;
 use series::Series;
 
 /// Their help texts, as envoyproxy/ratelimit's README describes the stats.
-pub(super) const HELP: [&str; 5] = [
+pub(crate) const HELP: [&str; 5] = [
     "Hits of an envoyproxy/ratelimit rule (its hits_addend each).",
     "Hits over the rule's limit.",
     "Hits over NEAR_LIMIT_RATIO (80% by default) of the rule's limit but within it.",
@@ -43,7 +43,7 @@ const FAMILY: &str = "ratelimit_service_rate_limit";
 static NEAR_LIMIT_RATIO: AtomicU32 = AtomicU32::new(0x3f4c_cccd);
 
 /// Sets `NEAR_LIMIT_RATIO` for the process (its stats are global too).
-pub(crate) fn set_near_limit_ratio(ratio: f32) {
+pub fn set_near_limit_ratio(ratio: f32) {
     NEAR_LIMIT_RATIO.store(ratio.to_bits(), Ordering::Relaxed);
 }
 
@@ -117,7 +117,7 @@ fn descriptor_counts(verdict: &DescriptorVerdict, rule: &Rule, cost: u64) -> Opt
 
 /// Counts the descriptor at `index` of `decided`, matched by `rule` of
 /// `domain`, in envoyproxy/ratelimit's series.
-pub(super) fn record(decided: &Decided<'_>, index: usize, domain: &str, rule: &Rule) {
+pub(crate) fn record(decided: &Decided<'_>, index: usize, domain: &str, rule: &Rule) {
     let (Some(verdict), Some(descriptor)) = (
         decided.verdict.descriptors.get(index),
         decided.descriptors.get(index),

@@ -32,9 +32,9 @@ use tokio::sync::watch;
 use tollgate_core::{Clock, Nanos};
 use tollgate_policy::{Decided, Observer, Policy, Reload};
 
-use super::kept::kept;
-use super::metrics;
-use super::store_health::StoreHealth;
+use crate::kept::kept;
+use crate::metrics;
+use crate::store_health::StoreHealth;
 
 pub(crate) mod series;
 mod top_k;
@@ -43,15 +43,15 @@ pub(crate) use series::Series;
 use top_k::SpaceSaving;
 
 /// Where the page polls.
-pub(crate) const JSON_PATH: &str = "/live.json";
+pub const JSON_PATH: &str = "/live.json";
 /// Counters of each top-K: its memory bound, and what its error bound
 /// divides the denials by.
-pub(crate) const TOP_KEYS: usize = 64;
+pub const TOP_KEYS: usize = 64;
 /// The longest key a top-K keeps, in bytes: descriptor values are the
 /// client's, so they are cut (at a character boundary) to bound memory.
 const KEY_BYTES: usize = 200;
 /// How often the counters are sampled.
-pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// Samples kept: a minute of per-second history.
 const SAMPLES: usize = 61;
 /// The span the per-second rates are averaged over.
@@ -174,7 +174,7 @@ struct ReloadSeen {
 
 /// What the live page shows, gathered as the service runs; see the module
 /// docs.
-pub(crate) struct Live {
+pub struct Live {
     /// Which page this is, among those of the process: what a rule's kept
     /// series are checked against (a number never reused, where an address
     /// could be).
@@ -203,7 +203,7 @@ impl Live {
     /// Nothing seen yet; the config from `source` is version 1, loaded now.
     /// The first sample (every counter at zero) is taken now, before any
     /// decision, so that rates count every decision from the start.
-    pub(crate) fn new(clock: Arc<dyn Clock>, source: String) -> Self {
+    pub fn new(clock: Arc<dyn Clock>, source: String) -> Self {
         let loaded_at = clock.now();
         let mut samples = VecDeque::with_capacity(SAMPLES);
         samples.push_back(Sample {
@@ -284,7 +284,7 @@ impl Live {
     }
 
     /// Notes one reload attempt: a config put in force is the next version.
-    pub(crate) fn reloaded(&self, attempt: &Reload) {
+    pub fn reloaded(&self, attempt: &Reload) {
         let at = self.clock.now();
         let seen = ReloadSeen {
             at_ms: millis(at),
@@ -427,7 +427,7 @@ const OVER_LIMIT: &str = "over_limit";
 const SHADOW_OVER_LIMIT: &str = "shadow_over_limit";
 
 /// Samples the counters every [`SAMPLE_EVERY`] until the shutdown signal.
-pub(crate) async fn sample(live: Arc<Live>, mut stopped: watch::Receiver<()>) {
+pub async fn sample(live: Arc<Live>, mut stopped: watch::Receiver<()>) {
     // The first sample was taken when `live` was made.
     let first = tokio::time::Instant::now() + SAMPLE_EVERY;
     let mut ticks = tokio::time::interval_at(first, SAMPLE_EVERY);
@@ -441,7 +441,7 @@ pub(crate) async fn sample(live: Arc<Live>, mut stopped: watch::Receiver<()>) {
 }
 
 /// The enforcer's observer that feeds a [`Live`].
-pub(crate) struct Observe(pub(crate) Arc<Live>);
+pub struct Observe(pub Arc<Live>);
 
 impl Observer for Observe {
     /// Counts each descriptor that matched a rule (and each ad-hoc check),
@@ -636,7 +636,7 @@ struct Disabled {
 }
 
 /// `GET /`: the page. It holds no data, so it needs no token.
-pub(crate) async fn page() -> Response {
+pub async fn page() -> Response {
     (
         [
             (
@@ -661,7 +661,7 @@ pub(crate) async fn page() -> Response {
 /// `GET /live.json`'s answer: what `live` shows of `policy`, with the rules
 /// and domains the kill switch turned off and what the store says of
 /// itself.
-pub(crate) fn json(
+pub fn json(
     live: &Live,
     policy: &Policy,
     disabled: impl IntoIterator<Item = (String, Option<String>)>,

@@ -13,8 +13,8 @@ use std::sync::{Arc, OnceLock};
 
 use tollgate_policy::Rule;
 
-use super::live::series::Series;
-use super::metrics::envoy_stats::series::Series as EnvoyStats;
+use crate::live::series::Series;
+use crate::metrics::envoy_stats::series::Series as EnvoyStats;
 
 /// Every `result` label a descriptor with a rule can carry
 /// ([`tollgate_policy::DescriptorVerdict::result`]); a label not listed is

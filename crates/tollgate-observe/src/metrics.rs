@@ -22,14 +22,14 @@ use tollgate_policy::{
 use tollgate_redis::RedisStats;
 use tollgate_store::{BreakerState, DenyCacheStats, FallbackStats, HybridStats, MemoryStats};
 
-use super::kept::kept;
+use crate::kept::kept;
 
 mod bounded;
-pub(super) mod envoy_stats;
+pub(crate) mod envoy_stats;
 
 use bounded::bounded;
 
-pub(crate) use envoy_stats::set_near_limit_ratio;
+pub use envoy_stats::set_near_limit_ratio;
 mod hot;
 
 /// Requests answered, by API (`grpc`, `json`, `v1`, `gateway`) and result
@@ -93,7 +93,7 @@ const OVERRIDE_LABEL: &str = "override";
 
 /// Which API answered a request.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Api {
+pub enum Api {
     /// gRPC `ShouldRateLimit`.
     Grpc,
     /// `POST /json`.
@@ -117,7 +117,7 @@ impl Api {
 
 /// How a request was answered.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum CheckResult {
+pub enum CheckResult {
     /// Allowed.
     Ok,
     /// Denied.
@@ -126,26 +126,16 @@ pub(crate) enum CheckResult {
     Invalid,
 }
 
-impl From<tollgate_envoy::Outcome> for CheckResult {
-    fn from(outcome: tollgate_envoy::Outcome) -> Self {
-        match outcome {
-            tollgate_envoy::Outcome::Ok => CheckResult::Ok,
-            tollgate_envoy::Outcome::OverLimit => CheckResult::OverLimit,
-            tollgate_envoy::Outcome::Invalid => CheckResult::Invalid,
-        }
-    }
-}
-
 /// A Prometheus recorder (not installed) with this service's buckets and help
 /// texts; the caller installs it or keeps it local (tests).
-pub(crate) fn recorder() -> Result<metrics_exporter_prometheus::PrometheusRecorder, BuildError> {
+pub fn recorder() -> Result<metrics_exporter_prometheus::PrometheusRecorder, BuildError> {
     Ok(PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_duration_seconds".into()), &BUCKETS)?
         .build_recorder())
 }
 
 /// Installs `recorder` as the process's recorder and describes every metric.
-pub(crate) fn install(
+pub fn install(
     recorder: metrics_exporter_prometheus::PrometheusRecorder,
 ) -> Result<
     PrometheusHandle,
@@ -212,7 +202,7 @@ pub(crate) fn install(
 }
 
 /// The label a rule's metrics (and the live page) carry.
-pub(crate) fn rule_label(rule: &Rule) -> &str {
+pub fn rule_label(rule: &Rule) -> &str {
     // Rules made from a request's limit override are named `override:<values>`.
     if rule.id().starts_with("override:") {
         OVERRIDE_LABEL
@@ -222,7 +212,7 @@ pub(crate) fn rule_label(rule: &Rule) -> &str {
 }
 
 /// Records one answered request.
-pub(crate) fn check(api: Api, result: CheckResult, elapsed: Duration) {
+pub fn check(api: Api, result: CheckResult, elapsed: Duration) {
     let (column, result) = match result {
         CheckResult::Ok => (0, "ok"),
         CheckResult::OverLimit => (1, "over_limit"),
@@ -235,17 +225,8 @@ pub(crate) fn check(api: Api, result: CheckResult, elapsed: Duration) {
     }
 }
 
-/// Records one request answered by the gateway: the hook it is spawned with.
-pub(crate) fn gateway(outcome: tollgate_gateway::Outcome, elapsed: Duration) {
-    let result = match outcome {
-        tollgate_gateway::Outcome::Forwarded => CheckResult::Ok,
-        tollgate_gateway::Outcome::Limited => CheckResult::OverLimit,
-    };
-    check(Api::Gateway, result, elapsed);
-}
-
 /// `/metrics`: the exporter's text and the metrics kept in [`hot`].
-pub(crate) fn render(handle: &PrometheusHandle) -> String {
+pub fn render(handle: &PrometheusHandle) -> String {
     let mut text = handle.render();
     hot::render(
         &mut text,
@@ -261,7 +242,7 @@ pub(crate) fn render(handle: &PrometheusHandle) -> String {
 /// The service's [`Observer`]: every decision of the enforcer, whatever the
 /// door (gRPC, `/json`, `/v1/check`, the gateway), counted the same way, and
 /// store failures logged.
-pub(crate) struct Observe;
+pub struct Observe;
 
 impl Observer for Observe {
     /// Counts each matched descriptor's decision (unmatched ones carry no
@@ -402,13 +383,13 @@ fn store_fallback(failure: FailurePolicy) {
 
 /// Records a config reload attempt: `result` is `ok`, `error` (invalid) or
 /// `refused` (valid, but the safeguards kept the last good config).
-pub(crate) fn config_reload(trigger: Trigger, result: &'static str) {
+pub fn config_reload(trigger: Trigger, result: &'static str) {
     counter!(CONFIG_RELOADS, "result" => result, "trigger" => trigger_label(trigger)).increment(1);
 }
 
 /// How a reload attempt ended: `ok`, `refused` (valid, but the safeguards
 /// kept the last good config) or `error`.
-pub(crate) fn result_label(reload: &Reload) -> &'static str {
+pub fn result_label(reload: &Reload) -> &'static str {
     match &reload.outcome {
         Ok(_) => "ok",
         Err(ReloadError::Refused { .. }) => "refused",
@@ -417,7 +398,7 @@ pub(crate) fn result_label(reload: &Reload) -> &'static str {
 }
 
 /// The `trigger` label of a reload: `watch`, `xds` or `admin`.
-pub(crate) fn trigger_label(trigger: Trigger) -> &'static str {
+pub fn trigger_label(trigger: Trigger) -> &'static str {
     // Only `POST /admin/reload` reloads on demand.
     match trigger {
         Trigger::Watch => "watch",
@@ -427,7 +408,7 @@ pub(crate) fn trigger_label(trigger: Trigger) -> &'static str {
 }
 
 /// Copies the memory store's counters into the registry.
-pub(crate) fn memory(stats: &MemoryStats) {
+pub fn memory(stats: &MemoryStats) {
     gauge!(MEMORY_KEYS).set(stats.keys as f64);
     counter!(MEMORY_EVICTIONS).absolute(stats.evictions);
     counter!(MEMORY_REFUSALS).absolute(stats.refusals);
@@ -435,17 +416,20 @@ pub(crate) fn memory(stats: &MemoryStats) {
 
 /// The counters of every part of the Redis stack, for metrics.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct StackStats {
-    pub(crate) redis: RedisStats,
-    pub(crate) deny_cache: DenyCacheStats,
-    pub(crate) fallback: FallbackStats,
+pub struct StackStats {
+    /// The Redis store's.
+    pub redis: RedisStats,
+    /// The deny cache's.
+    pub deny_cache: DenyCacheStats,
+    /// The fallback's and its breaker's.
+    pub fallback: FallbackStats,
     /// With `--hybrid` only.
-    pub(crate) hybrid: Option<HybridStats>,
+    pub hybrid: Option<HybridStats>,
 }
 
 /// Copies the Redis stack's counters into the registry (they are monotonic
 /// in the parts, so each scrape sets them to its latest totals).
-pub(crate) fn redis(stats: &StackStats) {
+pub fn redis(stats: &StackStats) {
     let StackStats {
         redis,
         deny_cache,

@@ -1,0 +1,13 @@
+//! What Tollgate's service observes of each decision, depending on the
+//! enforcer's [`Observer`](tollgate_policy::Observer) alone: the Prometheus
+//! metrics ([`metrics`], with envoyproxy/ratelimit's per-rule stats) and the
+//! live page with its data ([`live`], with what the store says of its health
+//! in [`store_health`]).
+//!
+//! Each observer keeps a rule's series with the rule (its memo), so a
+//! decision counts with one atomic add once its series exist.
+
+mod kept;
+pub mod live;
+pub mod metrics;
+pub mod store_health;
