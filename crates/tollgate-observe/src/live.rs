@@ -7,7 +7,7 @@
 //! [`Live`] gathers what the JSON reports. It watches the enforcer as an
 //! [`Observer`] beside the metrics one: per decided descriptor, one atomic
 //! add on the counter of its (domain, rule, result), which the rule keeps
-//! ([`super::kept`]) once a map read without a lock ([`ArcSwap`]) has found
+//! (`kept`) once a map read without a lock ([`ArcSwap`]) has found
 //! it; a denied (or shadow-denied) descriptor is also offered to a bounded
 //! top-K ([`top_k`]) under a short lock. Rates come from [`sample`], which
 //! copies the counters once a second with the service's clock, so the hot

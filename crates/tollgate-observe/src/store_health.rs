@@ -1,9 +1,9 @@
 //! What the store reports of its health on the live page (`/live.json`):
-//! made by the store (`Backend::health`), shown by the page.
+//! made by the server's store (its `Backend::health`), shown by the page.
 
 use serde::Serialize;
 
-/// What the store reports of itself (see `Backend::health`).
+/// What the store reports of itself (the server's `Backend::health` makes it).
 #[derive(Debug, Serialize)]
 pub struct StoreHealth {
     /// `memory`, `redis`, `redis, hybrid`, `redis cluster`, ...
