@@ -43,7 +43,7 @@ mod store;
 mod token_bucket;
 
 pub use algorithm::{Algorithm, ParseAlgorithmError, StateMachine, Visitor};
-pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, SystemClock};
+pub use clock::{Clock, IntoNanos, ManualClock, MonotonicClock, Nanos, SystemClock};
 pub use concurrency::{Concurrency, ConcurrencyLimiter, Leases, Permit};
 pub use decision::{Decision, most_restrictive};
 pub use duration::{ParseDurationError, format_duration, parse_duration};

@@ -46,8 +46,8 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use smallvec::SmallVec;
 use tollgate_core::{
-    Algorithm, Clock, Decision, Lease, LeaseId, Limit, MonotonicClock, Nanos, Outcome, Quota,
-    Store, StoreError, SystemClock,
+    Algorithm, Clock, Decision, IntoNanos, Lease, LeaseId, Limit, MonotonicClock, Nanos, Outcome,
+    Quota, Store, StoreError, SystemClock,
 };
 
 use crate::{
@@ -1232,7 +1232,7 @@ impl<S: Store> Enforcer<S> {
 /// The decision of a rule that refuses everything: nothing left until the
 /// current `unit` window (aligned to the epoch) ends, and no retry helps.
 pub(crate) fn blocked(unit: Unit, now: Nanos) -> Decision {
-    let unit_ns = u64::try_from(unit.duration().as_nanos()).unwrap_or(u64::MAX);
+    let unit_ns = unit.duration().into_nanos();
     Decision::deny(0, 0, Duration::from_nanos(unit_ns - now % unit_ns), None)
 }
 

@@ -56,13 +56,14 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 use tokio::task::JoinHandle;
+use tollgate_core::IntoNanos;
 use tollgate_core::{
     Algorithm, Clock, Decision, FailurePolicy, Limit, Nanos, Outcome, Quota, Stamped, Store,
     StoreError,
 };
 
 use crate::FastClock;
-use crate::decision::{budget, nanos};
+use crate::decision::budget;
 
 /// How the hybrid wrapper leases.
 #[derive(Debug, Clone)]
@@ -364,7 +365,7 @@ impl<S: Store> Shared<S> {
         outcome: &mut Outcome,
         now: Nanos,
     ) {
-        let ttl = nanos(self.config.lease_ttl);
+        let ttl = self.config.lease_ttl.into_nanos();
         let mut leases = self.leases.lock();
         for (((limit, &extra), &taken_at), decision) in limits
             .iter()

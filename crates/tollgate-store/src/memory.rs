@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
+use tollgate_core::IntoNanos;
 use tollgate_core::{
     Algorithm, Clock, Concurrency, Decision, FixedWindow, Gcra, HitCounter, LeakyBucket,
     LeakyBucketShaping, Lease, LeaseId, Leases, Level, Limit, Log, Nanos, Outcome, SlidingCounter,
@@ -230,7 +231,7 @@ impl<C: Clock> MemoryStore<C> {
                 })
                 .collect(),
             shard_shift: 64 - shards.trailing_zeros(),
-            sweep_ns: u64::try_from(config.sweep_interval.as_nanos()).unwrap_or(u64::MAX),
+            sweep_ns: config.sweep_interval.into_nanos(),
             hashers: Default::default(),
             lease_ids: LeaseIds::default(),
             clock,

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use hashbrown::HashTable;
+use tollgate_core::IntoNanos;
 use tollgate_core::{Decision, Leases, Level, Log, Nanos, Tat, Tokens, WindowCount, WindowPair};
 
 use crate::hot::{HotSlots, Lanes, TatEntries};
@@ -265,7 +266,7 @@ macro_rules! tables {
 /// clock went back: counted from `now`, the entry was swept while still spent.
 #[inline]
 fn until_reset<S: Latest>(state: &S, decision: &Decision, now: Nanos) -> Nanos {
-    let reset = u64::try_from(decision.reset_after().as_nanos()).unwrap_or(u64::MAX);
+    let reset = decision.reset_after().into_nanos();
     now.max(latest(state)).saturating_add(reset)
 }
 
