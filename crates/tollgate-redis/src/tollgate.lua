@@ -17,9 +17,10 @@
 
 local END = 9007199254740992 -- 2^53 us: the end of time on this side
 local B = 16777216 -- 2^24, the limb base
--- Set by `run`: a function library's top level runs where only `redis` is
--- defined, so Lua's libraries are reached at call time (once per call, as
--- upvalues: a global's lookup costs a check about 185 instructions).
+-- Set by the first `run`: a function library's top level runs where only
+-- `redis` is defined, so Lua's libraries are reached at call time, once, as
+-- upvalues (which outlive a call): a global's lookup costs a check about
+-- 185 instructions.
 local floor, max, min, ceil
 local struct_pack, struct_unpack, format
 -- A call to one of those C functions costs a check in Redis about 360
@@ -648,10 +649,10 @@ end
 -- `o` entries are packed.
 local nums = {}
 
--- Checks one request (its argument `blob`, its keys after keys[k]),
--- appending {t, all_allowed, 5 per limit} packed to `parts`; writes only when
--- every limit admits and `commit`. Returns the index of its last key.
-local function check_request(parts, blob, k, commit)
+-- Checks one request (its argument `blob`, its keys after keys[k]); writes
+-- only when every limit admits and `commit`. Returns its reply, {t,
+-- all_allowed, 5 per limit} packed, and the index of its last key.
+local function check_request(blob, k, commit)
   local t, count, pos = struct_unpack('<dd', blob)
   t = time_of(t)
   nums[1] = t
@@ -701,11 +702,9 @@ local function check_request(parts, blob, k, commit)
   end
   if o == 7 then
     -- One limit, the commonest request: packed without `unpack`.
-    parts[#parts + 1] = struct_pack('<ddddddd', nums[1], nums[2], nums[3], nums[4], nums[5], nums[6], nums[7])
-  else
-    parts[#parts + 1] = packed(nums, 1, o)
+    return struct_pack('<ddddddd', nums[1], nums[2], nums[3], nums[4], nums[5], nums[6], nums[7]), k
   end
-  return k
+  return packed(nums, 1, o), k
 end
 
 -- Loads every string state of the call's requests (args[from..to]) before
@@ -838,8 +837,10 @@ end
 -- packed as little-endian doubles in one string. For "r": {t}; for "l": {}.
 local function run(call_keys, args)
   keys, redis_now = call_keys, nil
-  floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
-  struct_pack, struct_unpack, format = struct.pack, struct.unpack, string.format
+  if not format then
+    floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
+    struct_pack, struct_unpack, format = struct.pack, struct.unpack, string.format
+  end
   committed = {}
   if #order > 0 then
     -- A call that failed half-way left its request's states.
@@ -866,9 +867,14 @@ local function run(call_keys, args)
     elseif to > from then
       prefetch(args, from, to, false)
     end
+    if to == from then
+      -- One request, the commonest call where callers are few: its reply
+      -- without a table to join.
+      return (check_request(args[from], 0, op ~= 'd'))
+    end
     local parts, k = {}, 0
     for r = from, to do
-      k = check_request(parts, args[r], k, op ~= 'd')
+      parts[r - from + 1], k = check_request(args[r], k, op ~= 'd')
     end
     return table.concat(parts)
   elseif op == 'r' then
