@@ -34,7 +34,7 @@ use redis::RedisResult;
 use crate::conn::Conn;
 use crate::script::{MAX_MICROS, Params};
 
-pub(crate) use crate::keys::window_key;
+use crate::keys::window_key;
 
 /// How often [`RedisClock`] reads Redis's `TIME` again.
 const RESYNC: Duration = Duration::from_secs(10);

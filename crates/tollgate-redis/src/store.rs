@@ -629,7 +629,7 @@ impl RedisStore {
             ) {
                 // A count per window: the current one, and those beside it
                 // that a clock a little apart from this one counts in.
-                let period = crate::script::micros_up(limit.quota.period_ns()).max(1);
+                let period = crate::script::micros_up(limit.quota.period_ns());
                 let window = self.known_now_us()? / period;
                 for w in window.saturating_sub(1)..=window.saturating_add(1) {
                     del.arg(window_key(&key, w));
