@@ -12,7 +12,8 @@ use tollgate_core::{
 use crate::batch::{BatchError, Batcher, Job};
 use crate::code::{Code, Kind};
 use crate::conn::{Conn, ConnectError, connect};
-use crate::keys::{redis_keys, slot};
+use crate::keys::{redis_keys, slot, window_key};
+use crate::native::{Plan, RedisClock, Window};
 use crate::nodes::NodeBatchers;
 use crate::script::{self, MAX_MICROS, Params, decode, parse_check};
 use crate::stats::{Counters, bump};
@@ -32,8 +33,10 @@ pub struct RedisStore {
     code: Arc<Code>,
     batching: Batching,
     config: RedisConfig,
-    /// The injected clock, if checks do not read Redis's.
-    clock: Option<Arc<dyn Clock>>,
+    /// Where checks' time comes from.
+    time: Time,
+    /// Whether the server takes `PEXPIRE … NX` (Redis ≥ 7.0).
+    pexpire_nx: bool,
     counters: Counters,
     /// Lease ids: a counter, and a keyed hash (SipHash, a pseudo-random
     /// function) of it under this key, random per store, so that no id can
@@ -49,6 +52,15 @@ impl std::fmt::Debug for RedisStore {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
+}
+
+/// Where checks' time comes from.
+enum Time {
+    /// An injected clock, passed to the script with each request.
+    Injected(Arc<dyn Clock>),
+    /// Redis's: the script reads `TIME`; native counting, which needs the
+    /// time before it sends, reads Redis's clock as followed here.
+    Redis(Arc<RedisClock>),
 }
 
 /// Where concurrent checks share calls.
@@ -92,11 +104,18 @@ impl RedisStore {
             )));
         }
         let conn = connect(url, &config.tls).await?;
-        let clock = match &config.time {
-            TimeSource::Redis => None,
-            TimeSource::Clock(clock) => Some(Arc::clone(clock)),
-        };
         let code = Arc::new(Code::detect(&conn, config.functions).await?);
+        let time = match &config.time {
+            TimeSource::Redis => Time::Redis(RedisClock::start(&conn).await?),
+            TimeSource::Clock(clock) => Time::Injected(Arc::clone(clock)),
+        };
+        // A key no check uses: the answer is 0 where NX is understood.
+        let mut probe = redis::cmd("PEXPIRE");
+        probe
+            .arg(format!("{}:probe", config.prefix))
+            .arg(1)
+            .arg("NX");
+        let pexpire_nx = conn.query::<i64>(&probe).await.is_ok();
         let extra_ms = u64::try_from(config.extra_ttl.as_millis()).unwrap_or(u64::MAX);
         let (max, timeout) = (config.max_batch, config.timeout);
         let start = {
@@ -129,7 +148,8 @@ impl RedisStore {
             code,
             batching,
             counters: Counters::default(),
-            clock,
+            time,
+            pexpire_nx,
             lease_secret: RandomState::new(),
             next_lease: AtomicU64::new(0),
             config,
@@ -181,7 +201,7 @@ impl RedisStore {
     /// The requests' time: `None` for Redis's `TIME`, else the injected
     /// clock in µs.
     fn now_us(&self) -> Result<Option<u64>, StoreError> {
-        let Some(clock) = &self.clock else {
+        let Time::Injected(clock) = &self.time else {
             return Ok(None);
         };
         let now: Nanos = clock.now();
@@ -192,6 +212,87 @@ impl RedisStore {
             )));
         }
         Ok(Some(us))
+    }
+
+    /// The time of a check that must know it before it sends (native
+    /// counting), in µs: the injected clock's, else Redis's as followed here.
+    fn known_now_us(&self) -> Result<u64, StoreError> {
+        match &self.time {
+            Time::Injected(_) => Ok(self.now_us()?.unwrap_or_default()),
+            Time::Redis(clock) => Ok(clock.now_us()),
+        }
+    }
+
+    fn extra_ms(&self) -> u64 {
+        u64::try_from(self.config.extra_ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Sets `key`'s TTL in `pipe` unless it has one (on Redis before 7.0,
+    /// whatever it has: native counting's TTLs end at the window's end, so
+    /// setting one again moves nothing). Its answer is ignored.
+    fn expire_once(&self, pipe: &mut redis::Pipeline, key: &str, ttl_ms: u64) {
+        pipe.cmd("PEXPIRE").arg(key).arg(ttl_ms);
+        if self.pexpire_nx {
+            pipe.arg("NX");
+        }
+        pipe.ignore();
+    }
+
+    /// A fixed window or hit counter checked alone: native commands, no
+    /// script (native.rs).
+    async fn check_native(
+        &self,
+        limit: &Limit<'_>,
+        prepared: &Prepared,
+        hit_counter: bool,
+    ) -> Result<Stamped, StoreError> {
+        let now_us = self.known_now_us()?;
+        let window = Window::new(
+            &prepared.key,
+            prepared.params,
+            hit_counter,
+            now_us,
+            self.extra_ms(),
+        );
+        let answer: Option<i64> = match window.plan {
+            Plan::Read => {
+                let mut get = redis::cmd("GET");
+                get.arg(&window.key);
+                self.timed(self.conn.query(&get)).await?
+            }
+            Plan::Count { ttl_ms } => {
+                // An increment past i64::MAX (a hit counter hit over 2^11
+                // times at the largest cost in one window) is refused by
+                // Redis: an error, never a wrapped count.
+                let mut pipe = redis::pipe();
+                pipe.cmd("INCRBY")
+                    .arg(&window.key)
+                    .arg(prepared.params.cost);
+                self.expire_once(&mut pipe, &window.key, ttl_ms);
+                let (count,): (i64,) = self.timed(self.conn.query_pipe(&pipe)).await?;
+                Some(count)
+            }
+        };
+        let reply = window.decide(answer);
+        let refund = window.refund(reply[2] == 1);
+        if let (Plan::Count { ttl_ms }, true) = (&window.plan, refund > 0) {
+            // The TTL again, in case the window's key expired in between:
+            // a count made anew by DECRBY must not outlive its window.
+            let mut pipe = redis::pipe();
+            pipe.cmd("DECRBY").arg(&window.key).arg(refund).ignore();
+            self.expire_once(&mut pipe, &window.key, *ttl_ms);
+            if let Err(e) = self.timed(self.conn.query_pipe::<()>(&pipe)).await {
+                // The units stay taken until the window ends: stricter,
+                // never looser, and the deny stands.
+                tracing::warn!(error = %e, "giving back a denied fixed window's units failed");
+            }
+        }
+        let (now_us, _, decisions) = parse_check(&reply, &[limit.capacity()])?;
+        bump(&self.counters.redis_checks);
+        Ok(Stamped {
+            outcome: Outcome::new(decisions.into()),
+            decided_at: Some(smallvec![now_us]),
+        })
     }
 
     /// The keys of `members` in the script's order: each limit's state key,
@@ -219,7 +320,7 @@ impl RedisStore {
         for key in keys {
             call.arg(key);
         }
-        let extra_ms = u64::try_from(self.config.extra_ttl.as_millis()).unwrap_or(u64::MAX);
+        let extra_ms = self.extra_ms();
         let op = match op {
             Op::Check => "c",
             Op::Dry => "d",
@@ -490,6 +591,15 @@ impl RedisStore {
             });
         }
         let prepared = self.prepare(limits)?;
+        // All-or-nothing across limits needs the script (a check, then a
+        // write only if every limit admits); one counting limit does not.
+        if let ([limit], [p]) = (limits, prepared.as_slice()) {
+            match limit.algorithm {
+                Algorithm::FixedWindow => return self.check_native(limit, p, false).await,
+                Algorithm::HitCounter => return self.check_native(limit, p, true).await,
+                _ => {}
+            }
+        }
         self.check_redis(limits, &prepared).await
     }
 
@@ -513,6 +623,18 @@ impl RedisStore {
             let (key, aux) = redis_keys(&self.config.prefix, limit.algorithm, limit.key);
             let mut del = redis::cmd("DEL");
             del.arg(&key).arg(&aux);
+            if matches!(
+                limit.algorithm,
+                Algorithm::FixedWindow | Algorithm::HitCounter
+            ) {
+                // A count per window: the current one, and those beside it
+                // that a clock a little apart from this one counts in.
+                let period = crate::script::micros_up(limit.quota.period_ns());
+                let window = self.known_now_us()? / period;
+                for w in window.saturating_sub(1)..=window.saturating_add(1) {
+                    del.arg(window_key(&key, w));
+                }
+            }
             self.timed(self.conn.query::<i64>(&del)).await?;
         }
         Ok(())

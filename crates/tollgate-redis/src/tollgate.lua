@@ -17,9 +17,10 @@
 
 local END = 9007199254740992 -- 2^53 us: the end of time on this side
 local B = 16777216 -- 2^24, the limb base
--- Set by `run`: a function library's top level runs where only `redis` is
--- defined, so Lua's libraries are reached at call time (once per call, as
--- upvalues: a global's lookup costs a check about 185 instructions).
+-- Set by the first `run`: a function library's top level runs where only
+-- `redis` is defined, so Lua's libraries are reached at call time, once, as
+-- upvalues (which outlive a call): a global's lookup costs a check about
+-- 185 instructions.
 local floor, max, min, ceil
 local struct_pack, struct_unpack, format
 -- A call to one of those C functions costs a check in Redis about 360
@@ -145,10 +146,10 @@ end
 
 -- String states are as small as Redis holds them, since every key of a
 -- limit costs memory for as long as it lives:
--- - GCRA's and shaping's one time is a decimal integer, which Redis keeps in
+-- - GCRA's and shaping's one time, and a fixed window's or hit counter's
+--   count (one key per window), are decimal integers, which Redis keeps in
 --   the value's pointer (no allocation at all);
--- - a time and an amount (token bucket, leaky bucket, fixed window, hit
---   counter) are 12 bytes, the time in 7 and the amount in 5, while the
+-- - a time and an amount (token bucket, leaky bucket) are 12 bytes, the time in 7 and the amount in 5, while the
 --   amount is below 2^40 (else two doubles, 16 bytes): Redis allocates a
 --   12-byte value with its object in 32 bytes, a 16-byte one in 48;
 -- - the sliding counter's three numbers are three doubles.
@@ -229,12 +230,16 @@ local function value_of(key)
 end
 
 -- Stages `v` as the new value of the string state `key`, written when the
--- request is admitted.
-local function stage(key, v)
+-- request is admitted; with `ttl`, the TTL (us) it is to be written with
+-- (else the one its limit's step returns).
+local function stage(key, v, ttl)
   if not staged[key] then
     order[#order + 1] = key
   end
   staged[key] = v
+  if ttl then
+    ttls[key] = ttl
+  end
 end
 
 local function cost_of(member)
@@ -290,6 +295,13 @@ end
 
 local function until_window_end(t, p, ahead)
   return p - t % p + p * ahead
+end
+
+-- A fixed window's or hit counter's key for the window holding `t`: its
+-- limit's key, ':' and the window's number (`t` // `p`, exact: `t % p` is).
+-- Must name it as native.rs does.
+local function window_key(key, t, p)
+  return key .. ':' .. fmt((t - t % p) / p)
 end
 
 -- Steps one limit. `write` says whether its admission is to be kept (false
@@ -349,41 +361,40 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
     end
     return nil, a, r, reset, retry, delay
   elseif alg == 4 or alg == 8 then
-    -- (last admission, its window's count).
-    local last, held = parse_pair(value_of(key), 0, 0)
+    -- The window's count, a decimal integer at `<key>:<window>` that the
+    -- store's native INCRBY path shares (native.rs): a request counts in its
+    -- own time's window.
     local p, l = q.period, q.limit
-    local n = max(now, last)
-    local count = 0
-    if floor(n / p) == floor(last / p) then
-      count = held
-    end
-    local until_end = until_window_end(n, p, 0)
-    local function reset(c)
-      if c == 0 then
-        return 0
-      end
-      return until_end
-    end
+    local wkey = window_key(key, now, p)
+    -- Never below zero: a native compensation that found its window gone
+    -- leaves a negative count for a millisecond.
+    local count = max(parse_int(value_of(wkey)), 0)
+    local until_end = until_window_end(now, p, 0)
     if count + cost <= l then
       local after = count + cost
-      local reset_after = reset(after)
+      local reset_after = 0
+      if after > 0 then
+        reset_after = until_end
+      end
       if cost > 0 and write then
-        stage(key, pack_pair(n, after))
-        return reset_after, decision(true, l - after, reset_after)
+        stage(wkey, fmt(after), reset_after)
       end
       return nil, decision(true, l - after, reset_after)
     end
     local retry = nil
-    if cost <= l and n + until_end <= END then
+    if cost <= l and now + until_end <= END then
       retry = until_end
     end
     if alg == 8 and cost > 0 and write then
       -- The hit counter counts what it denies, kept one past the limit.
-      local seen = min(count + cost, l + 1)
-      stage(key, pack_pair(n, seen))
-      return reset(seen), decision(false, max(l - count, 0), reset(seen), retry)
+      stage(wkey, fmt(min(count + cost, l + 1)), until_end)
+      return nil, decision(false, max(l - count, 0), until_end, retry)
     end
-    return nil, decision(false, max(l - count, 0), reset(count), retry)
+    local reset_after = 0
+    if count > 0 then
+      reset_after = until_end
+    end
+    return nil, decision(false, max(l - count, 0), reset_after, retry)
   elseif alg == 6 then
     -- (last admission, the count of the window before its, its window's).
     local last, before, current = parse3(value_of(key))
@@ -638,10 +649,10 @@ end
 -- `o` entries are packed.
 local nums = {}
 
--- Checks one request (its argument `blob`, its keys after keys[k]),
--- appending {t, all_allowed, 5 per limit} packed to `parts`; writes only when
--- every limit admits and `commit`. Returns the index of its last key.
-local function check_request(parts, blob, k, commit)
+-- Checks one request (its argument `blob`, its keys after keys[k]); writes
+-- only when every limit admits and `commit`. Returns its reply, {t,
+-- all_allowed, 5 per limit} packed, and the index of its last key.
+local function check_request(blob, k, commit)
   local t, count, pos = struct_unpack('<dd', blob)
   t = time_of(t)
   nums[1] = t
@@ -691,11 +702,9 @@ local function check_request(parts, blob, k, commit)
   end
   if o == 7 then
     -- One limit, the commonest request: packed without `unpack`.
-    parts[#parts + 1] = struct_pack('<ddddddd', nums[1], nums[2], nums[3], nums[4], nums[5], nums[6], nums[7])
-  else
-    parts[#parts + 1] = packed(nums, 1, o)
+    return struct_pack('<ddddddd', nums[1], nums[2], nums[3], nums[4], nums[5], nums[6], nums[7]), k
   end
-  return k
+  return packed(nums, 1, o), k
 end
 
 -- Loads every string state of the call's requests (args[from..to]) before
@@ -760,7 +769,7 @@ local function refund(blob)
       aux = keys[k]
     end
     local v = nil
-    if not aux then
+    if not aux and alg ~= 4 and alg ~= 8 then
       v = redis.call('GET', key) or nil
     end
     if alg == 0 and v then
@@ -773,10 +782,12 @@ local function refund(blob)
     elseif alg == 2 and v then
       local last, level = parse_pair(v, 0, 0)
       redis.call('SET', key, pack_pair(last, max(level - cost * q.emission, 0)), 'KEEPTTL')
-    elseif (alg == 4 or alg == 8) and v then
-      local last, c = parse_pair(v, 0, 0)
-      if floor(last / q.period) == floor(now / q.period) then
-        redis.call('SET', key, pack_pair(last, max(c - cost, 0)), 'KEEPTTL')
+    elseif alg == 4 or alg == 8 then
+      -- The count of the window the check was admitted in, if it lives.
+      local wkey = window_key(key, now, q.period)
+      local c = tonumber(redis.call('GET', wkey) or nil)
+      if c then
+        redis.call('SET', wkey, fmt(max(c - cost, 0)), 'KEEPTTL')
       end
     elseif alg == 6 and v then
       local last, prev, cur = parse3(v)
@@ -826,8 +837,10 @@ end
 -- packed as little-endian doubles in one string. For "r": {t}; for "l": {}.
 local function run(call_keys, args)
   keys, redis_now = call_keys, nil
-  floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
-  struct_pack, struct_unpack, format = struct.pack, struct.unpack, string.format
+  if not format then
+    floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
+    struct_pack, struct_unpack, format = struct.pack, struct.unpack, string.format
+  end
   committed = {}
   if #order > 0 then
     -- A call that failed half-way left its request's states.
@@ -854,9 +867,14 @@ local function run(call_keys, args)
     elseif to > from then
       prefetch(args, from, to, false)
     end
+    if to == from then
+      -- One request, the commonest call where callers are few: its reply
+      -- without a table to join.
+      return (check_request(args[from], 0, op ~= 'd'))
+    end
     local parts, k = {}, 0
     for r = from, to do
-      k = check_request(parts, args[r], k, op ~= 'd')
+      parts[r - from + 1], k = check_request(args[r], k, op ~= 'd')
     end
     return table.concat(parts)
   elseif op == 'r' then

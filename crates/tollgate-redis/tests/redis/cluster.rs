@@ -5,10 +5,11 @@ use std::sync::Arc;
 
 use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota};
 use tollgate_store::MemoryStore;
-use tollgate_store::conformance::{self, assert_same, reference, run, scenarios};
+use tollgate_store::conformance::{self, assert_same, reference, run};
 
 use crate::support::{
     RedisCluster, batched_checks_decide_as_alone, cli, fcalls, manual_store, manual_store_with,
+    redis_scenarios,
 };
 
 #[tokio::test]
@@ -17,7 +18,7 @@ async fn cluster_conformance_tags_cross_slot_refunds_and_script_reloads() {
     let url = cluster.url();
 
     // 1. Every conformance scenario (its keys share one hash tag: one slot).
-    for scenario in scenarios() {
+    for scenario in redis_scenarios() {
         let reference = reference(&scenario).await;
         let clock = conformance::clock();
         let redis = manual_store(&url, &clock).await;

@@ -5,14 +5,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::{
-    Algorithm, FailurePolicy, Lease, Limit, ManualClock, Quota, Store, StoreError,
+    Algorithm, Clock, FailurePolicy, Lease, Limit, ManualClock, Quota, Store, StoreError,
 };
 use tollgate_redis::{ConnectError, RedisConfig, RedisStore};
-use tollgate_store::conformance::{self, assert_same, reference, run, scenarios};
+use tollgate_store::conformance::{self, assert_same, reference, run};
 use tollgate_store::{DenyCache, MemoryStore};
 
 use crate::support::{
     RedisServer, batched_checks_decide_as_alone, fcalls, manual_store, manual_store_with,
+    redis_scenarios,
 };
 
 fn limit(key: &str, quota: Quota, algorithm: Algorithm, cost: u64) -> Limit<'_> {
@@ -46,7 +47,7 @@ async fn assert_decides_as_memory(
 #[tokio::test]
 async fn conformance_single_redis_decides_like_the_memory_store() {
     let server = RedisServer::start();
-    for scenario in scenarios() {
+    for scenario in redis_scenarios() {
         let reference = reference(&scenario).await;
         let clock = conformance::clock();
         let redis = manual_store(&server.url(), &clock).await;
@@ -442,10 +443,10 @@ async fn batched_checks_of_every_algorithm_decide_as_checked_alone() {
     batched_checks_decide_as_alone(&server.url(), || fcalls(&server)).await;
 }
 
-/// States are stored as small as Redis holds them: GCRA's time as an
-/// integer (no allocation), a time and an amount in 12 bytes, and in two
-/// doubles (16 bytes) once the amount reaches 2^40; each is read back
-/// exactly as the memory store decides.
+/// States are stored as small as Redis holds them: GCRA's time and a
+/// window's count as integers (no allocation), a time and an amount in 12
+/// bytes, and in two doubles (16 bytes) once the amount reaches 2^40; each
+/// is read back exactly as the memory store decides.
 #[tokio::test]
 async fn states_take_the_smallest_encoding_that_holds_them() {
     let server = RedisServer::start();
@@ -484,16 +485,16 @@ async fn states_take_the_smallest_encoding_that_holds_them() {
             Quota::new(1 << 42, month).unwrap(),
             Algorithm::FixedWindow,
             1 << 41,
-            "fw2",
-            16,
+            "fw3",
+            0,
         ),
         (
             "few",
             Quota::per_minute(10).unwrap(),
-            Algorithm::FixedWindow,
+            Algorithm::HitCounter,
             2,
-            "fw2",
-            12,
+            "hc3",
+            0,
         ),
         (
             "tat",
@@ -510,7 +511,12 @@ async fn states_take_the_smallest_encoding_that_holds_them() {
             assert_decides_as_memory(&store, &memory, l, &format!("{key} {round}")).await;
             clock.advance(Duration::from_millis(7));
         }
-        let redis_key = format!("tollgate:{segment}:{{{key}}}");
+        let mut redis_key = format!("tollgate:{segment}:{{{key}}}");
+        if matches!(algorithm, Algorithm::FixedWindow | Algorithm::HitCounter) {
+            // One count per window: `:` and the window's number.
+            let window = clock.now() / quota.period_ns();
+            redis_key = format!("{redis_key}:{window}");
+        }
         if bytes == 0 {
             assert_eq!(
                 server.cli(&["OBJECT", "ENCODING", &redis_key]).trim(),
