@@ -11,9 +11,19 @@
 --
 -- Loaded as a function library (its callback is `run`) or as a script ending
 -- in `return run(KEYS, ARGV)`: see code.rs. Arguments and replies are
--- described at `run`, at the end. Algorithm codes: 0 token bucket, 1 gcra,
--- 2 leaky, 3 shaping, 4 fixed window, 5 sliding log, 6 sliding counter,
--- 7 concurrency, 8 hit counter.
+-- described at `run`, at the end.
+
+-- Algorithm codes, as `Algorithm::index` in tollgate-core numbers them (a
+-- unit test in code.rs holds the two together).
+local TOKEN_BUCKET = 0
+local GCRA = 1
+local LEAKY = 2
+local SHAPING = 3
+local FIXED_WINDOW = 4
+local SLIDING_LOG = 5
+local SLIDING_COUNTER = 6
+local CONCURRENCY = 7
+local HIT_COUNTER = 8
 
 local END = 9007199254740992 -- 2^53 us: the end of time on this side
 local B = 16777216 -- 2^24, the limb base
@@ -309,7 +319,7 @@ end
 -- store). Returns the TTL (us) to set when it wrote (else nil), then the
 -- decision.
 local function step(alg, q, key, aux, now, cost, write, lease, index)
-  if alg == 0 then
+  if alg == TOKEN_BUCKET then
     -- (last refill, tokens); a new bucket is full: tokens clamp to the
     -- capacity at the first refill.
     local last, held = parse_pair(value_of(key), 0, END)
@@ -328,14 +338,14 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       return reset, a, r, reset, retry, delay
     end
     return nil, a, r, reset, retry, delay
-  elseif alg == 1 or alg == 3 then
+  elseif alg == GCRA or alg == SHAPING then
     -- The theoretical arrival time, a decimal integer.
     local wait = parse_int(value_of(key)) - now
     if wait < 0 then
       wait = 0
     end
     local used, a, r, reset, retry, delay = meter(q, now, wait, cost)
-    if a == 1 and alg == 3 then
+    if a == 1 and alg == SHAPING then
       delay = max(wait - min(q.delay_after, q.burst) * q.emission, 0)
     end
     if used and write then
@@ -343,7 +353,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       return reset, a, r, reset, retry, delay
     end
     return nil, a, r, reset, retry, delay
-  elseif alg == 2 then
+  elseif alg == LEAKY then
     -- (last leak, level).
     local last, held = parse_pair(value_of(key), 0, 0)
     local n = last
@@ -360,7 +370,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       return reset, a, r, reset, retry, delay
     end
     return nil, a, r, reset, retry, delay
-  elseif alg == 4 or alg == 8 then
+  elseif alg == FIXED_WINDOW or alg == HIT_COUNTER then
     -- The window's count, a decimal integer at `<key>:<window>` that the
     -- store's native INCRBY path shares (native.rs): a request counts in its
     -- own time's window.
@@ -385,7 +395,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
     if cost <= l and now + until_end <= END then
       retry = until_end
     end
-    if alg == 8 and cost > 0 and write then
+    if alg == HIT_COUNTER and cost > 0 and write then
       -- The hit counter counts what it denies, kept one past the limit.
       stage(wkey, fmt(min(count + cost, l + 1)), until_end)
       return nil, decision(false, max(l - count, 0), until_end, retry)
@@ -395,7 +405,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       reset_after = until_end
     end
     return nil, decision(false, max(l - count, 0), reset_after, retry)
-  elseif alg == 6 then
+  elseif alg == SLIDING_COUNTER then
     -- (last admission, the count of the window before its, its window's).
     local last, before, current = parse3(value_of(key))
     local p, l = q.period, q.limit
@@ -464,7 +474,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       retry = retry_at - n
     end
     return nil, decision(false, remaining(cur), reset(cur), retry)
-  elseif alg == 5 then
+  elseif alg == SLIDING_LOG then
     local s = load_log(key, aux)
     local p, l = q.period, q.limit
     local n = now
@@ -534,7 +544,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       end
     end
     return nil, decision(false, max(l - total, 0), reset(newest_live), retry)
-  elseif alg == 7 then
+  elseif alg == CONCURRENCY then
     local s = load_leases(key, aux, now)
     local l = q.limit
     if s.count + cost <= l then
@@ -629,7 +639,7 @@ local Q = {}
 
 -- Whether an algorithm keeps an aux key beside its state.
 local function has_aux(alg)
-  return alg == 5 or alg == 7
+  return alg == SLIDING_LOG or alg == CONCURRENCY
 end
 
 -- Replies are the numbers packed as little-endian doubles: one string per
@@ -668,7 +678,7 @@ local function check_request(blob, k, commit)
     if has_aux(alg) then
       k = k + 1
       aux = keys[k]
-      if alg == 7 then
+      if alg == CONCURRENCY then
         lease = string.sub(blob, HEAD + LIMIT * count + 1)
       end
     end
@@ -769,27 +779,27 @@ local function refund(blob)
       aux = keys[k]
     end
     local v = nil
-    if not aux and alg ~= 4 and alg ~= 8 then
+    if not aux and alg ~= FIXED_WINDOW and alg ~= HIT_COUNTER then
       v = redis.call('GET', key) or nil
     end
-    if alg == 0 and v then
+    if alg == TOKEN_BUCKET and v then
       local last, tokens = parse_pair(v, 0, 0)
       local capacity = q.burst * q.emission
       tokens = min(tokens + cost * q.emission, capacity)
       redis.call('SET', key, pack_pair(last, tokens), 'KEEPTTL')
-    elseif (alg == 1 or alg == 3) and v then
+    elseif (alg == GCRA or alg == SHAPING) and v then
       redis.call('SET', key, fmt(max(parse_int(v) - cost * q.emission, 0)), 'KEEPTTL')
-    elseif alg == 2 and v then
+    elseif alg == LEAKY and v then
       local last, level = parse_pair(v, 0, 0)
       redis.call('SET', key, pack_pair(last, max(level - cost * q.emission, 0)), 'KEEPTTL')
-    elseif alg == 4 or alg == 8 then
+    elseif alg == FIXED_WINDOW or alg == HIT_COUNTER then
       -- The count of the window the check was admitted in, if it lives.
       local wkey = window_key(key, now, q.period)
       local c = tonumber(redis.call('GET', wkey) or nil)
       if c then
         redis.call('SET', wkey, fmt(max(c - cost, 0)), 'KEEPTTL')
       end
-    elseif alg == 6 and v then
+    elseif alg == SLIDING_COUNTER and v then
       local last, prev, cur = parse3(v)
       local ahead = floor(last / q.period) - floor(now / q.period)
       if ahead == 0 then
@@ -798,7 +808,7 @@ local function refund(blob)
         prev = max(prev - cost, 0)
       end
       redis.call('SET', key, struct_pack('<ddd', last, prev, cur), 'KEEPTTL')
-    elseif alg == 5 then
+    elseif alg == SLIDING_LOG then
       local member = redis.call('ZRANGEBYSCORE', key, fmt(now), fmt(now))
       if member[1] then
         local c = tonumber(string.match(member[1], ':(%d+)$'))
@@ -810,7 +820,7 @@ local function refund(blob)
         local total = tonumber(redis.call('GET', aux) or '0')
         redis.call('SET', aux, fmt(max(total - taken, 0)), 'KEEPTTL')
       end
-    elseif alg == 7 then
+    elseif alg == CONCURRENCY then
       local member = fmt(cost) .. '|' .. string.sub(blob, HEAD + LIMIT * count + 1) .. '_' .. i
       if redis.call('ZREM', key, member) == 1 then
         local c = tonumber(redis.call('GET', aux) or '0')
