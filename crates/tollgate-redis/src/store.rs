@@ -161,17 +161,6 @@ impl RedisStore {
         self.counters.snapshot()
     }
 
-    /// Whether Redis answers a `PING` now (within the check timeout, but at
-    /// least 250 ms: a readiness probe should not flap on a busy host).
-    pub async fn reachable(&self) -> bool {
-        let wait = self.config.timeout.max(Duration::from_millis(250));
-        // A connection that died answers its next command with the error that
-        // starts its reconnection: only a second try tells whether Redis is
-        // back, and without it a probe right after a restart would fail.
-        let ping = async { self.conn.ping().await.is_ok() || self.conn.ping().await.is_ok() };
-        tokio::time::timeout(wait, ping).await.unwrap_or(false)
-    }
-
     /// Whether the store talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         self.conn.is_cluster()
@@ -573,92 +562,6 @@ impl RedisStore {
             }
         }
     }
-
-    /// Checks `limits` in Redis; see [`Store::check`]. Errs when Redis does
-    /// not answer within the timeout ([`StoreError::Timeout`]) or fails
-    /// ([`StoreError::Backend`], saying whether a retry could help): deciding
-    /// without Redis is the job of the `Fallback` wrapper of tollgate-store.
-    pub async fn check_limits(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
-        Ok(self.check_stamped_limits(limits).await?.outcome)
-    }
-
-    /// [`RedisStore::check_limits`] with the script's time per limit (µs).
-    pub async fn check_stamped_limits(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
-        if limits.is_empty() {
-            return Ok(Stamped {
-                outcome: Outcome::default(),
-                decided_at: Some(SmallVec::new()),
-            });
-        }
-        let prepared = self.prepare(limits)?;
-        // All-or-nothing across limits needs the script (a check, then a
-        // write only if every limit admits); one counting limit does not.
-        if let ([limit], [p]) = (limits, prepared.as_slice()) {
-            match limit.algorithm {
-                Algorithm::FixedWindow => return self.check_native(limit, p, false).await,
-                Algorithm::HitCounter => return self.check_native(limit, p, true).await,
-                _ => {}
-            }
-        }
-        self.check_redis(limits, &prepared).await
-    }
-
-    /// Gives `limit.cost` units back to `limit`'s state in Redis, as taken by a
-    /// check at `taken_at` (µs, the script's time): the script's refund.
-    pub async fn give_back_units(
-        &self,
-        limit: &Limit<'_>,
-        taken_at: u64,
-    ) -> Result<(), StoreError> {
-        let prepared = self.prepare(std::slice::from_ref(limit))?;
-        self.call(Op::Refund, Some(taken_at), "", &[0], &prepared)
-            .await?;
-        Ok(())
-    }
-
-    /// Deletes the state of each limit's key (and its auxiliary key); see
-    /// [`Store::reset`]. One `DEL` per limit: its two keys share a slot.
-    pub async fn reset_keys(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
-        for limit in limits {
-            let (key, aux) = redis_keys(&self.config.prefix, limit.algorithm, limit.key);
-            let mut del = redis::cmd("DEL");
-            del.arg(&key).arg(&aux);
-            if matches!(
-                limit.algorithm,
-                Algorithm::FixedWindow | Algorithm::HitCounter
-            ) {
-                // A count per window: the current one, and those beside it
-                // that a clock a little apart from this one counts in.
-                let period = crate::script::micros_up(limit.quota.period_ns());
-                let window = self.known_now_us()? / period;
-                for w in window.saturating_sub(1)..=window.saturating_add(1) {
-                    del.arg(window_key(&key, w));
-                }
-            }
-            self.timed(self.conn.query::<i64>(&del)).await?;
-        }
-        Ok(())
-    }
-
-    /// Gives back exactly these leases, whichever store of the service took
-    /// them: each is the member `<cost>|<id>` of its key's sorted set; see
-    /// [`Store::release`]. A lease that cannot be released (Redis down: the
-    /// first error is returned) expires after its quota's period.
-    pub async fn release_leases(&self, leases: &[Lease]) -> Result<(), StoreError> {
-        let mut first_error = None;
-        // One call per lease: leases of one request may sit on several slots.
-        for lease in leases {
-            let (key, aux) = redis_keys(&self.config.prefix, Algorithm::Concurrency, &lease.key);
-            let member = format!("{}|{}", lease.cost, lease.id);
-            let mut call = self.code.call(2);
-            call.arg(&key).arg(&aux).arg("l").arg(0).arg(&member);
-            if let Err(e) = self.run::<Vec<i64>>(&call).await {
-                tracing::debug!(error = %e, "lease release failed; it expires after its period");
-                first_error.get_or_insert(e);
-            }
-        }
-        first_error.map_or(Ok(()), Err)
-    }
 }
 
 /// For each limit, its index within its group (the script's `i - 1`).
@@ -691,37 +594,95 @@ impl Store for RedisStore {
         Self::holds(quota)
     }
 
-    fn check(
-        &self,
-        limits: &[Limit<'_>],
-    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        self.check_limits(limits)
+    /// Checks `limits` in Redis. Errs when Redis does
+    /// not answer within the timeout ([`StoreError::Timeout`]) or fails
+    /// ([`StoreError::Backend`], saying whether a retry could help): deciding
+    /// without Redis is the job of the `Fallback` wrapper of tollgate-store.
+    async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
+        Ok(self.check_stamped(limits).await?.outcome)
     }
 
-    fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.release_leases(leases)
+    /// [`Store::check`] with the script's time per limit (µs).
+    async fn check_stamped(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
+        if limits.is_empty() {
+            return Ok(Stamped {
+                outcome: Outcome::default(),
+                decided_at: Some(SmallVec::new()),
+            });
+        }
+        let prepared = self.prepare(limits)?;
+        // All-or-nothing across limits needs the script (a check, then a
+        // write only if every limit admits); one counting limit does not.
+        if let ([limit], [p]) = (limits, prepared.as_slice()) {
+            match limit.algorithm {
+                Algorithm::FixedWindow => return self.check_native(limit, p, false).await,
+                Algorithm::HitCounter => return self.check_native(limit, p, true).await,
+                _ => {}
+            }
+        }
+        self.check_redis(limits, &prepared).await
     }
 
-    fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.reset_keys(limits)
+    /// Gives `limit.cost` units back to `limit`'s state in Redis, as taken by a
+    /// check at `taken_at` (µs, the script's time): the script's refund.
+    async fn give_back(&self, limit: &Limit<'_>, taken_at: u64) -> Result<(), StoreError> {
+        let prepared = self.prepare(std::slice::from_ref(limit))?;
+        self.call(Op::Refund, Some(taken_at), "", &[0], &prepared)
+            .await?;
+        Ok(())
     }
 
-    fn ready(&self) -> impl Future<Output = bool> + Send {
-        self.reachable()
+    /// Deletes the state of each limit's key (and its auxiliary key).
+    /// One `DEL` per limit: its two keys share a slot.
+    async fn reset(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+        for limit in limits {
+            let (key, aux) = redis_keys(&self.config.prefix, limit.algorithm, limit.key);
+            let mut del = redis::cmd("DEL");
+            del.arg(&key).arg(&aux);
+            if matches!(
+                limit.algorithm,
+                Algorithm::FixedWindow | Algorithm::HitCounter
+            ) {
+                // A count per window: the current one, and those beside it
+                // that a clock a little apart from this one counts in.
+                let period = crate::script::micros_up(limit.quota.period_ns());
+                let window = self.known_now_us()? / period;
+                for w in window.saturating_sub(1)..=window.saturating_add(1) {
+                    del.arg(window_key(&key, w));
+                }
+            }
+            self.timed(self.conn.query::<i64>(&del)).await?;
+        }
+        Ok(())
     }
 
-    fn check_stamped(
-        &self,
-        limits: &[Limit<'_>],
-    ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
-        self.check_stamped_limits(limits)
+    /// Gives back exactly these leases, whichever store of the service took
+    /// them: each is the member `<cost>|<id>` of its key's sorted set. A lease that cannot be released (Redis down: the
+    /// first error is returned) expires after its quota's period.
+    async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
+        let mut first_error = None;
+        // One call per lease: leases of one request may sit on several slots.
+        for lease in leases {
+            let (key, aux) = redis_keys(&self.config.prefix, Algorithm::Concurrency, &lease.key);
+            let member = format!("{}|{}", lease.cost, lease.id);
+            let mut call = self.code.call(2);
+            call.arg(&key).arg(&aux).arg("l").arg(0).arg(&member);
+            if let Err(e) = self.run::<Vec<i64>>(&call).await {
+                tracing::debug!(error = %e, "lease release failed; it expires after its period");
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
-    fn give_back(
-        &self,
-        limit: &Limit<'_>,
-        taken_at: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.give_back_units(limit, taken_at)
+    /// Whether Redis answers a `PING` now (within the check timeout, but at
+    /// least 250 ms: a readiness probe should not flap on a busy host).
+    async fn ready(&self) -> bool {
+        let wait = self.config.timeout.max(Duration::from_millis(250));
+        // A connection that died answers its next command with the error that
+        // starts its reconnection: only a second try tells whether Redis is
+        // back, and without it a probe right after a restart would fail.
+        let ping = async { self.conn.ping().await.is_ok() || self.conn.ping().await.is_ok() };
+        tokio::time::timeout(wait, ping).await.unwrap_or(false)
     }
 }

@@ -66,7 +66,7 @@ async fn a_limit_alone_is_counted_natively_on_the_count_the_script_steps() {
             } else {
                 vec![counted]
             };
-            let got = store.check_limits(&limits).await.unwrap();
+            let got = store.check(&limits).await.unwrap();
             let want = memory.check(&limits).await.unwrap();
             assert_eq!(got.decisions, want.decisions, "{algorithm}, round {round}");
             clock.advance(Duration::from_millis(50));
@@ -99,7 +99,7 @@ async fn a_denied_fixed_window_gives_its_units_back_and_a_hit_counter_keeps_them
         let mut ttls = Vec::new();
         for cost in [2, 2] {
             let l = limit(&key, quota, algorithm, cost);
-            let got = store.check_limits(&[l]).await.unwrap();
+            let got = store.check(&[l]).await.unwrap();
             let want = memory.check(&[l]).await.unwrap();
             assert_eq!(got.decisions, want.decisions, "{algorithm}, cost {cost}");
             let ttl: u64 = server.cli(&["PTTL", &redis_key]).trim().parse().unwrap();
@@ -109,7 +109,7 @@ async fn a_denied_fixed_window_gives_its_units_back_and_a_hit_counter_keeps_them
         assert!(ttls[1] <= ttls[0], "{algorithm}: a deny moved the TTL");
         assert_eq!(server.cli(&["GET", &redis_key]).trim(), count_after);
         let l = limit(&key, quota, algorithm, 1);
-        let got = store.check_limits(&[l]).await.unwrap();
+        let got = store.check(&[l]).await.unwrap();
         let want = memory.check(&[l]).await.unwrap();
         assert_eq!(got.decisions, want.decisions, "{algorithm}, after");
         assert_eq!(got.allowed(), algorithm == Algorithm::FixedWindow);
@@ -130,7 +130,7 @@ async fn a_clock_set_back_counts_in_the_window_of_its_own_time() {
         let key = format!("back-in-time-{algorithm}");
         let check = || async {
             let l = limit(&key, quota, algorithm, 1);
-            store.check_limits(&[l]).await.unwrap().allowed()
+            store.check(&[l]).await.unwrap().allowed()
         };
         clock.advance(Duration::from_secs(1));
         assert_eq!(
@@ -163,7 +163,7 @@ async fn native_windows_follow_redis_time() {
         .unwrap();
     let quota = Quota::per_hour(10).unwrap();
     let outcome = store
-        .check_limits(&[limit("hourly", quota, Algorithm::FixedWindow, 1)])
+        .check(&[limit("hourly", quota, Algorithm::FixedWindow, 1)])
         .await
         .unwrap();
     assert!(outcome.allowed());

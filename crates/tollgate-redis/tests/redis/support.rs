@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, ManualClock};
+use tollgate_core::{Algorithm, ManualClock, Store};
 use tollgate_redis::{RedisConfig, RedisStore, TimeSource};
 use tollgate_store::conformance::{Scenario, scenarios};
 
@@ -103,7 +103,7 @@ pub(crate) async fn batched_checks_decide_as_alone(url: &str, calls: impl Fn() -
         .map(|(algorithm, k)| {
             let store = Arc::clone(&store);
             let limit = limit(&format!("batched-{algorithm}-{k}"), algorithm, 1);
-            tokio::spawn(async move { (algorithm, k, store.check_limits(&[limit]).await) })
+            tokio::spawn(async move { (algorithm, k, store.check(&[limit]).await) })
         })
         .collect();
     let mut admitted = BTreeMap::new();
@@ -126,14 +126,14 @@ pub(crate) async fn batched_checks_decide_as_alone(url: &str, calls: impl Fn() -
     assert_eq!(leases.len(), 6 * KEYS, "one lease per admitted permit");
     let ids: HashSet<_> = leases.iter().map(|l| l.id.to_string()).collect();
     assert_eq!(ids.len(), leases.len(), "lease ids are distinct");
-    store.release_leases(&leases).await.unwrap();
+    store.release(&leases).await.unwrap();
     for k in 0..KEYS {
         let slots = limit(
             &format!("batched-{}-{k}", Algorithm::Concurrency),
             Algorithm::Concurrency,
             0,
         );
-        let read = store.check_limits(&[slots]).await.unwrap();
+        let read = store.check(&[slots]).await.unwrap();
         assert_eq!(
             read.decisions[0].remaining(),
             6,

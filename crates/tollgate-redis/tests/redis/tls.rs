@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use tollgate_core::Store;
 use tollgate_redis::{ClientIdentity, ConnectError, RedisConfig, RedisStore, RedisTls};
 use tollgate_store::conformance;
 use tollgate_testkit::pki::{Ca, Role};
@@ -180,7 +181,7 @@ async fn a_certificate_for_another_host_needs_the_hostname_check_skipped() {
     let store = connect(&server.url(), tls)
         .await
         .expect("the chain is valid");
-    assert!(store.reachable().await);
+    assert!(store.ready().await);
 }
 
 #[tokio::test]
@@ -194,7 +195,7 @@ async fn a_server_that_requires_a_client_certificate_refuses_none() {
     // so the refusal shows at connect or on the first command.
     match connect(&server.url(), tls).await {
         Err(err) => assert!(matches!(err, ConnectError::Redis(_)), "{err:?}"),
-        Ok(store) => assert!(!store.reachable().await),
+        Ok(store) => assert!(!store.ready().await),
     }
 }
 
