@@ -19,7 +19,8 @@ use tollgate_core::{
 
 use crate::FastClock;
 use crate::hot::{HotSlots, Lanes, may_hold};
-use crate::shard::{Entries, Entry, Shard, Slot};
+use crate::shard::{Shard, Slot};
+use crate::table::{Entries, Entry};
 
 /// How the memory store is sized.
 #[derive(Debug, Clone)]
