@@ -11,15 +11,13 @@ use std::task::{Context, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderMap, Response};
 use tollgate_core::{Store, at_first_poll};
 use tollgate_policy::{Check as PolicyCheck, Descriptor, Enforcer, Permit, Prepared, Request};
 
-use super::denial;
+use super::denial::{self, Answer};
 use crate::headers::reports;
-use crate::problem::Format;
 use crate::{DescriptorSource, HeaderStyle};
 
 /// A future the layer boxes: the check, a permit release.
@@ -81,34 +79,6 @@ pub(crate) struct PeerCheck {
     /// `None` for no descriptors, or ones the policy cannot take (which
     /// each request's check then finds as it would without this).
     prepared: Option<Prepared>,
-}
-
-/// How a denied request is answered, from what the request says of its client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Answer {
-    /// A gRPC client: `RESOURCE_EXHAUSTED` in a trailers-only response.
-    Grpc,
-    /// An HTTP client: 429 with a body in this format.
-    Http(Format),
-}
-
-impl Answer {
-    /// How the client that sent `headers` is answered: gRPC when the request
-    /// is (`application/grpc`, `application/grpc+proto`, …), else HTTP in the
-    /// format its `Accept` asks for. Worked out on a deny only: an admitted
-    /// request never needs it, and a browser's `Accept` takes longer to read
-    /// than the check.
-    pub(crate) fn of(headers: &HeaderMap) -> Self {
-        let grpc = headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/grpc"));
-        if grpc {
-            Self::Grpc
-        } else {
-            Self::Http(Format::negotiate(headers))
-        }
-    }
 }
 
 /// What the check decided.

@@ -9,7 +9,8 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::ResponseBody;
-use super::check::{Answer, BoxFuture, Checked, Denied, Permits, Reported, Verdict};
+use super::check::{BoxFuture, Checked, Denied, Permits, Reported, Verdict};
+use super::denial::Answer;
 
 pin_project! {
     /// The response of a rate limited service: the check, then (if it passes)
