@@ -5,6 +5,7 @@
 mod cluster;
 mod faults;
 mod hybrid;
+mod reliability;
 mod single;
 mod stack;
 mod support;
