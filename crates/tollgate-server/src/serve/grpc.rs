@@ -33,6 +33,7 @@ use tonic_prost::ProstDecoder;
 use tower_service::Service;
 
 use super::auth::{self, Token};
+use super::bodies::{Bodies, Refused, Reserved};
 use super::envoy::{self, Answer, Families, Refusal, Reply, RequestDescriptor};
 use super::metrics::{self, Api, CheckResult};
 
@@ -71,8 +72,23 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
 
     fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
         if request.uri().path() == PATH {
-            let rls = self.rls.clone();
-            Box::pin(async move { Ok(Grpc::new(AnswerCodec::new()).unary(rls, request).await) })
+            let mut rls = self.rls.clone();
+            let bodies = Arc::clone(&rls.inner.bodies);
+            match bodies.reserve(None) {
+                Ok(reserved) => rls.reserved = Some(reserved),
+                Err(refused) => return Box::pin(std::future::ready(Ok(refusal(refused)))),
+            }
+            Box::pin(async move {
+                let mut grpc = Grpc::new(AnswerCodec::new())
+                    .max_decoding_message_size(bodies.max_bytes() as usize);
+                let Some(response) = bodies.within(grpc.unary(rls, request)).await else {
+                    return Ok(Status::deadline_exceeded(
+                        "the call was not read and answered within --body-read-timeout",
+                    )
+                    .into_http());
+                };
+                Ok(too_large_is_exhausted(response))
+            })
         } else {
             let mut routes = self.routes.clone();
             Box::pin(async move {
@@ -84,15 +100,44 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
     }
 }
 
+/// The answer to a call whose message is not read.
+fn refusal(refused: Refused) -> hyper::Response<tonic::body::Body> {
+    match refused {
+        Refused::TooLarge => Status::resource_exhausted("the message is too large"),
+        Refused::Busy => Status::resource_exhausted(
+            "too many request bytes in flight (--request-body-budget); retry",
+        ),
+    }
+    .into_http()
+}
+
+/// tonic refuses a message past its size cap with `OUT_OF_RANGE`; gRPC's
+/// status codes say `RESOURCE_EXHAUSTED`. Nothing else of a call answers
+/// `OUT_OF_RANGE` ([`status`]), and the refusal is trailers-only: the
+/// status is in the head.
+fn too_large_is_exhausted(
+    mut response: hyper::Response<tonic::body::Body>,
+) -> hyper::Response<tonic::body::Body> {
+    let headers = response.headers_mut();
+    if headers.get("grpc-status").is_some_and(|code| code == "11") {
+        headers.insert("grpc-status", hyper::header::HeaderValue::from_static("8"));
+    }
+    response
+}
+
 /// `ShouldRateLimit` over the shared [`Enforcer`].
 pub(crate) struct RateLimitGrpc<S> {
     inner: Arc<Rls<S>>,
+    /// The call's share of the request body budget, held while its message
+    /// is read and let go once it is decoded.
+    reserved: Option<Reserved>,
 }
 
 impl<S> Clone for RateLimitGrpc<S> {
     fn clone(&self) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
+            reserved: None,
         }
     }
 }
@@ -104,18 +149,28 @@ struct Rls<S> {
     tokens: Vec<Token>,
     /// The headers and metadata answers carry.
     reply: Arc<Reply>,
+    /// How large a message may be and how long it may take.
+    bodies: Arc<Bodies>,
 }
 
 impl<S> RateLimitGrpc<S> {
     /// Serves `enforcer` to callers with one of `tokens` (to any caller when
-    /// there are none), answering as `reply` says.
-    pub(crate) fn new(enforcer: Arc<Enforcer<S>>, tokens: Vec<Token>, reply: Arc<Reply>) -> Self {
+    /// there are none), answering as `reply` says, reading messages as
+    /// `bodies` says.
+    pub(crate) fn new(
+        enforcer: Arc<Enforcer<S>>,
+        tokens: Vec<Token>,
+        reply: Arc<Reply>,
+        bodies: Arc<Bodies>,
+    ) -> Self {
         Self {
             inner: Arc::new(Rls {
                 enforcer,
                 tokens,
                 reply,
+                bodies,
             }),
+            reserved: None,
         }
     }
 }
@@ -125,6 +180,8 @@ impl<S: Store + 'static> UnaryService<RateLimitRequest> for RateLimitGrpc<S> {
     type Future = BoxFuture<Result<Response<Checked<S>>, Status>>;
 
     fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
+        // Decoded: the message's bytes are no longer held.
+        self.reserved = None;
         let rls = &self.inner;
         if !rls.tokens.is_empty() {
             let given = request
