@@ -125,11 +125,12 @@ type Frames = Result<Frame<Bytes>, Infallible>;
 /// A `ShouldRateLimit` call over `sender` whose message declares `declared`
 /// bytes and sends `sent` of them, then holds the stream open until the
 /// sender returned is dropped; and its answer's `grpc-status` once its head
-/// comes.
+/// comes. `grpc_timeout` is its deadline, if any.
 async fn held_call(
     sender: &mut hyper::client::conn::http2::SendRequest<StreamBody<ReceiverStream<Frames>>>,
     declared: u32,
     sent: usize,
+    grpc_timeout: Option<&str>,
 ) -> (
     mpsc::Sender<Frames>,
     tokio::task::JoinHandle<Option<String>>,
@@ -141,13 +142,17 @@ async fn held_call(
     hold.send(Ok(Frame::data(Bytes::from(prefix))))
         .await
         .unwrap();
-    let request = hyper::Request::post(
+    let mut request = hyper::Request::post(
         "http://localhost/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
     )
     .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .body(StreamBody::new(ReceiverStream::new(frames)))
-    .unwrap();
+    .header("te", "trailers");
+    if let Some(timeout) = grpc_timeout {
+        request = request.header("grpc-timeout", timeout);
+    }
+    let request = request
+        .body(StreamBody::new(ReceiverStream::new(frames)))
+        .unwrap();
     sender.ready().await.expect("the connection takes a stream");
     let answer = sender.send_request(request);
     let status = tokio::spawn(async move {
@@ -205,7 +210,7 @@ async fn ten_connections_holding_messages_hold_at_most_the_budget() {
             } else {
                 (65_000, 64_999)
             };
-            let (hold, status) = held_call(&mut sender, declared, sent).await;
+            let (hold, status) = held_call(&mut sender, declared, sent, None).await;
             holds.push(hold);
             answers.push(status);
         }
@@ -372,4 +377,36 @@ async fn a_message_past_the_cap_is_resource_exhausted_and_a_body_413() {
             .unwrap();
         assert_eq!(answer.status(), 413, "{door}");
     }
+}
+
+/// Envoy sends its filter's `timeout` as `grpc-timeout`; past it the call is
+/// worth nothing to Envoy (it has already admitted or denied by its failure
+/// mode), so it is answered `DEADLINE_EXCEEDED` then, and its work dropped,
+/// rather than at `--body-read-timeout`.
+#[tokio::test(start_paused = true)]
+async fn a_call_is_answered_by_the_callers_deadline() {
+    let (running, _dir) = start(&[]).await;
+    let stream = TcpStream::connect(running.grpc_addr()).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("an HTTP/2 connection");
+    let connection = tokio::spawn(conn);
+    let started = Instant::now();
+    let (hold, status) = held_call(&mut sender, 100, 50, Some("20m")).await;
+    assert_eq!(
+        status.await.unwrap().as_deref(),
+        Some("4"),
+        "DEADLINE_EXCEEDED"
+    );
+    let at = started.elapsed();
+    assert!(
+        at >= Duration::from_millis(20) && at < Duration::from_secs(1),
+        "{at:?}"
+    );
+    drop(hold);
+    connection.abort();
+    running.shutdown().await.expect("a clean shutdown");
 }

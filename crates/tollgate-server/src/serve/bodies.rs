@@ -176,6 +176,11 @@ impl Bodies {
             .map_err(|_| Refused::Busy)
     }
 
+    /// `--body-read-timeout`.
+    pub(crate) fn read_timeout(&self) -> Duration {
+        self.read_timeout
+    }
+
     /// `work` (reading a body, and answering it), or `None` once
     /// `--body-read-timeout` has passed.
     pub(crate) async fn within<T>(&self, work: impl Future<Output = T>) -> Option<T> {

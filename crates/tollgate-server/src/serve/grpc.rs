@@ -17,7 +17,7 @@ use std::future::{Future, poll_fn};
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -78,16 +78,22 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
                 Ok(reserved) => rls.reserved = Some(reserved),
                 Err(refused) => return Box::pin(std::future::ready(Ok(refusal(refused)))),
             }
+            let budget = grpc_timeout(request.headers())
+                .map_or(bodies.read_timeout(), |t| t.min(bodies.read_timeout()));
+            let deadline = tokio::time::Instant::now() + budget;
             Box::pin(async move {
+                // Queued past its deadline: its caller has given up on the
+                // answer (Envoy's filter has admitted or denied by its
+                // failure mode), so no work is spent on it.
+                if tokio::time::Instant::now() >= deadline {
+                    return Ok(too_late());
+                }
                 let mut grpc = Grpc::new(AnswerCodec::new())
                     .max_decoding_message_size(bodies.max_bytes() as usize);
-                let Some(response) = bodies.within(grpc.unary(rls, request)).await else {
-                    return Ok(Status::deadline_exceeded(
-                        "the call was not read and answered within --body-read-timeout",
-                    )
-                    .into_http());
-                };
-                Ok(too_large_is_exhausted(response))
+                match tokio::time::timeout_at(deadline, grpc.unary(rls, request)).await {
+                    Ok(response) => Ok(too_large_is_exhausted(response)),
+                    Err(_) => Ok(too_late()),
+                }
             })
         } else {
             let mut routes = self.routes.clone();
@@ -98,6 +104,32 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
             })
         }
     }
+}
+
+/// The caller's deadline, `grpc-timeout` (at most 8 digits and a unit: `H`,
+/// `M`, `S`, `m`, `u` or `n`), if it sent one that parses.
+fn grpc_timeout(headers: &hyper::HeaderMap) -> Option<Duration> {
+    let text = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let value: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(value * 3600),
+        "M" => Duration::from_secs(value * 60),
+        "S" => Duration::from_secs(value),
+        "m" => Duration::from_millis(value),
+        "u" => Duration::from_micros(value),
+        "n" => Duration::from_nanos(value),
+        _ => return None,
+    })
+}
+
+/// The answer to a call not read and answered by its deadline: the
+/// caller's `grpc-timeout`, or `--body-read-timeout`, whichever is sooner.
+fn too_late() -> hyper::Response<tonic::body::Body> {
+    Status::deadline_exceeded("the call was not read and answered by its deadline").into_http()
 }
 
 /// The answer to a call whose message is not read.
@@ -358,6 +390,23 @@ fn descriptors(descriptors: Vec<RateLimitDescriptor>) -> impl Iterator<Item = Re
 mod tests {
     use super::super::backend::Backend;
     use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_protocol_writes_them() {
+        let of = |value: &str| {
+            let mut headers = hyper::HeaderMap::new();
+            headers.insert("grpc-timeout", value.parse().unwrap());
+            grpc_timeout(&headers)
+        };
+        assert_eq!(of("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(of("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(of("99999999n"), Some(Duration::from_nanos(99_999_999)));
+        assert_eq!(of("5S"), Some(Duration::from_secs(5)));
+        for bad in ["m", "123456789m", "20x", "+5m", "-5m", "5 m"] {
+            assert_eq!(of(bad), None, "{bad}");
+        }
+        assert_eq!(grpc_timeout(&hyper::HeaderMap::new()), None);
+    }
 
     #[test]
     fn a_check_is_a_small_allocation() {
