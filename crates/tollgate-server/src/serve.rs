@@ -31,6 +31,7 @@ use tollgate_policy::{Policy, PolicyHandle, Reloader, StoreSettings};
 mod admin;
 mod auth;
 mod backend;
+mod bodies;
 mod envoy;
 mod envoy_env;
 mod envoy_json;
@@ -138,6 +139,9 @@ pub struct Args {
 
     #[command(flatten, next_help_heading = "Listeners")]
     listen: listeners::Args,
+
+    #[command(flatten, next_help_heading = "Requests")]
+    requests: bodies::Args,
 
     #[command(flatten, next_help_heading = "gRPC TLS")]
     grpc_tls: tls::Args,
@@ -523,6 +527,7 @@ async fn launch(
             .with_shadow_mode(args.envoy.as_ref().is_some_and(|e| e.shadow_mode))
             .with_quota_mode(args.envoy.as_ref().is_some_and(|e| e.quota_mode))
             .with_envoy_counting(args.envoy_counting)
+            .with_request_limits(args.requests.request_limits())
             .with_clock(clock)
             .with_timer(Arc::new(FastClock::new()))
             .with_observer(record::observer(
@@ -555,11 +560,13 @@ async fn launch(
         // that the health rules would not allow.
         health.config(xds.healthy_at_start()).await;
     }
+    let bodies = Arc::new(args.requests.bodies());
     let grpc_service = GrpcService::new(
         RateLimitGrpc::new(
             Arc::clone(&enforcer),
             args.api_token.clone(),
             Arc::clone(&reply),
+            Arc::clone(&bodies),
         ),
         tonic::service::Routes::new(health_service).prepare(),
     );
@@ -592,6 +599,7 @@ async fn launch(
         reply,
         metrics_path,
         v1_headers: args.v1_headers,
+        bodies,
     });
     // On the shared multi-threaded runtime, not the gateway's per-CPU
     // workers: measured both ways (`scripts/bench-http`), per-CPU workers

@@ -11,10 +11,13 @@ use std::task::{Context, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderMap, Response};
 use tollgate_core::{Store, at_first_poll};
-use tollgate_policy::{Check as PolicyCheck, Descriptor, Enforcer, Permit, Prepared, Request};
+use tollgate_policy::{
+    Check as PolicyCheck, Descriptor, Enforcer, Permit, Prepared, Request, RequestError,
+};
 
 use super::denial::{self, Answer};
 use crate::headers::reports;
@@ -93,6 +96,22 @@ pub(crate) enum Verdict {
     /// Answer instead of the inner service, with what [`Denied::response`]
     /// makes.
     Deny(Denied),
+    /// Answer 400: the request carries a string past the enforcer's caps
+    /// ([`tollgate_policy::RequestLimits`]), which it says.
+    Refuse(String),
+}
+
+/// The answer to a request whose descriptors carry a string past its cap:
+/// 400, in the shape of the gateway's own errors.
+pub(crate) fn refusal(reason: &str) -> Response<Bytes> {
+    let body = serde_json::json!({"error": "bad_request", "message": reason});
+    let mut response = Response::new(Bytes::from(body.to_string()));
+    *response.status_mut() = http::StatusCode::BAD_REQUEST;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// A denied request's verdict, kept until the answer is made from it.
@@ -257,8 +276,15 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
             }
             _ => self.enforcer.enforce(self.request(descriptors)).await,
         };
-        let Ok(mut verdict) = enforced else {
-            return (pass(permits), Duration::ZERO);
+        let mut verdict = match enforced {
+            Ok(verdict) => verdict,
+            // A string past its cap comes from the client (a header, a
+            // path): passed, as other refusals are, it would let any client
+            // skip every limit by sending one.
+            Err(error @ RequestError::TooLong { .. }) => {
+                return (Verdict::Refuse(error.to_string()), Duration::ZERO);
+            }
+            Err(_) => return (pass(permits), Duration::ZERO),
         };
         if !verdict.allowed() {
             // Dropping `permits` gives back what the pre-check took.
@@ -371,5 +397,50 @@ mod tests {
             size + DISPATCH <= SMALL_ALLOCATION,
             "the check future takes {size} bytes"
         );
+    }
+
+    /// Regression: a request whose descriptor value was past the enforcer's
+    /// cap was passed unchecked, as every refusal is, so a client keyed by
+    /// a header could skip its limit by sending a long one. It is refused.
+    #[tokio::test]
+    async fn a_value_past_its_cap_is_refused_not_passed() {
+        let policy = Policy::parse(
+            "cap.yaml",
+            "domain: d\nrules:\n  - name: r\n    match: [{ key: k }]\n    limit: { requests: 1, per: 1h }\n",
+        )
+        .expect("a valid policy");
+        let limiter = Limiter::<_, MemoryStore> {
+            domain: "d".to_owned(),
+            enforcer: Arc::new(Enforcer::new(
+                PolicyHandle::new(policy),
+                MemoryStore::default(),
+            )),
+            precheck: None,
+            sources: Vec::new(),
+            style: HeaderStyle::default(),
+        };
+        let made = |value: &str| {
+            Descriptors::Made(vec![Descriptor {
+                entries: vec![tollgate_policy::Entry::new("k", value)],
+                ..Descriptor::default()
+            }])
+        };
+        let at_cap = "v".repeat(4096);
+        let (first, _) = limiter.decide(&made(&at_cap)).await;
+        assert!(
+            matches!(first, Verdict::Pass { .. }),
+            "the first at the cap"
+        );
+        let (second, _) = limiter.decide(&made(&at_cap)).await;
+        assert!(matches!(second, Verdict::Deny(_)), "limited");
+        let (past, _) = limiter.decide(&made(&"v".repeat(4097))).await;
+        let Verdict::Refuse(reason) = past else {
+            panic!("a value past the cap is refused");
+        };
+        assert!(reason.contains("at most 4096"), "{reason}");
+        let response = refusal(&reason);
+        assert_eq!(response.status(), http::StatusCode::BAD_REQUEST);
+        let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert_eq!(body["error"], "bad_request");
     }
 }

@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::ResponseBody;
-use super::check::{BoxFuture, Checked, Denied, Permits, Reported, Verdict};
+use super::check::{BoxFuture, Checked, Denied, Permits, Reported, Verdict, refusal};
 use super::denial::Answer;
 
 pin_project! {
@@ -46,6 +46,9 @@ pin_project! {
         Answered {
             denied: Option<(Denied, Answer)>,
         },
+        Refused {
+            reason: Option<String>,
+        },
         Done,
     }
 }
@@ -62,6 +65,9 @@ impl<S: Service<Request<B>>, B> State<S, B> {
             },
             Verdict::Deny(denied) => State::Answered {
                 denied: Some((denied, Answer::of(request.headers()))),
+            },
+            Verdict::Refuse(reason) => State::Refused {
+                reason: Some(reason),
             },
         }
     }
@@ -132,6 +138,11 @@ where
                     let response = denied.response(answer);
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                }
+                StateProj::Refused { reason } => {
+                    let reason = reason.take().expect("the answer is given once");
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(refusal(&reason).map(ResponseBody::full)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after it completed"),
             }

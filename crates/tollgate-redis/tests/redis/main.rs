@@ -6,6 +6,7 @@ mod cluster;
 mod faults;
 mod hybrid;
 mod native;
+mod reliability;
 mod single;
 mod stack;
 mod support;

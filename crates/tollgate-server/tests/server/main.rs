@@ -20,6 +20,7 @@ mod in_process;
 mod live_page;
 mod redis;
 mod redis_tls;
+mod reliability;
 mod reload;
 mod simulate;
 mod tls;

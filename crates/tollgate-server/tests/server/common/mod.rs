@@ -238,6 +238,11 @@ impl Server {
         self.config.as_ref().expect("started with a config").path()
     }
 
+    /// The process's id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `http://<http address><path>`.
     pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.http)
