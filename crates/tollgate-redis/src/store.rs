@@ -20,7 +20,7 @@ use crate::stats::{Counters, bump};
 use crate::{RedisConfig, RedisStats, TimeSource};
 
 /// One limit, ready for the script.
-struct Prepared {
+struct ScriptLimit {
     key: String,
     aux: String,
     params: Params,
@@ -172,12 +172,12 @@ impl RedisStore {
         self.code.kind() == Kind::Function
     }
 
-    fn prepare(&self, limits: &[Limit<'_>]) -> Result<SmallVec<[Prepared; 4]>, StoreError> {
+    fn prepare(&self, limits: &[Limit<'_>]) -> Result<SmallVec<[ScriptLimit; 4]>, StoreError> {
         limits
             .iter()
             .map(|limit| {
                 let (key, aux) = redis_keys(&self.config.prefix, limit.algorithm, limit.key);
-                Ok(Prepared {
+                Ok(ScriptLimit {
                     slot: slot(&key),
                     key,
                     aux,
@@ -232,7 +232,7 @@ impl RedisStore {
     async fn check_native(
         &self,
         limit: &Limit<'_>,
-        prepared: &Prepared,
+        prepared: &ScriptLimit,
         hit_counter: bool,
     ) -> Result<Stamped, StoreError> {
         let now_us = self.known_now_us()?;
@@ -288,7 +288,7 @@ impl RedisStore {
     /// and its auxiliary key when it keeps one.
     fn keys_of<'p>(
         members: &'p [usize],
-        prepared: &'p [Prepared],
+        prepared: &'p [ScriptLimit],
     ) -> impl Iterator<Item = &'p str> + 'p {
         members.iter().flat_map(move |&i| {
             let p = &prepared[i];
@@ -302,7 +302,7 @@ impl RedisStore {
         now_us: Option<u64>,
         lease: &str,
         members: &[usize],
-        prepared: &[Prepared],
+        prepared: &[ScriptLimit],
     ) -> Result<Vec<i64>, StoreError> {
         let keys: SmallVec<[&str; 8]> = Self::keys_of(members, prepared).collect();
         let mut call = self.code.call(keys.len());
@@ -365,7 +365,7 @@ impl RedisStore {
         now_us: Option<u64>,
         lease: &str,
         members: &[usize],
-        prepared: &[Prepared],
+        prepared: &[ScriptLimit],
     ) -> Result<Option<Vec<i64>>, StoreError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job = Job {
@@ -413,7 +413,7 @@ impl RedisStore {
         lease: &str,
         members: &[usize],
         limits: &[Limit<'_>],
-        prepared: &[Prepared],
+        prepared: &[ScriptLimit],
     ) -> Result<GroupReply, StoreError> {
         let batcher = match &self.batching {
             _ if op != Op::Check => None,
@@ -452,7 +452,7 @@ impl RedisStore {
 
     /// The limits grouped by slot (one group on a single server), the narrowest
     /// group (smallest capacity among its limits) first.
-    fn groups(&self, limits: &[Limit<'_>], prepared: &[Prepared]) -> Vec<SmallVec<[usize; 4]>> {
+    fn groups(&self, limits: &[Limit<'_>], prepared: &[ScriptLimit]) -> Vec<SmallVec<[usize; 4]>> {
         if !self.conn.is_cluster() {
             return vec![(0..limits.len()).collect()];
         }
@@ -475,7 +475,7 @@ impl RedisStore {
     async fn check_redis(
         &self,
         limits: &[Limit<'_>],
-        prepared: &[Prepared],
+        prepared: &[ScriptLimit],
     ) -> Result<Stamped, StoreError> {
         let now_us = self.now_us()?;
         // The base of the lease members this check adds: unique per store,
@@ -550,7 +550,7 @@ impl RedisStore {
         committed: &[(usize, u64)],
         groups: &[SmallVec<[usize; 4]>],
         lease: &str,
-        prepared: &[Prepared],
+        prepared: &[ScriptLimit],
     ) {
         for &(g, now_us) in committed {
             let members = &groups[g];

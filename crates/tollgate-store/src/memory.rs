@@ -778,14 +778,14 @@ where
 /// answer, instead of into the future and then out of it: with the `ready`
 /// future an asynchronous check of one key took 38% longer than `check_now`
 /// (docs/benchmarks.md). Like any future, it does nothing until polled.
-struct Check<'s, 'a, 'l, C> {
+struct CheckNow<'s, 'a, 'l, C> {
     store: &'s MemoryStore<C>,
     /// Taken by the one poll that checks, so that a second poll cannot
     /// consume the budget again.
     limits: Option<&'a [Limit<'l>]>,
 }
 
-impl<C: Clock> Future for Check<'_, '_, '_, C> {
+impl<C: Clock> Future for CheckNow<'_, '_, '_, C> {
     type Output = Result<Outcome, StoreError>;
 
     #[inline]
@@ -803,7 +803,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         &self,
         limits: &[Limit<'_>],
     ) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        Check {
+        CheckNow {
             store: self,
             limits: Some(limits),
         }

@@ -28,7 +28,7 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// The limiter behind a layer, with its store types erased so that the
 /// layer's types name only the inner service.
-pub(crate) trait Check: Send + Sync + 'static {
+pub(crate) trait DynLimiter: Send + Sync + 'static {
     /// The descriptors the configured sources make of `request`, from the
     /// socket peer `peer` when the service was told it.
     fn descriptors(&self, request: &Parts, peer: Option<IpAddr>) -> Vec<Descriptor>;
@@ -44,22 +44,22 @@ pub(crate) trait Check: Send + Sync + 'static {
     fn check_now(&self, descriptors: &Descriptors) -> Option<Checked>;
 
     /// Decides a request with these descriptors in a future to poll.
-    fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Verdict>;
+    fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Admission>;
 }
 
 /// A check, decided or on its way.
 pub(crate) enum Checked {
     /// Decided where it was asked: nothing to box, no request to hold.
-    Now(Verdict),
+    Now(Admission),
     /// To be polled: a store that waits, or a request shaping holds.
-    Later(BoxFuture<Verdict>),
+    Later(BoxFuture<Admission>),
 }
 
 /// A request's descriptors: made from it, or its connection's, made once.
 pub(crate) enum Descriptors {
     /// Made from the request.
     Made(Vec<Descriptor>),
-    /// The connection's ([`Check::peer_check`]).
+    /// The connection's ([`DynLimiter::peer_check`]).
     Peer(Arc<PeerCheck>),
 }
 
@@ -85,7 +85,7 @@ pub(crate) struct PeerCheck {
 }
 
 /// What the check decided.
-pub(crate) enum Verdict {
+pub(crate) enum Admission {
     /// Forward the request; add the headers of `reported` to the response;
     /// drop `permits` when the response is ready (or the request is
     /// abandoned).
@@ -184,7 +184,7 @@ pub(crate) struct Limiter<St, L> {
     pub(crate) style: HeaderStyle,
 }
 
-impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
+impl<St: Store + 'static, L: Store + 'static> DynLimiter for Limiter<St, L> {
     fn descriptors(&self, request: &Parts, peer: Option<IpAddr>) -> Vec<Descriptor> {
         // A descriptor with no entries (a custom source's) limits nothing.
         self.sources
@@ -230,7 +230,7 @@ impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
         })
     }
 
-    fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Verdict> {
+    fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Admission> {
         Box::pin(async move {
             let (verdict, delay) = self.decide(&descriptors).await;
             held(delay, verdict).await
@@ -250,7 +250,7 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
     }
 
     /// The verdict, and how long shaping holds an admitted request first.
-    async fn decide(&self, descriptors: &Descriptors) -> (Verdict, Duration) {
+    async fn decide(&self, descriptors: &Descriptors) -> (Admission, Duration) {
         let mut permits = Permits::default();
         if descriptors.is_empty() {
             return (pass(permits), Duration::ZERO);
@@ -282,7 +282,7 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
             // path): passed, as other refusals are, it would let any client
             // skip every limit by sending one.
             Err(error @ RequestError::TooLong { .. }) => {
-                return (Verdict::Refuse(error.to_string()), Duration::ZERO);
+                return (Admission::Refuse(error.to_string()), Duration::ZERO);
             }
             Err(_) => return (pass(permits), Duration::ZERO),
         };
@@ -304,7 +304,7 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
             verdict,
             style: self.style,
         });
-        (Verdict::Pass { reported, permits }, delay)
+        (Admission::Pass { reported, permits }, delay)
     }
 
     /// The enforcer's request for `descriptors`. Made where each enforcer
@@ -320,8 +320,8 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
         })
     }
 
-    fn deny(&self, verdict: tollgate_policy::Verdict) -> Verdict {
-        Verdict::Deny(Denied(Reported {
+    fn deny(&self, verdict: tollgate_policy::Verdict) -> Admission {
+        Admission::Deny(Denied(Reported {
             verdict,
             style: self.style,
         }))
@@ -330,7 +330,7 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
 
 /// `verdict` once `delay` has passed: a shaping rule holds the request it
 /// admits that long.
-async fn held(delay: Duration, verdict: Verdict) -> Verdict {
+async fn held(delay: Duration, verdict: Admission) -> Admission {
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
@@ -338,8 +338,8 @@ async fn held(delay: Duration, verdict: Verdict) -> Verdict {
 }
 
 /// A pass with no headers.
-fn pass(permits: Permits) -> Verdict {
-    Verdict::Pass {
+fn pass(permits: Permits) -> Admission {
+    Admission::Pass {
         reported: None,
         permits,
     }
@@ -428,13 +428,13 @@ mod tests {
         let at_cap = "v".repeat(4096);
         let (first, _) = limiter.decide(&made(&at_cap)).await;
         assert!(
-            matches!(first, Verdict::Pass { .. }),
+            matches!(first, Admission::Pass { .. }),
             "the first at the cap"
         );
         let (second, _) = limiter.decide(&made(&at_cap)).await;
-        assert!(matches!(second, Verdict::Deny(_)), "limited");
+        assert!(matches!(second, Admission::Deny(_)), "limited");
         let (past, _) = limiter.decide(&made(&"v".repeat(4097))).await;
-        let Verdict::Refuse(reason) = past else {
+        let Admission::Refuse(reason) = past else {
             panic!("a value past the cap is refused");
         };
         assert!(reason.contains("at most 4096"), "{reason}");

@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::ResponseBody;
-use super::check::{BoxFuture, Checked, Denied, Permits, Reported, Verdict, refusal};
+use super::check::{Admission, BoxFuture, Checked, Denied, Permits, Reported, refusal};
 use super::denial::Answer;
 
 pin_project! {
@@ -34,7 +34,7 @@ pin_project! {
         // store that waits, a request shaping holds) and the others small:
         // a future of their size is copied a few times a request.
         Checking {
-            check: BoxFuture<Verdict>,
+            check: BoxFuture<Admission>,
             held: Option<Box<(S, Request<B>)>>,
         },
         Calling {
@@ -56,17 +56,17 @@ pin_project! {
 impl<S: Service<Request<B>>, B> State<S, B> {
     /// What follows `verdict` on `request`: the inner service's call, or
     /// the layer's own answer.
-    fn after(verdict: Verdict, mut service: S, request: Request<B>) -> Self {
+    fn after(verdict: Admission, mut service: S, request: Request<B>) -> Self {
         match verdict {
-            Verdict::Pass { reported, permits } => State::Calling {
+            Admission::Pass { reported, permits } => State::Calling {
                 future: service.call(request),
                 reported,
                 permits: Some(permits),
             },
-            Verdict::Deny(denied) => State::Answered {
+            Admission::Deny(denied) => State::Answered {
                 denied: Some((denied, Answer::of(request.headers()))),
             },
-            Verdict::Refuse(reason) => State::Refused {
+            Admission::Refuse(reason) => State::Refused {
                 reason: Some(reason),
             },
         }
