@@ -54,6 +54,7 @@ use backend::Backend;
 use grpc::{GrpcService, RateLimitGrpc};
 use http::AppState;
 use hyper_util::service::TowerToHyperService;
+use tollgate_envoy::rlqs::QuotaService;
 use tollgate_gateway::Gateway;
 use tollgate_gateway::listen::{Acceptor, Protocol};
 use tollgate_policy::Enforcer;
@@ -523,7 +524,7 @@ async fn launch(
             .with_shadow_mode(args.envoy.as_ref().is_some_and(|e| e.shadow_mode))
             .with_quota_mode(args.envoy.as_ref().is_some_and(|e| e.quota_mode))
             .with_envoy_counting(args.envoy_counting)
-            .with_clock(clock)
+            .with_clock(Arc::clone(&clock))
             .with_timer(Arc::new(FastClock::new()))
             .with_observer(record::observer(
                 (metrics::Observe, live::Observe(Arc::clone(&live))),
@@ -561,7 +562,10 @@ async fn launch(
             args.api_token.clone(),
             Arc::clone(&reply),
         ),
-        tonic::service::Routes::new(health_service).prepare(),
+        // Envoy's quota filter streams to the same port as its RLS filter.
+        tonic::service::Routes::new(health_service)
+            .add_service(QuotaService::new(handle.clone(), Arc::clone(&clock)).server())
+            .prepare(),
     );
     let mut grpc_acceptor = Acceptor::new("grpc", limits, Protocol::Http2);
     if let Some(config) = grpc_tls {

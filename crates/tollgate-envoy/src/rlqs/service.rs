@@ -1,0 +1,303 @@
+//! The stream service: each Envoy's reports in, its buckets' actions out,
+//! one answer per report.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket as TokenBucketProto};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+    AbandonAction, BucketAction as Action, QuotaAssignmentAction,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
+    RateLimitQuotaService, RateLimitQuotaServiceServer,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use envoy_types::pb::google::protobuf::{Duration as DurationProto, UInt32Value};
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tollgate_core::Clock;
+use tollgate_policy::PolicyHandle;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::bucket::{Target, target};
+use super::fleet::{Fleet, Grant, Usage};
+
+/// `StreamRateLimitQuotas` over a policy and one [`Fleet`]: add
+/// [`QuotaService::server`] to a gRPC listener's routes.
+#[derive(Clone)]
+pub struct QuotaService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    policy: PolicyHandle,
+    fleet: Mutex<Fleet>,
+    clock: Arc<dyn Clock>,
+    streams: AtomicU64,
+}
+
+impl QuotaService {
+    /// Serves `policy`'s quotas, reading the time from `clock` (windows are
+    /// aligned to its epoch).
+    pub fn new(policy: PolicyHandle, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                policy,
+                fleet: Mutex::new(Fleet::new()),
+                clock,
+                streams: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The tonic service to route to.
+    pub fn server(&self) -> RateLimitQuotaServiceServer<Self> {
+        RateLimitQuotaServiceServer::new(self.clone())
+    }
+
+    /// Calls `f` with every bucket's rule-independent state: its budget key
+    /// and stats. For metrics.
+    pub fn with_fleet<T>(&self, f: impl FnOnce(&Fleet) -> T) -> T {
+        let mut fleet = self.inner.fleet.lock();
+        fleet.prune(self.inner.clock.now());
+        f(&fleet)
+    }
+
+    /// The answer to one report: an action per bucket it names.
+    ///
+    /// # Errors
+    ///
+    /// `INVALID_ARGUMENT` for a report without a domain or with a bucket
+    /// without an id; nothing of it is taken then.
+    fn answer(
+        &self,
+        stream: u64,
+        domain: &mut Option<String>,
+        report: RateLimitQuotaUsageReports,
+    ) -> Result<RateLimitQuotaResponse, Status> {
+        if domain.is_none() {
+            if report.domain.is_empty() {
+                return Err(Status::invalid_argument(
+                    "the first usage report of a stream must name its domain",
+                ));
+            }
+            *domain = Some(report.domain);
+        }
+        let domain = domain.as_deref().expect("set above");
+        for (i, usage) in report.bucket_quota_usages.iter().enumerate() {
+            if usage.bucket_id.as_ref().is_none_or(|b| b.bucket.is_empty()) {
+                return Err(Status::invalid_argument(format!(
+                    "bucket_quota_usages[{i}] has no bucket_id"
+                )));
+            }
+        }
+        let policy = self.inner.policy.load();
+        let now = self.inner.clock.now();
+        let mut fleet = self.inner.fleet.lock();
+        let bucket_action = report
+            .bucket_quota_usages
+            .into_iter()
+            .map(|usage| {
+                let id = usage.bucket_id.expect("checked above");
+                let action = match target(&policy, domain, &id.bucket) {
+                    Target::Quota { key, plan, .. } => {
+                        let used = Usage {
+                            allowed: usage.num_requests_allowed,
+                            denied: usage.num_requests_denied,
+                        };
+                        let (grant, ttl) = fleet.report(stream, &key, plan, used, now);
+                        assign(Some(grant), ttl)
+                    }
+                    Target::AllowAll { .. } => assign(None, BLANKET_TTL),
+                    Target::DenyAll { .. } => assign(Some(Grant::DenyAll), BLANKET_TTL),
+                    Target::NoRule => Action::AbandonAction(AbandonAction {}),
+                };
+                BucketAction {
+                    bucket_id: Some(id),
+                    bucket_action: Some(action),
+                }
+            })
+            .collect();
+        Ok(RateLimitQuotaResponse { bucket_action })
+    }
+}
+
+/// The time to live of an allow-all or deny-all rule's answer: it changes
+/// only with the policy, and every report refreshes it.
+const BLANKET_TTL: Duration = Duration::from_secs(60);
+
+/// A grant as Envoy's action; `None` admits everything.
+fn assign(grant: Option<Grant>, ttl: Duration) -> Action {
+    let strategy = match grant {
+        None => Strategy::BlanketRule(BlanketRule::AllowAll.into()),
+        Some(Grant::DenyAll) => Strategy::BlanketRule(BlanketRule::DenyAll.into()),
+        Some(Grant::Tokens(t)) => Strategy::TokenBucket(TokenBucketProto {
+            max_tokens: t.max_tokens,
+            tokens_per_fill: Some(UInt32Value {
+                value: t.tokens_per_fill,
+            }),
+            fill_interval: Some(DurationProto {
+                seconds: i64::try_from(t.fill_secs).unwrap_or(i64::MAX),
+                nanos: i32::try_from(t.generation).unwrap_or(0),
+            }),
+        }),
+    };
+    Action::QuotaAssignmentAction(QuotaAssignmentAction {
+        assignment_time_to_live: Some(DurationProto {
+            seconds: i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
+            nanos: 0,
+        }),
+        rate_limit_strategy: Some(RateLimitStrategy {
+            strategy: Some(strategy),
+        }),
+    })
+}
+
+#[tonic::async_trait]
+impl RateLimitQuotaService for QuotaService {
+    type StreamRateLimitQuotasStream = ReceiverStream<Result<RateLimitQuotaResponse, Status>>;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: Request<Streaming<RateLimitQuotaUsageReports>>,
+    ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
+        let mut reports = request.into_inner();
+        let stream = self.inner.streams.fetch_add(1, Ordering::Relaxed);
+        let (answers, out) = mpsc::channel(4);
+        let service = self.clone();
+        tokio::spawn(async move {
+            let mut domain = None;
+            loop {
+                let report = match reports.message().await {
+                    Ok(Some(report)) => report,
+                    Ok(None) => break,
+                    Err(status) => {
+                        tracing::debug!(stream, %status, "quota stream ended");
+                        break;
+                    }
+                };
+                let answer = service.answer(stream, &mut domain, report);
+                let failed = answer.is_err();
+                if answers.send(answer).await.is_err() || failed {
+                    break;
+                }
+            }
+            service.inner.fleet.lock().leave(stream);
+        });
+        Ok(Response::new(ReceiverStream::new(out)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use tollgate_core::ManualClock;
+    use tollgate_policy::Policy;
+
+    use super::*;
+
+    fn id(entries: &[(&str, &str)]) -> BucketId {
+        BucketId {
+            bucket: entries
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<HashMap<_, _>>(),
+        }
+    }
+
+    fn service() -> QuotaService {
+        let policy = Policy::parse(
+            "edge.yaml",
+            "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
+        )
+        .expect("valid");
+        QuotaService::new(PolicyHandle::new(policy), Arc::new(ManualClock::new(0)))
+    }
+
+    fn report(domain: &str, ids: Vec<Option<BucketId>>) -> RateLimitQuotaUsageReports {
+        RateLimitQuotaUsageReports {
+            domain: domain.to_owned(),
+            bucket_quota_usages: ids
+                .into_iter()
+                .map(|bucket_id| BucketQuotaUsage {
+                    bucket_id,
+                    time_elapsed: None,
+                    num_requests_allowed: 1,
+                    num_requests_denied: 0,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_malformed_report_is_an_invalid_argument() {
+        let service = service();
+        let mut domain = None;
+        let no_domain =
+            service.answer(0, &mut domain, report("", vec![Some(id(&[("user", "a")]))]));
+        assert_eq!(no_domain.unwrap_err().code(), tonic::Code::InvalidArgument);
+        let mut domain = None;
+        for ids in [vec![None], vec![Some(id(&[]))]] {
+            let error = service
+                .answer(0, &mut domain, report("edge", ids))
+                .unwrap_err();
+            assert_eq!(error.code(), tonic::Code::InvalidArgument);
+            assert!(
+                error.message().contains("bucket_quota_usages[0]"),
+                "{error:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn buckets_get_an_assignment_or_are_abandoned() {
+        let service = service();
+        let mut domain = None;
+        let answer = service
+            .answer(
+                0,
+                &mut domain,
+                report(
+                    "edge",
+                    vec![Some(id(&[("user", "alice")])), Some(id(&[("team", "x")]))],
+                ),
+            )
+            .expect("well formed");
+        let actions: Vec<_> = answer
+            .bucket_action
+            .iter()
+            .map(|a| a.bucket_action.expect("an action"))
+            .collect();
+        let Action::QuotaAssignmentAction(assigned) = &actions[0] else {
+            panic!("{actions:?}");
+        };
+        assert!(
+            matches!(
+                assigned
+                    .rate_limit_strategy
+                    .as_ref()
+                    .and_then(|s| s.strategy),
+                Some(Strategy::TokenBucket(TokenBucketProto {
+                    max_tokens: 2,
+                    ..
+                }))
+            ),
+            "{assigned:?}"
+        );
+        assert!(
+            assigned
+                .assignment_time_to_live
+                .is_some_and(|t| t.seconds >= 1)
+        );
+        assert_eq!(actions[1], Action::AbandonAction(AbandonAction {}));
+    }
+}
