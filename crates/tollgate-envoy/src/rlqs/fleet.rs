@@ -9,14 +9,21 @@
 //! - a token bucket equal to the one in force (same `max_tokens`,
 //!   `tokens_per_fill` and `fill_interval` nanoseconds) keeps its tokens and
 //!   only has its time to live extended; any other token bucket replaces it
-//!   with a new, **full** one;
+//!   with one as full, in proportion, as the one it replaces (an empty
+//!   bucket's successor starts empty); a token bucket that follows no token
+//!   bucket starts full. A response's actions are applied in order, in one
+//!   step, so `DENY_ALL` then a token bucket starts that bucket full without
+//!   a request ever seeing the `DENY_ALL`: that is how the service sends a
+//!   [`Answer::fresh`] grant;
+//! - Envoy reports every 5 s, whatever the bucket's `reporting_interval`
+//!   says (`filter_persistence.cc`), and at once when it meets a new bucket;
 //! - the fill rate is `tokens_per_fill` over the fill interval's whole
 //!   seconds, and the time to live counts whole seconds only;
 //! - an assignment that is not refreshed within its time to live expires,
 //!   and Envoy falls back to `expired_assignment_behavior`.
 //!
 //! So every grant that differs from the last one hands its Envoy a full
-//! bucket: the fleet counts that as tokens given out. The bound this keeps
+//! bucket, and the fleet counts that as tokens given out. The bound this keeps
 //! is stated in `docs/envoy.md` (*The bound*) and checked by the tests
 //! below.
 
@@ -78,9 +85,9 @@ pub struct TokenBucket {
     pub tokens_per_fill: u32,
     /// The fill interval's whole seconds.
     pub fill_secs: u64,
-    /// The fill interval's nanoseconds: Envoy ignores them in the rate but
-    /// compares them to tell a new bucket from the one in force, so a grant
-    /// meant to start a full bucket carries a different number.
+    /// The fill interval's nanoseconds, which Envoy leaves out of the rate:
+    /// a number of the Envoy's grants, so that no grant meant to start a
+    /// new bucket equals the one in force.
     pub generation: u32,
 }
 
@@ -101,6 +108,18 @@ impl Grant {
             Grant::DenyAll => 0,
         }
     }
+}
+
+/// What one Envoy is to be sent for one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answer {
+    /// What it enforces.
+    pub grant: Grant,
+    /// For how long, unless refreshed: whole seconds, as Envoy reads them.
+    pub ttl: Duration,
+    /// The grant is new: a token bucket is to start full, not carry the
+    /// fill of the one in force (see the module's documentation).
+    pub fresh: bool,
 }
 
 /// One usage report for one bucket: requests since the previous report.
@@ -190,7 +209,7 @@ impl Fleet {
 
     /// Takes `stream`'s report of `usage` for the bucket whose budget is
     /// `key` under `plan`, at `now`; gives back what the stream's Envoy is
-    /// to enforce and for how long (whole seconds, as Envoy reads it).
+    /// to enforce and for how long.
     pub fn report(
         &mut self,
         stream: StreamId,
@@ -198,7 +217,7 @@ impl Fleet {
         plan: Plan,
         usage: Usage,
         now: Nanos,
-    ) -> (Grant, Duration) {
+    ) -> Answer {
         let shared = match self.buckets.get_mut(key) {
             Some(shared) => shared,
             None => self.buckets.entry(key.to_owned()).or_insert(Shared {
@@ -285,13 +304,7 @@ impl Shared {
         self.rebalanced = now;
     }
 
-    fn report(
-        &mut self,
-        stream: StreamId,
-        plan: Plan,
-        usage: Usage,
-        now: Nanos,
-    ) -> (Grant, Duration) {
+    fn report(&mut self, stream: StreamId, plan: Plan, usage: Usage, now: Nanos) -> Answer {
         self.prune(now);
         if plan != self.plan {
             self.plan = plan;
@@ -323,14 +336,19 @@ impl Shared {
             } => self.rate(stream, limit, period, burst, now),
         };
         let member = self.members.get_mut(&stream).expect("inserted above");
-        if member.grant != Some(grant) {
+        let fresh = member.grant != Some(grant);
+        if fresh {
             member.first = member.grant.is_none();
             member.grant = Some(grant);
             member.generation = next_generation(member.generation);
             member.unconfirmed = true;
         }
         member.expires = now.saturating_add(nanos(member.ttl));
-        (grant, member.ttl)
+        Answer {
+            grant,
+            ttl: member.ttl,
+            fresh,
+        }
     }
 
     /// Windowed quotas: a lease of what the window has left, shared by
@@ -476,8 +494,11 @@ impl Member {
     }
 }
 
-/// The shortest time to live: a missed report must not expire a grant.
-const MIN_TTL: Duration = Duration::from_secs(3);
+/// The shortest time to live, and the first: two of Envoy 1.40's report
+/// intervals and a second. That Envoy reports every 5 s whatever the
+/// bucket's `reporting_interval` says (`filter_persistence.cc`), so a grant
+/// must outlive a missed report of those.
+const MIN_TTL: Duration = Duration::from_secs(11);
 
 /// A grant's time to live for an Envoy reporting every `interval`: two
 /// intervals and a second, in whole seconds (Envoy reads only those), so

@@ -100,30 +100,36 @@ impl QuotaService {
         let policy = self.inner.policy.load();
         let now = self.inner.clock.now();
         let mut fleet = self.inner.fleet.lock();
-        let bucket_action = report
-            .bucket_quota_usages
-            .into_iter()
-            .map(|usage| {
-                let id = usage.bucket_id.expect("checked above");
-                let action = match target(&policy, domain, &id.bucket) {
-                    Target::Quota { key, plan, .. } => {
-                        let used = Usage {
-                            allowed: usage.num_requests_allowed,
-                            denied: usage.num_requests_denied,
-                        };
-                        let (grant, ttl) = fleet.report(stream, &key, plan, used, now);
-                        assign(Some(grant), ttl)
+        let mut bucket_action = Vec::with_capacity(report.bucket_quota_usages.len());
+        for usage in report.bucket_quota_usages {
+            let id = usage.bucket_id.expect("checked above");
+            let action = match target(&policy, domain, &id.bucket) {
+                Target::Quota { key, plan, .. } => {
+                    let used = Usage {
+                        allowed: usage.num_requests_allowed,
+                        denied: usage.num_requests_denied,
+                    };
+                    let answer = fleet.report(stream, &key, plan, used, now);
+                    tracing::debug!(stream, ?used, ?answer, "quota report");
+                    if answer.fresh && matches!(answer.grant, Grant::Tokens(_)) {
+                        // Envoy starts a token bucket that follows a blanket
+                        // rule full, and applies both in one step.
+                        bucket_action.push(BucketAction {
+                            bucket_id: Some(id.clone()),
+                            bucket_action: Some(assign(Some(Grant::DenyAll), answer.ttl)),
+                        });
                     }
-                    Target::AllowAll { .. } => assign(None, BLANKET_TTL),
-                    Target::DenyAll { .. } => assign(Some(Grant::DenyAll), BLANKET_TTL),
-                    Target::NoRule => Action::AbandonAction(AbandonAction {}),
-                };
-                BucketAction {
-                    bucket_id: Some(id),
-                    bucket_action: Some(action),
+                    assign(Some(answer.grant), answer.ttl)
                 }
-            })
-            .collect();
+                Target::AllowAll { .. } => assign(None, BLANKET_TTL),
+                Target::DenyAll { .. } => assign(Some(Grant::DenyAll), BLANKET_TTL),
+                Target::NoRule => Action::AbandonAction(AbandonAction {}),
+            };
+            bucket_action.push(BucketAction {
+                bucket_id: Some(id),
+                bucket_action: Some(action),
+            });
+        }
         Ok(RateLimitQuotaResponse { bucket_action })
     }
 }
@@ -277,7 +283,15 @@ mod tests {
             .iter()
             .map(|a| a.bucket_action.expect("an action"))
             .collect();
-        let Action::QuotaAssignmentAction(assigned) = &actions[0] else {
+        let Action::QuotaAssignmentAction(reset) = &actions[0] else {
+            panic!("{actions:?}");
+        };
+        assert_eq!(
+            reset.rate_limit_strategy.and_then(|s| s.strategy),
+            Some(Strategy::BlanketRule(BlanketRule::DenyAll.into())),
+            "a new bucket is preceded by a blanket rule, so that it starts full"
+        );
+        let Action::QuotaAssignmentAction(assigned) = &actions[1] else {
             panic!("{actions:?}");
         };
         assert!(
@@ -298,6 +312,6 @@ mod tests {
                 .assignment_time_to_live
                 .is_some_and(|t| t.seconds >= 1)
         );
-        assert_eq!(actions[1], Action::AbandonAction(AbandonAction {}));
+        assert_eq!(actions[2], Action::AbandonAction(AbandonAction {}));
     }
 }

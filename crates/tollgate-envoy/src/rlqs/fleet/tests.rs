@@ -97,18 +97,22 @@ fn a_window_is_shared_and_deny_all_once_spent() {
                 admitted += u64::from(envoy.admit(now).0);
                 if envoy.grant.is_none() {
                     // Envoy reports a new bucket at once.
-                    let (grant, _) = fleet.report(i as u64, "k", plan, envoy.take_usage(), now);
+                    let grant = fleet
+                        .report(i as u64, "k", plan, envoy.take_usage(), now)
+                        .grant;
                     envoy.apply(grant, now);
                 }
             }
-            let (grant, _) = fleet.report(i as u64, "k", plan, envoy.take_usage(), now);
+            let grant = fleet
+                .report(i as u64, "k", plan, envoy.take_usage(), now)
+                .grant;
             envoy.apply(grant, now);
         }
     }
     assert_eq!(admitted, 10, "the window's limit, no more and no less");
     assert!(envoys.iter().all(|e| e.grant == Some(Grant::DenyAll)));
     // The next window starts new leases.
-    let (a, _) = fleet.report(0, "k", plan, usage(0, 10), MINUTE);
+    let a = fleet.report(0, "k", plan, usage(0, 10), MINUTE).grant;
     assert!(tokens(a) > 0);
 }
 
@@ -119,9 +123,9 @@ fn an_unchanged_grant_is_sent_unchanged() {
         limit: 100,
         period: MINUTE,
     };
-    let (first, _) = fleet.report(1, "k", plan, usage(1, 0), 0);
+    let first = fleet.report(1, "k", plan, usage(1, 0), 0).grant;
     // Nothing spent of it: the same grant, so Envoy keeps its tokens.
-    let (again, _) = fleet.report(1, "k", plan, usage(0, 0), SECOND);
+    let again = fleet.report(1, "k", plan, usage(0, 0), SECOND).grant;
     assert_eq!(first, again);
 }
 
@@ -135,9 +139,9 @@ fn an_envoy_leaving_gives_its_rate_share_once_its_grant_expired() {
     };
     fleet.report(1, "k", plan, usage(1, 0), 0);
     fleet.report(2, "k", plan, usage(1, 0), 0);
-    let (a, ttl) = fleet.report(1, "k", plan, usage(50, 0), SECOND);
+    let Answer { grant: a, ttl, .. } = fleet.report(1, "k", plan, usage(50, 0), SECOND);
     fleet.report(2, "k", plan, usage(50, 0), SECOND);
-    let (a2, _) = fleet.report(1, "k", plan, usage(50, 0), SECOND);
+    let a2 = fleet.report(1, "k", plan, usage(50, 0), SECOND).grant;
     assert_eq!(
         a, a2,
         "shares taken at the rebalance, not moved at every report"
@@ -148,10 +152,10 @@ fn an_envoy_leaving_gives_its_rate_share_once_its_grant_expired() {
     assert_eq!(half.tokens_per_fill, 50);
     fleet.leave(2);
     // Still held while stream 2's grant may be in force.
-    let (a, _) = fleet.report(1, "k", plan, usage(50, 0), 2 * SECOND);
+    let a = fleet.report(1, "k", plan, usage(50, 0), 2 * SECOND).grant;
     assert_eq!(a, Grant::Tokens(half));
     let later = 2 * SECOND + nanos(ttl) + SECOND;
-    let (a, _) = fleet.report(1, "k", plan, usage(50, 0), later);
+    let a = fleet.report(1, "k", plan, usage(50, 0), later).grant;
     let Grant::Tokens(all) = a else {
         panic!("{a:?}")
     };
@@ -173,7 +177,7 @@ fn a_changed_plan_reaches_the_next_answer() {
         period: SECOND,
         burst: 2,
     };
-    let (g, _) = fleet.report(1, "k", smaller, usage(1, 0), SECOND);
+    let g = fleet.report(1, "k", smaller, usage(1, 0), SECOND).grant;
     assert!(
         matches!(
             g,
@@ -198,7 +202,8 @@ fn rates_below_a_token_a_second_fill_over_longer_intervals() {
 
 #[test]
 fn a_grant_lives_two_intervals_and_a_second_in_whole_seconds() {
-    assert_eq!(ttl(SECOND), Duration::from_secs(3));
+    assert_eq!(ttl(SECOND), MIN_TTL);
+    assert_eq!(ttl(5 * SECOND), Duration::from_secs(11));
     assert_eq!(ttl(10 * SECOND), Duration::from_secs(21));
     assert_eq!(ttl(SECOND / 2), MIN_TTL);
     assert_eq!(ttl(u64::MAX), Duration::from_secs(300));
@@ -265,7 +270,7 @@ proptest! {
                 let timer = subscribed[i] && step % 100 == t.phase;
                 if first || (timer && live) {
                     subscribed[i] = true;
-                    let (grant, _) = fleet.report(i as u64, "k", plan, envoy.take_usage(), now);
+                    let grant = fleet.report(i as u64, "k", plan, envoy.take_usage(), now).grant;
                     pending[i] = Some(grant);
                 }
                 if step == t.stop && subscribed[i] {
@@ -301,7 +306,7 @@ proptest! {
         let mut rate = 0f64;
         let mut caps = 0u64;
         for (i, d) in demands.iter().enumerate() {
-            let (grant, _) = fleet.report(i as u64, "k", plan, usage(*d, 0), SECOND);
+            let grant = fleet.report(i as u64, "k", plan, usage(*d, 0), SECOND).grant;
             let Grant::Tokens(t) = grant else { panic!("{grant:?}") };
             rate += f64::from(t.tokens_per_fill) / t.fill_secs as f64;
             caps += u64::from(t.max_tokens);
