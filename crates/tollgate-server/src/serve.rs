@@ -556,6 +556,7 @@ async fn launch(
         // that the health rules would not allow.
         health.config(xds.healthy_at_start()).await;
     }
+    let quota = QuotaService::new(handle.clone(), Arc::clone(&clock));
     let grpc_service = GrpcService::new(
         RateLimitGrpc::new(
             Arc::clone(&enforcer),
@@ -564,7 +565,7 @@ async fn launch(
         ),
         // Envoy's quota filter streams to the same port as its RLS filter.
         tonic::service::Routes::new(health_service)
-            .add_service(QuotaService::new(handle.clone(), Arc::clone(&clock)).server())
+            .add_service(quota.server())
             .prepare(),
     );
     let mut grpc_acceptor = Acceptor::new("grpc", limits, Protocol::Http2);
@@ -577,7 +578,10 @@ async fn launch(
 
     let store_metrics: Option<Box<dyn Fn() + Send + Sync>> = {
         let enforcer = Arc::clone(&enforcer);
-        Some(Box::new(move || enforcer.store().record_metrics()))
+        Some(Box::new(move || {
+            enforcer.store().record_metrics();
+            quota.record_metrics();
+        }))
     };
     let store_health: Option<Box<dyn Fn() -> live::StoreHealth + Send + Sync>> = {
         let enforcer = Arc::clone(&enforcer);

@@ -243,3 +243,149 @@ async fn two_envoys_share_one_quota_and_users_are_isolated() {
     );
     assert!(admitted(&client, &b, "bob").await);
 }
+
+/// A rate of 10 a second per user, in Tollgate's own format.
+fn rate_policy(per_second: u32) -> String {
+    format!(
+        "domain: edge
+rules:
+  - name: per-user-rate
+    match:
+      - key: name
+        value: per-user
+      - key: user
+    algorithm: token-bucket
+    limit: {{ requests: {per_second}, per: 1s }}
+"
+    )
+}
+
+/// The value of the gauge `name` of rule `per-user-rate` on `server`'s
+/// `/metrics`, if it has one.
+async fn gauge(client: &reqwest::Client, server: &Server, name: &str) -> Option<f64> {
+    let text = client
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find(|l| l.starts_with(name) && l.contains("rule=\"per-user-rate\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Polls `server`'s metrics (a bounded number of times, a report interval
+/// apart at most) until the rule has `envoys` subscribed and `rate` tokens
+/// a second assigned in all; whether it did.
+async fn settles(client: &reqwest::Client, server: &Server, envoys: f64, rate: f64) -> bool {
+    for _ in 0..80 {
+        let subscribed = gauge(client, server, "tollgate_rlqs_subscriptions").await;
+        let assigned = gauge(client, server, "tollgate_rlqs_assigned_tokens_per_second").await;
+        if subscribed == Some(envoys) && assigned.is_some_and(|a| (a - rate).abs() < 1e-9) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    false
+}
+
+/// Two Envoys share a rate; when one goes, once its assignment has expired
+/// the other is given the whole rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envoy_leaving_gives_its_share_to_the_other() {
+    let Some(binary) = envoy() else { return };
+    let server = Server::with_config(&[("edge.yaml", &rate_policy(10))], &[]);
+    let up = upstream().await;
+    let a = Envoy::start(&binary, server.grpc, up).await;
+    let b = Envoy::start(&binary, server.grpc, up).await;
+    let client = reqwest::Client::new();
+    for envoy in [&a, &b] {
+        admitted(&client, envoy, "alice").await;
+    }
+    // Shares by demand: the two add up to the rate, rounded down.
+    let mut split = false;
+    for _ in 0..80 {
+        let subscribed = gauge(&client, &server, "tollgate_rlqs_subscriptions").await;
+        let assigned = gauge(&client, &server, "tollgate_rlqs_assigned_tokens_per_second").await;
+        if subscribed == Some(2.0) && assigned.is_some_and(|r| (9.0..=10.0).contains(&r)) {
+            split = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        split,
+        "two Envoys never shared alice's rate\n{}",
+        server.log()
+    );
+    drop(b);
+    assert!(
+        settles(&client, &server, 1.0, 10.0).await,
+        "the Envoy that stayed never got the whole rate"
+    );
+}
+
+/// A reload that changes the rate reaches the Envoys at their next report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reaches_envoy_at_its_next_report() {
+    let Some(binary) = envoy() else { return };
+    let server = Server::with_config(&[("edge.yaml", &rate_policy(10))], &[]);
+    let up = upstream().await;
+    let a = Envoy::start(&binary, server.grpc, up).await;
+    let client = reqwest::Client::new();
+    admitted(&client, &a, "alice").await;
+    assert!(settles(&client, &server, 1.0, 10.0).await, "no assignment");
+    let config = server.config.as_ref().expect("a config dir");
+    std::fs::write(config.path().join("edge.yaml"), rate_policy(25)).expect("writable");
+    assert!(
+        settles(&client, &server, 1.0, 25.0).await,
+        "the new rate never reached Envoy\n{}",
+        server.log()
+    );
+}
+
+/// Envoys resubscribe to a restarted Tollgate at their next report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_resubscribe_after_a_tollgate_restart() {
+    let Some(binary) = envoy() else { return };
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let config = common::config_dir(&[("edge.yaml", &rate_policy(10))]);
+    let path = config.path().to_str().expect("UTF-8").to_owned();
+    let args = [
+        "serve",
+        "--http",
+        "127.0.0.1:0",
+        "--grpc",
+        &grpc,
+        "--config",
+        &path,
+    ];
+    let server = Server::spawn(common::tollgate(), &args, None);
+    let up = upstream().await;
+    let a = Envoy::start(&binary, server.grpc, up).await;
+    let b = Envoy::start(&binary, server.grpc, up).await;
+    let client = reqwest::Client::new();
+    for envoy in [&a, &b] {
+        admitted(&client, envoy, "alice").await;
+    }
+    assert!(
+        settles(&client, &server, 2.0, 10.0).await || settles(&client, &server, 2.0, 9.0).await,
+        "two Envoys never subscribed"
+    );
+    drop(server);
+    let restarted = Server::spawn(common::tollgate(), &args, None);
+    // No request needed: Envoy reports every bucket it holds on its new
+    // stream.
+    let mut back = false;
+    for _ in 0..80 {
+        if gauge(&client, &restarted, "tollgate_rlqs_subscriptions").await == Some(2.0) {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(back, "the Envoys never came back\n{}", restarted.log());
+}

@@ -28,6 +28,7 @@
 //! below.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::Nanos;
@@ -108,6 +109,14 @@ impl Grant {
             Grant::DenyAll => 0,
         }
     }
+
+    /// Its refill in tokens a second, as Envoy computes it.
+    fn rate(self) -> f64 {
+        match self {
+            Grant::Tokens(t) => f64::from(t.tokens_per_fill) / t.fill_secs.max(1) as f64,
+            Grant::DenyAll => 0.0,
+        }
+    }
 }
 
 /// What one Envoy is to be sent for one bucket.
@@ -131,9 +140,25 @@ pub struct Usage {
     pub denied: u64,
 }
 
-/// A bucket's state, for metrics and the live page.
+/// The rule a bucket's budget belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// The policy's domain.
+    pub domain: Arc<str>,
+    /// A name for stats: a rule's, never a bucket's values, so that series
+    /// stay as few as the policy's rules.
+    pub name: Arc<str>,
+    /// How its quota is split.
+    pub plan: Plan,
+}
+
+/// A bucket's state, for metrics and the live page.
+#[derive(Debug, Clone, PartialEq)]
 pub struct BucketStats {
+    /// The rule's domain.
+    pub domain: Arc<str>,
+    /// The rule's name.
+    pub rule: Arc<str>,
     /// Envoys holding a share.
     pub envoys: usize,
     /// Admissions reported in the current window (windowed quotas) or
@@ -143,6 +168,9 @@ pub struct BucketStats {
     pub denied: u64,
     /// The tokens of the grants in force, summed over the Envoys.
     pub assigned: u64,
+    /// The refill of the grants in force, tokens a second, summed over the
+    /// Envoys (rates only; a lease refills nothing to speak of).
+    pub assigned_rate: f64,
 }
 
 #[derive(Debug)]
@@ -178,6 +206,8 @@ struct Member {
 
 #[derive(Debug)]
 struct Shared {
+    /// The rule's domain and name, as [`BucketStats`] gives them.
+    rule: (Arc<str>, Arc<str>),
     plan: Plan,
     members: HashMap<StreamId, Member>,
     /// Windowed: the window's index and what has been reported admitted in
@@ -208,19 +238,21 @@ impl Fleet {
     }
 
     /// Takes `stream`'s report of `usage` for the bucket whose budget is
-    /// `key` under `plan`, at `now`; gives back what the stream's Envoy is
+    /// `key` under `rule`, at `now`; gives back what the stream's Envoy is
     /// to enforce and for how long.
     pub fn report(
         &mut self,
         stream: StreamId,
         key: &str,
-        plan: Plan,
+        rule: &Rule,
         usage: Usage,
         now: Nanos,
     ) -> Answer {
+        let plan = rule.plan;
         let shared = match self.buckets.get_mut(key) {
             Some(shared) => shared,
             None => self.buckets.entry(key.to_owned()).or_insert(Shared {
+                rule: (Arc::clone(&rule.domain), Arc::clone(&rule.name)),
                 plan,
                 members: HashMap::new(),
                 window: now / plan.period(),
@@ -232,7 +264,8 @@ impl Fleet {
                 planned: None,
             }),
         };
-        shared.report(stream, plan, usage, now)
+        let labels = (Arc::clone(&rule.domain), Arc::clone(&rule.name));
+        shared.report(stream, labels, plan, usage, now)
     }
 
     /// `stream` has ended: its Envoys keep enforcing their grants until
@@ -267,16 +300,18 @@ impl Fleet {
 
 impl Shared {
     fn stats(&self) -> BucketStats {
+        let grants = || self.members.values().filter_map(|m| m.grant);
         BucketStats {
+            domain: Arc::clone(&self.rule.0),
+            rule: Arc::clone(&self.rule.1),
             envoys: self.members.len(),
             allowed: self.allowed,
             denied: self.denied,
-            assigned: self
-                .members
-                .values()
-                .filter_map(|m| m.grant)
-                .map(Grant::tokens)
-                .sum(),
+            assigned: grants().map(Grant::tokens).sum(),
+            assigned_rate: match self.plan {
+                Plan::Rate { .. } => grants().map(Grant::rate).sum(),
+                Plan::Window { .. } => 0.0,
+            },
         }
     }
 
@@ -304,8 +339,18 @@ impl Shared {
         self.rebalanced = now;
     }
 
-    fn report(&mut self, stream: StreamId, plan: Plan, usage: Usage, now: Nanos) -> Answer {
+    fn report(
+        &mut self,
+        stream: StreamId,
+        rule: (Arc<str>, Arc<str>),
+        plan: Plan,
+        usage: Usage,
+        now: Nanos,
+    ) -> Answer {
         self.prune(now);
+        if rule != self.rule {
+            self.rule = rule;
+        }
         if plan != self.plan {
             self.plan = plan;
             self.bump(now);

@@ -1,8 +1,9 @@
 //! The stream service: each Envoy's reports in, its buckets' actions out,
 //! one answer per report.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
@@ -18,6 +19,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use envoy_types::pb::google::protobuf::{Duration as DurationProto, UInt32Value};
+use metrics::{counter, describe_counter, describe_gauge, gauge};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -26,7 +28,7 @@ use tollgate_policy::PolicyHandle;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::bucket::{Target, target};
-use super::fleet::{Fleet, Grant, Usage};
+use super::fleet::{Fleet, Grant, Rule, Usage};
 
 /// `StreamRateLimitQuotas` over a policy and one [`Fleet`]: add
 /// [`QuotaService::server`] to a gRPC listener's routes.
@@ -39,34 +41,94 @@ struct Inner {
     policy: PolicyHandle,
     fleet: Mutex<Fleet>,
     clock: Arc<dyn Clock>,
+    /// Numbers the streams.
     streams: AtomicU64,
+    /// Streams open now.
+    open: AtomicI64,
+    /// The rules whose gauges were set, to zero those no bucket has now.
+    gauged: Mutex<HashSet<RuleLabels>>,
+}
+
+/// A rule's `domain` and `rule` labels.
+type RuleLabels = (Arc<str>, Arc<str>);
+
+/// A rule's subscriptions, assigned tokens and assigned rate.
+type RuleSums = (usize, u64, f64);
+
+const REPORTED: &str = "tollgate_rlqs_reported_requests_total";
+const STREAMS: &str = "tollgate_rlqs_streams";
+const SUBSCRIPTIONS: &str = "tollgate_rlqs_subscriptions";
+const ASSIGNED: &str = "tollgate_rlqs_assigned_tokens";
+const ASSIGNED_RATE: &str = "tollgate_rlqs_assigned_tokens_per_second";
+
+/// Counts a report's requests in the rule's series.
+fn count(domain: &str, rule: &str, used: Usage) {
+    for (result, n) in [("allowed", used.allowed), ("denied", used.denied)] {
+        counter!(REPORTED, "domain" => domain.to_owned(), "rule" => rule.to_owned(), "result" => result)
+            .increment(n);
+    }
 }
 
 impl QuotaService {
     /// Serves `policy`'s quotas, reading the time from `clock` (windows are
     /// aligned to its epoch).
     pub fn new(policy: PolicyHandle, clock: Arc<dyn Clock>) -> Self {
+        describe_counter!(
+            REPORTED,
+            "Requests Envoys reported through the quota service, by rule and whether Envoy admitted them."
+        );
+        describe_gauge!(STREAMS, "Envoys streaming to the quota service.");
+        describe_gauge!(
+            SUBSCRIPTIONS,
+            "Envoys holding a share of a rule's quota, summed over its buckets."
+        );
+        describe_gauge!(
+            ASSIGNED,
+            "Tokens of the assignments in force, summed over a rule's buckets and Envoys."
+        );
+        describe_gauge!(
+            ASSIGNED_RATE,
+            "Refill of a rate rule's assignments in force, tokens a second, summed over its buckets and Envoys."
+        );
         Self {
             inner: Arc::new(Inner {
                 policy,
                 fleet: Mutex::new(Fleet::new()),
                 clock,
                 streams: AtomicU64::new(0),
+                open: AtomicI64::new(0),
+                gauged: Mutex::new(HashSet::new()),
             }),
         }
+    }
+
+    /// Sets the gauges from the buckets' state, per rule: for a scrape.
+    pub fn record_metrics(&self) {
+        let mut rules: HashMap<RuleLabels, RuleSums> = HashMap::new();
+        {
+            let mut fleet = self.inner.fleet.lock();
+            fleet.prune(self.inner.clock.now());
+            for (_, stats) in fleet.all_stats() {
+                let sum = rules.entry((stats.domain, stats.rule)).or_default();
+                sum.0 += stats.envoys;
+                sum.1 = sum.1.saturating_add(stats.assigned);
+                sum.2 += stats.assigned_rate;
+            }
+        }
+        gauge!(STREAMS).set(self.inner.open.load(Ordering::Relaxed) as f64);
+        let mut gauged = self.inner.gauged.lock();
+        for gone in gauged.iter().filter(|k| !rules.contains_key(*k)) {
+            set_rule(gone, (0, 0, 0.0));
+        }
+        for (key, sum) in &rules {
+            set_rule(key, *sum);
+        }
+        *gauged = rules.into_keys().collect();
     }
 
     /// The tonic service to route to.
     pub fn server(&self) -> RateLimitQuotaServiceServer<Self> {
         RateLimitQuotaServiceServer::new(self.clone())
-    }
-
-    /// Calls `f` with every bucket's rule-independent state: its budget key
-    /// and stats. For metrics.
-    pub fn with_fleet<T>(&self, f: impl FnOnce(&Fleet) -> T) -> T {
-        let mut fleet = self.inner.fleet.lock();
-        fleet.prune(self.inner.clock.now());
-        f(&fleet)
     }
 
     /// The answer to one report: an action per bucket it names.
@@ -103,13 +165,19 @@ impl QuotaService {
         let mut bucket_action = Vec::with_capacity(report.bucket_quota_usages.len());
         for usage in report.bucket_quota_usages {
             let id = usage.bucket_id.expect("checked above");
+            let used = Usage {
+                allowed: usage.num_requests_allowed,
+                denied: usage.num_requests_denied,
+            };
             let action = match target(&policy, domain, &id.bucket) {
-                Target::Quota { key, plan, .. } => {
-                    let used = Usage {
-                        allowed: usage.num_requests_allowed,
-                        denied: usage.num_requests_denied,
+                Target::Quota { key, plan, rule } => {
+                    count(domain, &rule, used);
+                    let rule = Rule {
+                        domain: Arc::from(domain),
+                        name: Arc::from(rule),
+                        plan,
                     };
-                    let answer = fleet.report(stream, &key, plan, used, now);
+                    let answer = fleet.report(stream, &key, &rule, used, now);
                     tracing::debug!(stream, ?used, ?answer, "quota report");
                     if answer.fresh && matches!(answer.grant, Grant::Tokens(_)) {
                         // Envoy starts a token bucket that follows a blanket
@@ -121,8 +189,14 @@ impl QuotaService {
                     }
                     assign(Some(answer.grant), answer.ttl)
                 }
-                Target::AllowAll { .. } => assign(None, BLANKET_TTL),
-                Target::DenyAll { .. } => assign(Some(Grant::DenyAll), BLANKET_TTL),
+                Target::AllowAll { rule } => {
+                    count(domain, &rule, used);
+                    assign(None, BLANKET_TTL)
+                }
+                Target::DenyAll { rule } => {
+                    count(domain, &rule, used);
+                    assign(Some(Grant::DenyAll), BLANKET_TTL)
+                }
                 Target::NoRule => Action::AbandonAction(AbandonAction {}),
             };
             bucket_action.push(BucketAction {
@@ -132,6 +206,13 @@ impl QuotaService {
         }
         Ok(RateLimitQuotaResponse { bucket_action })
     }
+}
+
+fn set_rule((domain, rule): &RuleLabels, (envoys, assigned, rate): RuleSums) {
+    let labels = [("domain", domain.to_string()), ("rule", rule.to_string())];
+    gauge!(SUBSCRIPTIONS, &labels).set(envoys as f64);
+    gauge!(ASSIGNED, &labels).set(assigned as f64);
+    gauge!(ASSIGNED_RATE, &labels).set(rate);
 }
 
 /// The time to live of an allow-all or deny-all rule's answer: it changes
@@ -175,6 +256,7 @@ impl RateLimitQuotaService for QuotaService {
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
         let mut reports = request.into_inner();
         let stream = self.inner.streams.fetch_add(1, Ordering::Relaxed);
+        self.inner.open.fetch_add(1, Ordering::Relaxed);
         let (answers, out) = mpsc::channel(4);
         let service = self.clone();
         tokio::spawn(async move {
@@ -195,6 +277,7 @@ impl RateLimitQuotaService for QuotaService {
                 }
             }
             service.inner.fleet.lock().leave(stream);
+            service.inner.open.fetch_sub(1, Ordering::Relaxed);
         });
         Ok(Response::new(ReceiverStream::new(out)))
     }
@@ -202,8 +285,6 @@ impl RateLimitQuotaService for QuotaService {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
     use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
     use tollgate_core::ManualClock;

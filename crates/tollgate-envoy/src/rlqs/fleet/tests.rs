@@ -5,6 +5,14 @@ use super::*;
 
 const MINUTE: Nanos = 60 * SECOND;
 
+fn rule(plan: Plan) -> Rule {
+    Rule {
+        domain: Arc::from("edge"),
+        name: Arc::from("user"),
+        plan,
+    }
+}
+
 fn usage(allowed: u64, denied: u64) -> Usage {
     Usage { allowed, denied }
 }
@@ -98,13 +106,13 @@ fn a_window_is_shared_and_deny_all_once_spent() {
                 if envoy.grant.is_none() {
                     // Envoy reports a new bucket at once.
                     let grant = fleet
-                        .report(i as u64, "k", plan, envoy.take_usage(), now)
+                        .report(i as u64, "k", &rule(plan), envoy.take_usage(), now)
                         .grant;
                     envoy.apply(grant, now);
                 }
             }
             let grant = fleet
-                .report(i as u64, "k", plan, envoy.take_usage(), now)
+                .report(i as u64, "k", &rule(plan), envoy.take_usage(), now)
                 .grant;
             envoy.apply(grant, now);
         }
@@ -112,7 +120,9 @@ fn a_window_is_shared_and_deny_all_once_spent() {
     assert_eq!(admitted, 10, "the window's limit, no more and no less");
     assert!(envoys.iter().all(|e| e.grant == Some(Grant::DenyAll)));
     // The next window starts new leases.
-    let a = fleet.report(0, "k", plan, usage(0, 10), MINUTE).grant;
+    let a = fleet
+        .report(0, "k", &rule(plan), usage(0, 10), MINUTE)
+        .grant;
     assert!(tokens(a) > 0);
 }
 
@@ -123,9 +133,9 @@ fn an_unchanged_grant_is_sent_unchanged() {
         limit: 100,
         period: MINUTE,
     };
-    let first = fleet.report(1, "k", plan, usage(1, 0), 0).grant;
+    let first = fleet.report(1, "k", &rule(plan), usage(1, 0), 0).grant;
     // Nothing spent of it: the same grant, so Envoy keeps its tokens.
-    let again = fleet.report(1, "k", plan, usage(0, 0), SECOND).grant;
+    let again = fleet.report(1, "k", &rule(plan), usage(0, 0), SECOND).grant;
     assert_eq!(first, again);
 }
 
@@ -137,11 +147,13 @@ fn an_envoy_leaving_gives_its_rate_share_once_its_grant_expired() {
         period: SECOND,
         burst: 100,
     };
-    fleet.report(1, "k", plan, usage(1, 0), 0);
-    fleet.report(2, "k", plan, usage(1, 0), 0);
-    let Answer { grant: a, ttl, .. } = fleet.report(1, "k", plan, usage(50, 0), SECOND);
-    fleet.report(2, "k", plan, usage(50, 0), SECOND);
-    let a2 = fleet.report(1, "k", plan, usage(50, 0), SECOND).grant;
+    fleet.report(1, "k", &rule(plan), usage(1, 0), 0);
+    fleet.report(2, "k", &rule(plan), usage(1, 0), 0);
+    let Answer { grant: a, ttl, .. } = fleet.report(1, "k", &rule(plan), usage(50, 0), SECOND);
+    fleet.report(2, "k", &rule(plan), usage(50, 0), SECOND);
+    let a2 = fleet
+        .report(1, "k", &rule(plan), usage(50, 0), SECOND)
+        .grant;
     assert_eq!(
         a, a2,
         "shares taken at the rebalance, not moved at every report"
@@ -152,10 +164,12 @@ fn an_envoy_leaving_gives_its_rate_share_once_its_grant_expired() {
     assert_eq!(half.tokens_per_fill, 50);
     fleet.leave(2);
     // Still held while stream 2's grant may be in force.
-    let a = fleet.report(1, "k", plan, usage(50, 0), 2 * SECOND).grant;
+    let a = fleet
+        .report(1, "k", &rule(plan), usage(50, 0), 2 * SECOND)
+        .grant;
     assert_eq!(a, Grant::Tokens(half));
     let later = 2 * SECOND + nanos(ttl) + SECOND;
-    let a = fleet.report(1, "k", plan, usage(50, 0), later).grant;
+    let a = fleet.report(1, "k", &rule(plan), usage(50, 0), later).grant;
     let Grant::Tokens(all) = a else {
         panic!("{a:?}")
     };
@@ -171,13 +185,15 @@ fn a_changed_plan_reaches_the_next_answer() {
         period: SECOND,
         burst: 10,
     };
-    fleet.report(1, "k", plan, usage(1, 0), 0);
+    fleet.report(1, "k", &rule(plan), usage(1, 0), 0);
     let smaller = Plan::Rate {
         limit: 2,
         period: SECOND,
         burst: 2,
     };
-    let g = fleet.report(1, "k", smaller, usage(1, 0), SECOND).grant;
+    let g = fleet
+        .report(1, "k", &rule(smaller), usage(1, 0), SECOND)
+        .grant;
     assert!(
         matches!(
             g,
@@ -270,7 +286,7 @@ proptest! {
                 let timer = subscribed[i] && step % 100 == t.phase;
                 if first || (timer && live) {
                     subscribed[i] = true;
-                    let grant = fleet.report(i as u64, "k", plan, envoy.take_usage(), now).grant;
+                    let grant = fleet.report(i as u64, "k", &rule(plan), envoy.take_usage(), now).grant;
                     pending[i] = Some(grant);
                 }
                 if step == t.stop && subscribed[i] {
@@ -301,12 +317,12 @@ proptest! {
         let plan = Plan::Rate { limit, period, burst };
         let mut fleet = Fleet::new();
         for (i, _) in demands.iter().enumerate() {
-            fleet.report(i as u64, "k", plan, usage(1, 0), 0);
+            fleet.report(i as u64, "k", &rule(plan), usage(1, 0), 0);
         }
         let mut rate = 0f64;
         let mut caps = 0u64;
         for (i, d) in demands.iter().enumerate() {
-            let grant = fleet.report(i as u64, "k", plan, usage(*d, 0), SECOND).grant;
+            let grant = fleet.report(i as u64, "k", &rule(plan), usage(*d, 0), SECOND).grant;
             let Grant::Tokens(t) = grant else { panic!("{grant:?}") };
             rate += f64::from(t.tokens_per_fill) / t.fill_secs as f64;
             caps += u64::from(t.max_tokens);
