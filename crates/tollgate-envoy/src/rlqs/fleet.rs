@@ -22,8 +22,9 @@
 //! - an assignment that is not refreshed within its time to live expires,
 //!   and Envoy falls back to `expired_assignment_behavior`.
 //!
-//! So every grant that differs from the last one hands its Envoy a full
-//! bucket, and the fleet counts that as tokens given out. The bound this keeps
+//! So a new lease (windowed quotas) is sent to start full, and the fleet
+//! counts it as tokens given out; a rate's new share is sent to carry the
+//! old one's fill. The bound this keeps
 //! is stated in `docs/envoy.md` (*The bound*) and checked by the tests
 //! below.
 
@@ -126,8 +127,8 @@ pub struct Answer {
     pub grant: Grant,
     /// For how long, unless refreshed: whole seconds, as Envoy reads them.
     pub ttl: Duration,
-    /// The grant is new: a token bucket is to start full, not carry the
-    /// fill of the one in force (see the module's documentation).
+    /// A token bucket that is to start full rather than carry the fill of
+    /// the one in force (see the module's documentation): a new lease.
     pub fresh: bool,
 }
 
@@ -381,8 +382,8 @@ impl Shared {
             } => self.rate(stream, limit, period, burst, now),
         };
         let member = self.members.get_mut(&stream).expect("inserted above");
-        let fresh = member.grant != Some(grant);
-        if fresh {
+        let changed = member.grant != Some(grant);
+        if changed {
             member.first = member.grant.is_none();
             member.grant = Some(grant);
             member.generation = next_generation(member.generation);
@@ -392,7 +393,10 @@ impl Shared {
         Answer {
             grant,
             ttl: member.ttl,
-            fresh,
+            // A lease is a count of tokens, so it starts full. A rate's
+            // new share carries the fill of the old one: a rebalance of
+            // Envoys that have run dry gives them nothing.
+            fresh: changed && matches!(plan, Plan::Window { .. }),
         }
     }
 

@@ -37,12 +37,22 @@ struct EnvoyBucket {
 }
 
 impl EnvoyBucket {
-    fn apply(&mut self, grant: Grant, now: Nanos) {
+    fn apply(&mut self, answer: Answer, now: Nanos) {
         self.refill(now);
-        if self.grant != Some(grant) {
-            self.tokens = f64::from(tokens(grant));
-            self.grant = Some(grant);
+        let grant = answer.grant;
+        if self.grant == Some(grant) {
+            return;
         }
+        let new = f64::from(tokens(grant));
+        self.tokens = match self.grant {
+            // A token bucket replacing one keeps its fill ratio, unless
+            // a blanket rule came between (a fresh answer).
+            Some(Grant::Tokens(old)) if !answer.fresh => {
+                new * (self.tokens / f64::from(old.max_tokens))
+            }
+            _ => new,
+        };
+        self.grant = Some(grant);
     }
 
     fn refill(&mut self, now: Nanos) {
@@ -105,15 +115,11 @@ fn a_window_is_shared_and_deny_all_once_spent() {
                 admitted += u64::from(envoy.admit(now).0);
                 if envoy.grant.is_none() {
                     // Envoy reports a new bucket at once.
-                    let grant = fleet
-                        .report(i as u64, "k", &rule(plan), envoy.take_usage(), now)
-                        .grant;
+                    let grant = fleet.report(i as u64, "k", &rule(plan), envoy.take_usage(), now);
                     envoy.apply(grant, now);
                 }
             }
-            let grant = fleet
-                .report(i as u64, "k", &rule(plan), envoy.take_usage(), now)
-                .grant;
+            let grant = fleet.report(i as u64, "k", &rule(plan), envoy.take_usage(), now);
             envoy.apply(grant, now);
         }
     }
@@ -261,7 +267,7 @@ proptest! {
         let clock = ManualClock::new(0);
         let mut fleet = Fleet::new();
         let mut envoys: Vec<EnvoyBucket> = fleets.iter().map(|_| EnvoyBucket::default()).collect();
-        let mut pending: Vec<Option<Grant>> = vec![None; envoys.len()];
+        let mut pending: Vec<Option<Answer>> = vec![None; envoys.len()];
         let mut subscribed = vec![false; envoys.len()];
         let windows = 1000 * STEP / WINDOW + 1;
         let mut admitted = vec![0u64; windows as usize + 1];
@@ -286,8 +292,8 @@ proptest! {
                 let timer = subscribed[i] && step % 100 == t.phase;
                 if first || (timer && live) {
                     subscribed[i] = true;
-                    let grant = fleet.report(i as u64, "k", &rule(plan), envoy.take_usage(), now).grant;
-                    pending[i] = Some(grant);
+                    let answer = fleet.report(i as u64, "k", &rule(plan), envoy.take_usage(), now);
+                    pending[i] = Some(answer);
                 }
                 if step == t.stop && subscribed[i] {
                     fleet.leave(i as u64);
@@ -331,4 +337,30 @@ proptest! {
         prop_assert!(rate <= quota * (1.0 + 1e-9), "{rate} > {quota}");
         prop_assert!(caps <= burst + demands.len() as u64);
     }
+}
+
+#[test]
+fn leases_start_full_and_rate_shares_carry_their_fill() {
+    let mut fleet = Fleet::new();
+    let window = Plan::Window {
+        limit: 100,
+        period: MINUTE,
+    };
+    let lease = fleet.report(1, "w", &rule(window), usage(1, 0), 0);
+    assert!(lease.fresh);
+    let again = fleet.report(1, "w", &rule(window), usage(0, 0), SECOND);
+    assert!(
+        !again.fresh,
+        "an unchanged grant only extends its time to live"
+    );
+    let rate = Plan::Rate {
+        limit: 10,
+        period: SECOND,
+        burst: 10,
+    };
+    let first = fleet.report(1, "r", &rule(rate), usage(1, 0), 0);
+    let second = fleet.report(2, "r", &rule(rate), usage(1, 0), 0);
+    let moved = fleet.report(1, "r", &rule(rate), usage(1, 0), SECOND);
+    assert_ne!(first.grant, moved.grant, "a second Envoy takes half");
+    assert!(!first.fresh && !second.fresh && !moved.fresh);
 }
