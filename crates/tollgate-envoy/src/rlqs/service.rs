@@ -45,6 +45,8 @@ struct Inner {
     streams: AtomicU64,
     /// Streams open now.
     open: AtomicI64,
+    /// When the fleet was last pruned.
+    pruned: AtomicU64,
     /// The rules whose gauges were set, to zero those no bucket has now.
     gauged: Mutex<HashSet<RuleLabels>>,
 }
@@ -97,6 +99,7 @@ impl QuotaService {
                 clock,
                 streams: AtomicU64::new(0),
                 open: AtomicI64::new(0),
+                pruned: AtomicU64::new(0),
                 gauged: Mutex::new(HashSet::new()),
             }),
         }
@@ -162,6 +165,12 @@ impl QuotaService {
         let policy = self.inner.policy.load();
         let now = self.inner.clock.now();
         let mut fleet = self.inner.fleet.lock();
+        // Buckets nobody reports for any more go once their grants expire;
+        // looked for at most once a second, since it visits every bucket.
+        if now.saturating_sub(self.inner.pruned.load(Ordering::Relaxed)) >= 1_000_000_000 {
+            self.inner.pruned.store(now, Ordering::Relaxed);
+            fleet.prune(now);
+        }
         let mut bucket_action = Vec::with_capacity(report.bucket_quota_usages.len());
         for usage in report.bucket_quota_usages {
             let id = usage.bucket_id.expect("checked above");
