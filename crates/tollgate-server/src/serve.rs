@@ -55,6 +55,7 @@ use backend::Backend;
 use grpc::{GrpcService, RateLimitGrpc};
 use http::AppState;
 use hyper_util::service::TowerToHyperService;
+use tollgate_envoy::rlqs::QuotaService;
 use tollgate_gateway::Gateway;
 use tollgate_listen::{Acceptor, Protocol};
 use tollgate_policy::Enforcer;
@@ -528,7 +529,7 @@ async fn launch(
             .with_quota_mode(args.envoy.as_ref().is_some_and(|e| e.quota_mode))
             .with_envoy_counting(args.envoy_counting)
             .with_request_limits(args.requests.request_limits())
-            .with_clock(clock)
+            .with_clock(Arc::clone(&clock))
             .with_timer(Arc::new(FastClock::new()))
             .with_observer(record::observer(
                 (metrics::Observe, live::Observe(Arc::clone(&live))),
@@ -561,6 +562,7 @@ async fn launch(
         health.config(xds.healthy_at_start()).await;
     }
     let bodies = Arc::new(args.requests.bodies());
+    let quota = QuotaService::new(handle.clone(), Arc::clone(&clock));
     let grpc_service = GrpcService::new(
         RateLimitGrpc::new(
             Arc::clone(&enforcer),
@@ -568,7 +570,10 @@ async fn launch(
             Arc::clone(&reply),
             Arc::clone(&bodies),
         ),
-        tonic::service::Routes::new(health_service).prepare(),
+        // Envoy's quota filter streams to the same port as its RLS filter.
+        tonic::service::Routes::new(health_service)
+            .add_service(quota.server())
+            .prepare(),
     );
     let mut grpc_acceptor = Acceptor::new("grpc", limits, Protocol::Http2);
     if let Some(config) = grpc_tls {
@@ -580,7 +585,10 @@ async fn launch(
 
     let store_metrics: Option<Box<dyn Fn() + Send + Sync>> = {
         let enforcer = Arc::clone(&enforcer);
-        Some(Box::new(move || enforcer.store().record_metrics()))
+        Some(Box::new(move || {
+            enforcer.store().record_metrics();
+            quota.record_metrics();
+        }))
     };
     let store_health: Option<Box<dyn Fn() -> live::StoreHealth + Send + Sync>> = {
         let enforcer = Arc::clone(&enforcer);

@@ -19,6 +19,7 @@ mod http;
 mod in_process;
 mod live_page;
 mod redis;
+mod real_envoy;
 mod redis_tls;
 mod reliability;
 mod reload;
