@@ -4,6 +4,29 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// Time in nanoseconds since a clock's origin.
 pub type Nanos = u64;
 
+/// The one conversion from a [`Duration`] to [`Nanos`], saturating at
+/// `u64::MAX` nanoseconds (about 584 years), so that no caller writes the
+/// cast again and no very long duration wraps.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::IntoNanos;
+///
+/// assert_eq!(Duration::from_millis(3).into_nanos(), 3_000_000);
+/// assert_eq!(Duration::MAX.into_nanos(), u64::MAX);
+/// ```
+pub trait IntoNanos {
+    /// Whole nanoseconds, saturated at `u64::MAX`.
+    fn into_nanos(self) -> Nanos;
+}
+
+impl IntoNanos for Duration {
+    #[inline]
+    fn into_nanos(self) -> Nanos {
+        u64::try_from(self.as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
 /// A source of time for limiters and stores. Algorithms never call it
 /// themselves: whoever steps them reads the clock and passes `now` in.
 pub trait Clock: Send + Sync {
@@ -35,7 +58,7 @@ impl Default for MonotonicClock {
 impl Clock for MonotonicClock {
     fn now(&self) -> Nanos {
         // 584 years of uptime before this saturates.
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        self.origin.elapsed().into_nanos()
     }
 }
 
@@ -52,7 +75,7 @@ impl Clock for SystemClock {
     fn now(&self) -> Nanos {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+            .map_or(0, IntoNanos::into_nanos)
     }
 }
 
@@ -72,7 +95,7 @@ impl ManualClock {
 
     /// Moves the clock forward by `by`, saturating at `u64::MAX` nanoseconds.
     pub fn advance(&self, by: Duration) {
-        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        let by = by.into_nanos();
         // fetch_update never fails with a closure that always returns Some.
         let _ = self
             .now

@@ -2,6 +2,8 @@ use std::fmt;
 use std::num::NonZeroU64;
 use std::time::Duration;
 
+use crate::clock::IntoNanos;
+
 /// The answer to "should this request proceed?", the same for every algorithm.
 ///
 /// A deny is a value, not an error: it carries the numbers a caller needs to tell
@@ -28,7 +30,7 @@ impl Decision {
     /// An admission: `limit` units at most, `remaining` of them still free after
     /// this one, the limit whole again after `reset_after`.
     pub fn allow(limit: u64, remaining: u64, reset_after: Duration) -> Self {
-        Self::allow_ns(limit, remaining, nanos(reset_after))
+        Self::allow_ns(limit, remaining, reset_after.into_nanos())
     }
 
     /// A denial: as [`allow`](Self::allow), and the earliest time after which
@@ -39,7 +41,12 @@ impl Decision {
         reset_after: Duration,
         retry_after: Option<Duration>,
     ) -> Self {
-        Self::deny_ns(limit, remaining, nanos(reset_after), retry_after.map(nanos))
+        Self::deny_ns(
+            limit,
+            remaining,
+            reset_after.into_nanos(),
+            retry_after.map(IntoNanos::into_nanos),
+        )
     }
 
     /// This decision with `remaining` units left.
@@ -54,7 +61,7 @@ impl Decision {
     /// This decision with the limit whole again after `reset_after`.
     pub fn with_reset_after(self, reset_after: Duration) -> Self {
         Self {
-            reset_after_ns: nanos(reset_after),
+            reset_after_ns: reset_after.into_nanos(),
             ..self
         }
     }
@@ -62,7 +69,7 @@ impl Decision {
     /// This decision with a retry after `retry_after` (meaningful on a deny).
     pub fn with_retry_after(self, retry_after: Option<Duration>) -> Self {
         Self {
-            retry_after_ns: retry_after.map(nanos),
+            retry_after_ns: retry_after.map(IntoNanos::into_nanos),
             ..self
         }
     }
@@ -70,7 +77,7 @@ impl Decision {
     /// This decision holding the request for `delay` before it is forwarded.
     pub fn with_delay(self, delay: Duration) -> Self {
         Self {
-            delay_ns: nanos(delay),
+            delay_ns: delay.into_nanos(),
             ..self
         }
     }
@@ -185,11 +192,6 @@ impl Decision {
             self.delay_ns,
         )
     }
-}
-
-/// Nanoseconds of `d`, saturated at `u64::MAX` (about 584 years).
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl PartialEq for Decision {

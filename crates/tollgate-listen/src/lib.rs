@@ -33,6 +33,8 @@
 //! is counted in `tollgate_tls_handshake_errors_total`. ALPN offers what the
 //! listener's [`Protocol`] speaks (`h2` only for gRPC).
 
+pub mod bodies;
+
 use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};

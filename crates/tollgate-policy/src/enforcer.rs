@@ -46,8 +46,8 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use smallvec::SmallVec;
 use tollgate_core::{
-    Algorithm, Clock, Decision, Lease, LeaseId, Limit, MonotonicClock, Nanos, Outcome, Quota,
-    Store, StoreError, SystemClock,
+    Algorithm, Clock, Decision, IntoNanos, Lease, LeaseId, Limit, MonotonicClock, Nanos, Outcome,
+    Quota, Store, StoreError, SystemClock,
 };
 
 use crate::{
@@ -550,7 +550,9 @@ impl<A: Observer, B: Observer> Observer for (A, B) {
 /// How large a request the enforcer takes. A request is resolved and checked
 /// in one piece, so without a bound one client's request of 100,000
 /// descriptors would hold a worker (and the store) while every other check
-/// waits; a request past these is refused as a bad request.
+/// waits; and a string's bytes end up in store keys, so without a bound a
+/// client's 1 MiB value became a 1 MiB Redis key (issue 39). A request past
+/// these is refused as a bad request, at every door.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestLimits {
     /// Descriptors per request (default 128; Envoy's rate limit actions make
@@ -558,6 +560,16 @@ pub struct RequestLimits {
     pub descriptors: usize,
     /// Entries per descriptor (default 32).
     pub entries: usize,
+    /// Bytes of the domain (default 256: a domain is a name an operator
+    /// chose).
+    pub domain_bytes: usize,
+    /// Bytes of an entry's key (default 256: a key names what the value is,
+    /// e.g. `remote_address`).
+    pub key_bytes: usize,
+    /// Bytes of an entry's value, and of an ad-hoc check's key (default
+    /// 4,096: a value is often a client's header or path, which proxies
+    /// commonly bound at 4–8 KiB a line).
+    pub value_bytes: usize,
 }
 
 impl Default for RequestLimits {
@@ -565,12 +577,23 @@ impl Default for RequestLimits {
         Self {
             descriptors: 128,
             entries: 32,
+            domain_bytes: 256,
+            key_bytes: 256,
+            value_bytes: 4096,
         }
     }
 }
 
 impl RequestLimits {
     fn check(&self, request: &Request<'_>) -> Result<(), RequestError> {
+        let too_long = |what, len, max| RequestError::TooLong { what, len, max };
+        if request.domain.len() > self.domain_bytes {
+            return Err(too_long(
+                "the domain".into(),
+                request.domain.len(),
+                self.domain_bytes,
+            ));
+        }
         let count = request.descriptors.len();
         if count > self.descriptors {
             return Err(RequestError::TooManyDescriptors {
@@ -587,6 +610,28 @@ impl RequestLimits {
                     max: self.entries,
                 });
             }
+            for entry in &descriptor.entries {
+                if entry.key.len() > self.key_bytes {
+                    let what = format!("descriptor {index}: an entry's key");
+                    return Err(too_long(what, entry.key.len(), self.key_bytes));
+                }
+                if entry.value.len() > self.value_bytes {
+                    let what = format!("descriptor {index}: the value of {:?}", entry.key);
+                    return Err(too_long(what, entry.value.len(), self.value_bytes));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// An ad-hoc check's key is held to the value's bound.
+    fn check_adhoc(&self, adhoc: &AdHoc) -> Result<(), RequestError> {
+        if adhoc.key.len() > self.value_bytes {
+            return Err(RequestError::TooLong {
+                what: "the key".into(),
+                len: adhoc.key.len(),
+                max: self.value_bytes,
+            });
         }
         Ok(())
     }
@@ -803,6 +848,7 @@ impl<S: Store> Enforcer<S> {
         match check {
             Check::Policy(request) => self.enforce_policy(&request).await,
             Check::AdHoc(adhoc) => {
+                self.limits.check_adhoc(adhoc)?;
                 self.store
                     .supports(adhoc.algorithm, &adhoc.quota)
                     .map_err(|e| RequestError::UnsupportedLimit {
@@ -1232,7 +1278,7 @@ impl<S: Store> Enforcer<S> {
 /// The decision of a rule that refuses everything: nothing left until the
 /// current `unit` window (aligned to the epoch) ends, and no retry helps.
 pub(crate) fn blocked(unit: Unit, now: Nanos) -> Decision {
-    let unit_ns = u64::try_from(unit.duration().as_nanos()).unwrap_or(u64::MAX);
+    let unit_ns = unit.duration().into_nanos();
     Decision::deny(0, 0, Duration::from_nanos(unit_ns - now % unit_ns), None)
 }
 

@@ -16,8 +16,8 @@ use serde_saphyr::{Location, Spanned};
 use tollgate_core::{Algorithm, Quota, QuotaError};
 
 use crate::config::{ConfigErrors, File, Found};
+use crate::domain::Domain;
 use crate::metadata::MetadataField;
-use crate::policy::Domain;
 use crate::rule::{Action, Limited, Memo, envoy_limit};
 use crate::tree::Pattern;
 use crate::{ConfigError, FailurePolicy, Rule, Unit};

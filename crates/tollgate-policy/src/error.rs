@@ -83,6 +83,16 @@ pub enum RequestError {
         /// The most the enforcer takes ([`crate::RequestLimits`]).
         max: usize,
     },
+    /// A string of the request is longer than the enforcer takes.
+    #[error("{what} has {len} bytes; at most {max} are taken")]
+    TooLong {
+        /// Which string.
+        what: String,
+        /// Its length in bytes.
+        len: usize,
+        /// The most the enforcer takes ([`crate::RequestLimits`]).
+        max: usize,
+    },
     /// The request's own limit (an ad-hoc limit, or descriptor `index`'s
     /// override) is one the store cannot enforce exactly.
     #[error("{}the store cannot enforce this limit exactly: {reason}", descriptor.map(|i| format!("descriptor {i}: ")).unwrap_or_default())]

@@ -27,6 +27,7 @@
 
 mod config;
 mod descriptor;
+mod domain;
 mod enforcer;
 mod envoy;
 mod error;
@@ -35,6 +36,7 @@ mod metadata;
 mod native;
 mod policy;
 mod policy_handle;
+mod read;
 mod reload;
 mod rule;
 mod stat_key;

@@ -19,7 +19,7 @@ use serde_saphyr::Spanned;
 use tollgate_core::{Algorithm, Quota};
 
 use crate::config::{ConfigErrors, File, Found};
-use crate::policy::Domain;
+use crate::domain::Domain;
 use crate::rule::{Action, Limited, Memo, Priority, Tiers, envoy_limit};
 use crate::tree::Pattern;
 use crate::{FailurePolicy, Rule, parse_duration};
@@ -28,7 +28,7 @@ use crate::{FailurePolicy, Rule, parse_duration};
 #[serde(deny_unknown_fields)]
 pub(crate) struct NativeFile {
     domain: Spanned<String>,
-    /// Read by `config::read_any`, not here.
+    /// Read by `read::read_any`, not here.
     #[serde(default, rename = "store")]
     _store: Option<serde::de::IgnoredAny>,
     #[serde(default)]

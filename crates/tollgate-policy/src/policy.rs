@@ -5,8 +5,8 @@ use std::sync::Arc;
 use tollgate_core::{Algorithm, Limit, Quota, QuotaError};
 
 use crate::config::ConfigErrors;
+use crate::domain::Domain;
 use crate::rule::{Action, Limited, Memo, envoy_limit};
-use crate::tree::Node;
 use crate::{
     ConfigError, Descriptor, Entry, FailurePolicy, Request, RequestError, Rule, StoreSettings,
 };
@@ -68,41 +68,6 @@ pub struct Policy {
     pub(crate) domains: BTreeMap<String, Domain>,
     /// The `store:` section and the file that holds it.
     pub(crate) store: Option<(PathBuf, StoreSettings)>,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct Domain {
-    pub(crate) tree: Node,
-    pub(crate) rules: Vec<Arc<Rule>>,
-    /// The file that defined the domain, to report a duplicate.
-    pub(crate) source: String,
-    /// Written in envoyproxy/ratelimit's format (see [`Policy::is_envoy`]).
-    pub(crate) envoy: bool,
-    /// envoyproxy/ratelimit's composite keys (`key_value`) of the top-level
-    /// descriptors, each with the error to give when a merged file repeats it.
-    pub(crate) top: Vec<(String, ConfigError)>,
-}
-
-impl Domain {
-    /// Takes `other`'s descriptors as envoyproxy/ratelimit's loader patches a
-    /// domain: a top-level descriptor may not repeat one already there; its
-    /// wildcards are tried after the ones already there.
-    fn merge(&mut self, other: Domain) -> Result<(), ConfigError> {
-        for (composite, error) in &other.top {
-            if self.top.iter().any(|(c, _)| c == composite) {
-                let mut error = error.clone();
-                error.reason = format!(
-                    "duplicate descriptor composite key {composite:?}: domain merged with {}",
-                    self.source
-                );
-                return Err(error);
-            }
-        }
-        self.tree.graft(other.tree);
-        self.rules.extend(other.rules);
-        self.top.extend(other.top);
-        Ok(())
-    }
 }
 
 /// The policy `tollgate serve` runs without `--config`: the service's domain
@@ -233,7 +198,7 @@ impl Policy {
         text: &str,
         merge: bool,
     ) -> Result<(), ConfigErrors> {
-        let read = crate::config::read_any(path, text)?;
+        let read = crate::read::read_any(path, text)?;
         if let Some(store) = read.store {
             if let Some((first, _)) = &self.store {
                 return Err(ConfigErrors::from(ConfigError {

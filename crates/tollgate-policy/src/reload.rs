@@ -186,7 +186,7 @@ pub struct Reload {
 type Observer = Arc<dyn Fn(&Reload) + Send + Sync>;
 
 /// Asked of every config before it is put in force.
-type Check = Arc<dyn Fn(&Policy) -> Result<(), Unsupported> + Send + Sync>;
+type Validate = Arc<dyn Fn(&Policy) -> Result<(), Unsupported> + Send + Sync>;
 
 /// Keeps a [`PolicyHandle`] in step with a config path. Clones share the
 /// handle and the watch state; reloads through any clone are serialized.
@@ -198,7 +198,7 @@ pub struct Reloader {
     handle: PolicyHandle,
     safeguards: Safeguards,
     observer: Option<Observer>,
-    check: Option<Check>,
+    check: Option<Validate>,
     shared: Arc<Shared>,
 }
 

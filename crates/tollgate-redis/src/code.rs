@@ -158,7 +158,35 @@ fn without_functions(e: &RedisError) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use tollgate_core::Algorithm;
+
     use super::*;
+
+    #[test]
+    fn each_lua_algorithm_code_is_the_one_the_core_numbers_it() {
+        let named = [
+            ("TOKEN_BUCKET", Algorithm::TokenBucket),
+            ("GCRA", Algorithm::Gcra),
+            ("LEAKY", Algorithm::LeakyBucket),
+            ("SHAPING", Algorithm::LeakyBucketShaping { delay_after: 0 }),
+            ("FIXED_WINDOW", Algorithm::FixedWindow),
+            ("SLIDING_LOG", Algorithm::SlidingLog),
+            ("SLIDING_COUNTER", Algorithm::SlidingCounter),
+            ("CONCURRENCY", Algorithm::Concurrency),
+            ("HIT_COUNTER", Algorithm::HitCounter),
+        ];
+        for (name, algorithm) in named {
+            let line = format!("\nlocal {name} = {}\n", algorithm.index());
+            assert!(BODY.contains(&line), "tollgate.lua lacks `{}`", line.trim());
+        }
+        assert_eq!(named.len(), Algorithm::COUNT, "every algorithm is named");
+        for digit in 0..=9 {
+            for op in ["==", "~="] {
+                let bare = format!("alg {op} {digit}");
+                assert!(!BODY.contains(&bare), "tollgate.lua compares `{bare}`");
+            }
+        }
+    }
 
     #[test]
     fn the_library_is_named_after_the_code_it_holds() {

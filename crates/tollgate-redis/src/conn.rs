@@ -58,6 +58,18 @@ impl Conn {
             Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
         }
     }
+
+    /// Runs a pipeline (on a cluster, routed by its first key: every
+    /// command of one must be on that key's slot).
+    pub(crate) async fn query_pipe<T: FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> RedisResult<T> {
+        match self {
+            Conn::Single(c) => pipe.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => pipe.query_async(&mut c.clone()).await,
+        }
+    }
 }
 
 /// Connects to `redis://host:port/db` (one server) or

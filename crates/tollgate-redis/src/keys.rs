@@ -33,8 +33,10 @@ pub(crate) fn segment(algorithm: Algorithm) -> (&'static str, &'static str) {
         Algorithm::Gcra => ("gcra2", "gcra2.x"),
         Algorithm::LeakyBucket => ("lb2", "lb2.x"),
         Algorithm::LeakyBucketShaping { .. } => ("lbs2", "lbs2.x"),
-        Algorithm::FixedWindow => ("fw2", "fw2.x"),
-        Algorithm::HitCounter => ("hc2", "hc2.x"),
+        // `3`: a count per window at `<key>:<window>` (window_key), which
+        // native INCRBY updates; `fw2` and `hc2` held a packed (time, count).
+        Algorithm::FixedWindow => ("fw3", "fw3.x"),
+        Algorithm::HitCounter => ("hc3", "hc3.x"),
         Algorithm::SlidingLog => ("log", "log.n"),
         Algorithm::SlidingCounter => ("swc", "swc.x"),
         Algorithm::Concurrency => ("lease", "lease.n"),
@@ -83,6 +85,15 @@ pub(crate) fn redis_keys(prefix: &str, algorithm: Algorithm, key: &str) -> (Stri
         format!("{prefix}:{main}:{tail}"),
         format!("{prefix}:{aux}:{tail}"),
     )
+}
+
+/// The key of a fixed window's or hit counter's count for window `window`
+/// (the time in µs divided by the period in µs), as the Lua code names it
+/// (`window_key`): the limit's key, `:` and the window's number. Distinct
+/// limit keys or windows never share one: the number after the last `:` is
+/// the window, and what is before it the limit's key.
+pub(crate) fn window_key(key: &str, window: u64) -> String {
+    format!("{key}:{window}")
 }
 
 /// The Redis Cluster slot of a Redis key: CRC16 (XMODEM) of its hash tag, mod 16384.

@@ -13,6 +13,11 @@
 //!   restart, `FUNCTION FLUSH`, `SCRIPT FLUSH`). All-or-nothing exactly like
 //!   the memory store: a deny by one limit consumes nothing from the others,
 //!   and each decision says what that limit alone says.
+//! - **Counting without a script.** A fixed window or hit counter checked
+//!   alone is `INCRBY` and `PEXPIRE … NX` on its window's count, in one
+//!   pipeline, as envoyproxy/ratelimit counts; the code steps the same count
+//!   when the limit is checked beside others (all-or-nothing needs it). A
+//!   request counts in the window of its own time.
 //! - **Redis's clock.** The script reads `TIME`, so app servers' clock skew does
 //!   not matter ([`TimeSource::Clock`] injects a clock for tests).
 //! - **Microseconds inside Redis.** Lua numbers are doubles, exact up to 2^53;
@@ -73,6 +78,7 @@ mod code;
 mod config;
 mod conn;
 mod keys;
+mod native;
 mod nodes;
 mod script;
 mod stats;

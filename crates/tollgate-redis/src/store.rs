@@ -12,14 +12,15 @@ use tollgate_core::{
 use crate::batch::{BatchError, Batcher, Job};
 use crate::code::{Code, Kind};
 use crate::conn::{Conn, ConnectError, connect};
-use crate::keys::{redis_keys, slot};
+use crate::keys::{redis_keys, slot, window_key};
+use crate::native::{Plan, RedisClock, Window};
 use crate::nodes::NodeBatchers;
 use crate::script::{self, MAX_MICROS, Params, decode, parse_check};
 use crate::stats::{Counters, bump};
 use crate::{RedisConfig, RedisStats, TimeSource};
 
 /// One limit, ready for the script.
-struct Prepared {
+struct ScriptLimit {
     key: String,
     aux: String,
     params: Params,
@@ -32,8 +33,10 @@ pub struct RedisStore {
     code: Arc<Code>,
     batching: Batching,
     config: RedisConfig,
-    /// The injected clock, if checks do not read Redis's.
-    clock: Option<Arc<dyn Clock>>,
+    /// Where checks' time comes from.
+    time: Time,
+    /// Whether the server takes `PEXPIRE … NX` (Redis ≥ 7.0).
+    pexpire_nx: bool,
     counters: Counters,
     /// Lease ids: a counter, and a keyed hash (SipHash, a pseudo-random
     /// function) of it under this key, random per store, so that no id can
@@ -49,6 +52,15 @@ impl std::fmt::Debug for RedisStore {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
+}
+
+/// Where checks' time comes from.
+enum Time {
+    /// An injected clock, passed to the script with each request.
+    Injected(Arc<dyn Clock>),
+    /// Redis's: the script reads `TIME`; native counting, which needs the
+    /// time before it sends, reads Redis's clock as followed here.
+    Redis(Arc<RedisClock>),
 }
 
 /// Where concurrent checks share calls.
@@ -92,11 +104,18 @@ impl RedisStore {
             )));
         }
         let conn = connect(url, &config.tls).await?;
-        let clock = match &config.time {
-            TimeSource::Redis => None,
-            TimeSource::Clock(clock) => Some(Arc::clone(clock)),
-        };
         let code = Arc::new(Code::detect(&conn, config.functions).await?);
+        let time = match &config.time {
+            TimeSource::Redis => Time::Redis(RedisClock::start(&conn).await?),
+            TimeSource::Clock(clock) => Time::Injected(Arc::clone(clock)),
+        };
+        // A key no check uses: the answer is 0 where NX is understood.
+        let mut probe = redis::cmd("PEXPIRE");
+        probe
+            .arg(format!("{}:probe", config.prefix))
+            .arg(1)
+            .arg("NX");
+        let pexpire_nx = conn.query::<i64>(&probe).await.is_ok();
         let extra_ms = u64::try_from(config.extra_ttl.as_millis()).unwrap_or(u64::MAX);
         let (max, timeout) = (config.max_batch, config.timeout);
         let start = {
@@ -129,7 +148,8 @@ impl RedisStore {
             code,
             batching,
             counters: Counters::default(),
-            clock,
+            time,
+            pexpire_nx,
             lease_secret: RandomState::new(),
             next_lease: AtomicU64::new(0),
             config,
@@ -139,17 +159,6 @@ impl RedisStore {
     /// The store's counters, for metrics.
     pub fn stats(&self) -> RedisStats {
         self.counters.snapshot()
-    }
-
-    /// Whether Redis answers a `PING` now (within the check timeout, but at
-    /// least 250 ms: a readiness probe should not flap on a busy host).
-    pub async fn reachable(&self) -> bool {
-        let wait = self.config.timeout.max(Duration::from_millis(250));
-        // A connection that died answers its next command with the error that
-        // starts its reconnection: only a second try tells whether Redis is
-        // back, and without it a probe right after a restart would fail.
-        let ping = async { self.conn.ping().await.is_ok() || self.conn.ping().await.is_ok() };
-        tokio::time::timeout(wait, ping).await.unwrap_or(false)
     }
 
     /// Whether the store talks to a Redis Cluster.
@@ -163,12 +172,12 @@ impl RedisStore {
         self.code.kind() == Kind::Function
     }
 
-    fn prepare(&self, limits: &[Limit<'_>]) -> Result<SmallVec<[Prepared; 4]>, StoreError> {
+    fn prepare(&self, limits: &[Limit<'_>]) -> Result<SmallVec<[ScriptLimit; 4]>, StoreError> {
         limits
             .iter()
             .map(|limit| {
                 let (key, aux) = redis_keys(&self.config.prefix, limit.algorithm, limit.key);
-                Ok(Prepared {
+                Ok(ScriptLimit {
                     slot: slot(&key),
                     key,
                     aux,
@@ -181,7 +190,7 @@ impl RedisStore {
     /// The requests' time: `None` for Redis's `TIME`, else the injected
     /// clock in µs.
     fn now_us(&self) -> Result<Option<u64>, StoreError> {
-        let Some(clock) = &self.clock else {
+        let Time::Injected(clock) = &self.time else {
             return Ok(None);
         };
         let now: Nanos = clock.now();
@@ -194,11 +203,92 @@ impl RedisStore {
         Ok(Some(us))
     }
 
+    /// The time of a check that must know it before it sends (native
+    /// counting), in µs: the injected clock's, else Redis's as followed here.
+    fn known_now_us(&self) -> Result<u64, StoreError> {
+        match &self.time {
+            Time::Injected(_) => Ok(self.now_us()?.unwrap_or_default()),
+            Time::Redis(clock) => Ok(clock.now_us()),
+        }
+    }
+
+    fn extra_ms(&self) -> u64 {
+        u64::try_from(self.config.extra_ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Sets `key`'s TTL in `pipe` unless it has one (on Redis before 7.0,
+    /// whatever it has: native counting's TTLs end at the window's end, so
+    /// setting one again moves nothing). Its answer is ignored.
+    fn expire_once(&self, pipe: &mut redis::Pipeline, key: &str, ttl_ms: u64) {
+        pipe.cmd("PEXPIRE").arg(key).arg(ttl_ms);
+        if self.pexpire_nx {
+            pipe.arg("NX");
+        }
+        pipe.ignore();
+    }
+
+    /// A fixed window or hit counter checked alone: native commands, no
+    /// script (native.rs).
+    async fn check_native(
+        &self,
+        limit: &Limit<'_>,
+        prepared: &ScriptLimit,
+        hit_counter: bool,
+    ) -> Result<Stamped, StoreError> {
+        let now_us = self.known_now_us()?;
+        let window = Window::new(
+            &prepared.key,
+            prepared.params,
+            hit_counter,
+            now_us,
+            self.extra_ms(),
+        );
+        let answer: Option<i64> = match window.plan {
+            Plan::Read => {
+                let mut get = redis::cmd("GET");
+                get.arg(&window.key);
+                self.timed(self.conn.query(&get)).await?
+            }
+            Plan::Count { ttl_ms } => {
+                // An increment past i64::MAX (a hit counter hit over 2^11
+                // times at the largest cost in one window) is refused by
+                // Redis: an error, never a wrapped count.
+                let mut pipe = redis::pipe();
+                pipe.cmd("INCRBY")
+                    .arg(&window.key)
+                    .arg(prepared.params.cost);
+                self.expire_once(&mut pipe, &window.key, ttl_ms);
+                let (count,): (i64,) = self.timed(self.conn.query_pipe(&pipe)).await?;
+                Some(count)
+            }
+        };
+        let reply = window.decide(answer);
+        let refund = window.refund(reply[2] == 1);
+        if let (Plan::Count { ttl_ms }, true) = (&window.plan, refund > 0) {
+            // The TTL again, in case the window's key expired in between:
+            // a count made anew by DECRBY must not outlive its window.
+            let mut pipe = redis::pipe();
+            pipe.cmd("DECRBY").arg(&window.key).arg(refund).ignore();
+            self.expire_once(&mut pipe, &window.key, *ttl_ms);
+            if let Err(e) = self.timed(self.conn.query_pipe::<()>(&pipe)).await {
+                // The units stay taken until the window ends: stricter,
+                // never looser, and the deny stands.
+                tracing::warn!(error = %e, "giving back a denied fixed window's units failed");
+            }
+        }
+        let (now_us, _, decisions) = parse_check(&reply, &[limit.capacity()])?;
+        bump(&self.counters.redis_checks);
+        Ok(Stamped {
+            outcome: Outcome::new(decisions.into()),
+            decided_at: Some(smallvec![now_us]),
+        })
+    }
+
     /// The keys of `members` in the script's order: each limit's state key,
     /// and its auxiliary key when it keeps one.
     fn keys_of<'p>(
         members: &'p [usize],
-        prepared: &'p [Prepared],
+        prepared: &'p [ScriptLimit],
     ) -> impl Iterator<Item = &'p str> + 'p {
         members.iter().flat_map(move |&i| {
             let p = &prepared[i];
@@ -212,14 +302,14 @@ impl RedisStore {
         now_us: Option<u64>,
         lease: &str,
         members: &[usize],
-        prepared: &[Prepared],
+        prepared: &[ScriptLimit],
     ) -> Result<Vec<i64>, StoreError> {
         let keys: SmallVec<[&str; 8]> = Self::keys_of(members, prepared).collect();
         let mut call = self.code.call(keys.len());
         for key in keys {
             call.arg(key);
         }
-        let extra_ms = u64::try_from(self.config.extra_ttl.as_millis()).unwrap_or(u64::MAX);
+        let extra_ms = self.extra_ms();
         let op = match op {
             Op::Check => "c",
             Op::Dry => "d",
@@ -275,7 +365,7 @@ impl RedisStore {
         now_us: Option<u64>,
         lease: &str,
         members: &[usize],
-        prepared: &[Prepared],
+        prepared: &[ScriptLimit],
     ) -> Result<Option<Vec<i64>>, StoreError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job = Job {
@@ -323,7 +413,7 @@ impl RedisStore {
         lease: &str,
         members: &[usize],
         limits: &[Limit<'_>],
-        prepared: &[Prepared],
+        prepared: &[ScriptLimit],
     ) -> Result<GroupReply, StoreError> {
         let batcher = match &self.batching {
             _ if op != Op::Check => None,
@@ -362,7 +452,7 @@ impl RedisStore {
 
     /// The limits grouped by slot (one group on a single server), the narrowest
     /// group (smallest capacity among its limits) first.
-    fn groups(&self, limits: &[Limit<'_>], prepared: &[Prepared]) -> Vec<SmallVec<[usize; 4]>> {
+    fn groups(&self, limits: &[Limit<'_>], prepared: &[ScriptLimit]) -> Vec<SmallVec<[usize; 4]>> {
         if !self.conn.is_cluster() {
             return vec![(0..limits.len()).collect()];
         }
@@ -385,7 +475,7 @@ impl RedisStore {
     async fn check_redis(
         &self,
         limits: &[Limit<'_>],
-        prepared: &[Prepared],
+        prepared: &[ScriptLimit],
     ) -> Result<Stamped, StoreError> {
         let now_us = self.now_us()?;
         // The base of the lease members this check adds: unique per store,
@@ -460,7 +550,7 @@ impl RedisStore {
         committed: &[(usize, u64)],
         groups: &[SmallVec<[usize; 4]>],
         lease: &str,
-        prepared: &[Prepared],
+        prepared: &[ScriptLimit],
     ) {
         for &(g, now_us) in committed {
             let members = &groups[g];
@@ -471,71 +561,6 @@ impl RedisStore {
                 tracing::warn!(error = %e, "refund of a cross-slot check failed");
             }
         }
-    }
-
-    /// Checks `limits` in Redis; see [`Store::check`]. Errs when Redis does
-    /// not answer within the timeout ([`StoreError::Timeout`]) or fails
-    /// ([`StoreError::Backend`], saying whether a retry could help): deciding
-    /// without Redis is the job of the `Fallback` wrapper of tollgate-store.
-    pub async fn check_limits(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
-        Ok(self.check_stamped_limits(limits).await?.outcome)
-    }
-
-    /// [`RedisStore::check_limits`] with the script's time per limit (µs).
-    pub async fn check_stamped_limits(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
-        if limits.is_empty() {
-            return Ok(Stamped {
-                outcome: Outcome::default(),
-                decided_at: Some(SmallVec::new()),
-            });
-        }
-        let prepared = self.prepare(limits)?;
-        self.check_redis(limits, &prepared).await
-    }
-
-    /// Gives `limit.cost` units back to `limit`'s state in Redis, as taken by a
-    /// check at `taken_at` (µs, the script's time): the script's refund.
-    pub async fn give_back_units(
-        &self,
-        limit: &Limit<'_>,
-        taken_at: u64,
-    ) -> Result<(), StoreError> {
-        let prepared = self.prepare(std::slice::from_ref(limit))?;
-        self.call(Op::Refund, Some(taken_at), "", &[0], &prepared)
-            .await?;
-        Ok(())
-    }
-
-    /// Deletes the state of each limit's key (and its auxiliary key); see
-    /// [`Store::reset`]. One `DEL` per limit: its two keys share a slot.
-    pub async fn reset_keys(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
-        for limit in limits {
-            let (key, aux) = redis_keys(&self.config.prefix, limit.algorithm, limit.key);
-            let mut del = redis::cmd("DEL");
-            del.arg(&key).arg(&aux);
-            self.timed(self.conn.query::<i64>(&del)).await?;
-        }
-        Ok(())
-    }
-
-    /// Gives back exactly these leases, whichever store of the service took
-    /// them: each is the member `<cost>|<id>` of its key's sorted set; see
-    /// [`Store::release`]. A lease that cannot be released (Redis down: the
-    /// first error is returned) expires after its quota's period.
-    pub async fn release_leases(&self, leases: &[Lease]) -> Result<(), StoreError> {
-        let mut first_error = None;
-        // One call per lease: leases of one request may sit on several slots.
-        for lease in leases {
-            let (key, aux) = redis_keys(&self.config.prefix, Algorithm::Concurrency, &lease.key);
-            let member = format!("{}|{}", lease.cost, lease.id);
-            let mut call = self.code.call(2);
-            call.arg(&key).arg(&aux).arg("l").arg(0).arg(&member);
-            if let Err(e) = self.run::<Vec<i64>>(&call).await {
-                tracing::debug!(error = %e, "lease release failed; it expires after its period");
-                first_error.get_or_insert(e);
-            }
-        }
-        first_error.map_or(Ok(()), Err)
     }
 }
 
@@ -569,37 +594,95 @@ impl Store for RedisStore {
         Self::holds(quota)
     }
 
-    fn check(
-        &self,
-        limits: &[Limit<'_>],
-    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        self.check_limits(limits)
+    /// Checks `limits` in Redis. Errs when Redis does
+    /// not answer within the timeout ([`StoreError::Timeout`]) or fails
+    /// ([`StoreError::Backend`], saying whether a retry could help): deciding
+    /// without Redis is the job of the `Fallback` wrapper of tollgate-store.
+    async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
+        Ok(self.check_stamped(limits).await?.outcome)
     }
 
-    fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.release_leases(leases)
+    /// [`Store::check`] with the script's time per limit (µs).
+    async fn check_stamped(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
+        if limits.is_empty() {
+            return Ok(Stamped {
+                outcome: Outcome::default(),
+                decided_at: Some(SmallVec::new()),
+            });
+        }
+        let prepared = self.prepare(limits)?;
+        // All-or-nothing across limits needs the script (a check, then a
+        // write only if every limit admits); one counting limit does not.
+        if let ([limit], [p]) = (limits, prepared.as_slice()) {
+            match limit.algorithm {
+                Algorithm::FixedWindow => return self.check_native(limit, p, false).await,
+                Algorithm::HitCounter => return self.check_native(limit, p, true).await,
+                _ => {}
+            }
+        }
+        self.check_redis(limits, &prepared).await
     }
 
-    fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.reset_keys(limits)
+    /// Gives `limit.cost` units back to `limit`'s state in Redis, as taken by a
+    /// check at `taken_at` (µs, the script's time): the script's refund.
+    async fn give_back(&self, limit: &Limit<'_>, taken_at: u64) -> Result<(), StoreError> {
+        let prepared = self.prepare(std::slice::from_ref(limit))?;
+        self.call(Op::Refund, Some(taken_at), "", &[0], &prepared)
+            .await?;
+        Ok(())
     }
 
-    fn ready(&self) -> impl Future<Output = bool> + Send {
-        self.reachable()
+    /// Deletes the state of each limit's key (and its auxiliary key).
+    /// One `DEL` per limit: its two keys share a slot.
+    async fn reset(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+        for limit in limits {
+            let (key, aux) = redis_keys(&self.config.prefix, limit.algorithm, limit.key);
+            let mut del = redis::cmd("DEL");
+            del.arg(&key).arg(&aux);
+            if matches!(
+                limit.algorithm,
+                Algorithm::FixedWindow | Algorithm::HitCounter
+            ) {
+                // A count per window: the current one, and those beside it
+                // that a clock a little apart from this one counts in.
+                let period = crate::script::micros_up(limit.quota.period_ns());
+                let window = self.known_now_us()? / period;
+                for w in window.saturating_sub(1)..=window.saturating_add(1) {
+                    del.arg(window_key(&key, w));
+                }
+            }
+            self.timed(self.conn.query::<i64>(&del)).await?;
+        }
+        Ok(())
     }
 
-    fn check_stamped(
-        &self,
-        limits: &[Limit<'_>],
-    ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
-        self.check_stamped_limits(limits)
+    /// Gives back exactly these leases, whichever store of the service took
+    /// them: each is the member `<cost>|<id>` of its key's sorted set. A lease that cannot be released (Redis down: the
+    /// first error is returned) expires after its quota's period.
+    async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
+        let mut first_error = None;
+        // One call per lease: leases of one request may sit on several slots.
+        for lease in leases {
+            let (key, aux) = redis_keys(&self.config.prefix, Algorithm::Concurrency, &lease.key);
+            let member = format!("{}|{}", lease.cost, lease.id);
+            let mut call = self.code.call(2);
+            call.arg(&key).arg(&aux).arg("l").arg(0).arg(&member);
+            if let Err(e) = self.run::<Vec<i64>>(&call).await {
+                tracing::debug!(error = %e, "lease release failed; it expires after its period");
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
-    fn give_back(
-        &self,
-        limit: &Limit<'_>,
-        taken_at: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.give_back_units(limit, taken_at)
+    /// Whether Redis answers a `PING` now (within the check timeout, but at
+    /// least 250 ms: a readiness probe should not flap on a busy host).
+    async fn ready(&self) -> bool {
+        let wait = self.config.timeout.max(Duration::from_millis(250));
+        // A connection that died answers its next command with the error that
+        // starts its reconnection: only a second try tells whether Redis is
+        // back, and without it a probe right after a restart would fail.
+        let ping = async { self.conn.ping().await.is_ok() || self.conn.ping().await.is_ok() };
+        tokio::time::timeout(wait, ping).await.unwrap_or(false)
     }
 }

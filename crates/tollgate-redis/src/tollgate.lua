@@ -11,15 +11,26 @@
 --
 -- Loaded as a function library (its callback is `run`) or as a script ending
 -- in `return run(KEYS, ARGV)`: see code.rs. Arguments and replies are
--- described at `run`, at the end. Algorithm codes: 0 token bucket, 1 gcra,
--- 2 leaky, 3 shaping, 4 fixed window, 5 sliding log, 6 sliding counter,
--- 7 concurrency, 8 hit counter.
+-- described at `run`, at the end.
+
+-- Algorithm codes, as `Algorithm::index` in tollgate-core numbers them (a
+-- unit test in code.rs holds the two together).
+local TOKEN_BUCKET = 0
+local GCRA = 1
+local LEAKY = 2
+local SHAPING = 3
+local FIXED_WINDOW = 4
+local SLIDING_LOG = 5
+local SLIDING_COUNTER = 6
+local CONCURRENCY = 7
+local HIT_COUNTER = 8
 
 local END = 9007199254740992 -- 2^53 us: the end of time on this side
 local B = 16777216 -- 2^24, the limb base
--- Set by `run`: a function library's top level runs where only `redis` is
--- defined, so Lua's libraries are reached at call time (once per call, as
--- upvalues: a global's lookup costs a check about 185 instructions).
+-- Set by the first `run`: a function library's top level runs where only
+-- `redis` is defined, so Lua's libraries are reached at call time, once, as
+-- upvalues (which outlive a call): a global's lookup costs a check about
+-- 185 instructions.
 local floor, max, min, ceil
 local struct_pack, struct_unpack, format
 -- A call to one of those C functions costs a check in Redis about 360
@@ -145,10 +156,10 @@ end
 
 -- String states are as small as Redis holds them, since every key of a
 -- limit costs memory for as long as it lives:
--- - GCRA's and shaping's one time is a decimal integer, which Redis keeps in
+-- - GCRA's and shaping's one time, and a fixed window's or hit counter's
+--   count (one key per window), are decimal integers, which Redis keeps in
 --   the value's pointer (no allocation at all);
--- - a time and an amount (token bucket, leaky bucket, fixed window, hit
---   counter) are 12 bytes, the time in 7 and the amount in 5, while the
+-- - a time and an amount (token bucket, leaky bucket) are 12 bytes, the time in 7 and the amount in 5, while the
 --   amount is below 2^40 (else two doubles, 16 bytes): Redis allocates a
 --   12-byte value with its object in 32 bytes, a 16-byte one in 48;
 -- - the sliding counter's three numbers are three doubles.
@@ -229,12 +240,16 @@ local function value_of(key)
 end
 
 -- Stages `v` as the new value of the string state `key`, written when the
--- request is admitted.
-local function stage(key, v)
+-- request is admitted; with `ttl`, the TTL (us) it is to be written with
+-- (else the one its limit's step returns).
+local function stage(key, v, ttl)
   if not staged[key] then
     order[#order + 1] = key
   end
   staged[key] = v
+  if ttl then
+    ttls[key] = ttl
+  end
 end
 
 local function cost_of(member)
@@ -292,12 +307,19 @@ local function until_window_end(t, p, ahead)
   return p - t % p + p * ahead
 end
 
+-- A fixed window's or hit counter's key for the window holding `t`: its
+-- limit's key, ':' and the window's number (`t` // `p`, exact: `t % p` is).
+-- Must name it as native.rs does.
+local function window_key(key, t, p)
+  return key .. ':' .. fmt((t - t % p) / p)
+end
+
 -- Steps one limit. `write` says whether its admission is to be kept (false
 -- once another limit of the request has denied: a peek, as in the memory
 -- store). Returns the TTL (us) to set when it wrote (else nil), then the
 -- decision.
 local function step(alg, q, key, aux, now, cost, write, lease, index)
-  if alg == 0 then
+  if alg == TOKEN_BUCKET then
     -- (last refill, tokens); a new bucket is full: tokens clamp to the
     -- capacity at the first refill.
     local last, held = parse_pair(value_of(key), 0, END)
@@ -316,14 +338,14 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       return reset, a, r, reset, retry, delay
     end
     return nil, a, r, reset, retry, delay
-  elseif alg == 1 or alg == 3 then
+  elseif alg == GCRA or alg == SHAPING then
     -- The theoretical arrival time, a decimal integer.
     local wait = parse_int(value_of(key)) - now
     if wait < 0 then
       wait = 0
     end
     local used, a, r, reset, retry, delay = meter(q, now, wait, cost)
-    if a == 1 and alg == 3 then
+    if a == 1 and alg == SHAPING then
       delay = max(wait - min(q.delay_after, q.burst) * q.emission, 0)
     end
     if used and write then
@@ -331,7 +353,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       return reset, a, r, reset, retry, delay
     end
     return nil, a, r, reset, retry, delay
-  elseif alg == 2 then
+  elseif alg == LEAKY then
     -- (last leak, level).
     local last, held = parse_pair(value_of(key), 0, 0)
     local n = last
@@ -348,43 +370,42 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       return reset, a, r, reset, retry, delay
     end
     return nil, a, r, reset, retry, delay
-  elseif alg == 4 or alg == 8 then
-    -- (last admission, its window's count).
-    local last, held = parse_pair(value_of(key), 0, 0)
+  elseif alg == FIXED_WINDOW or alg == HIT_COUNTER then
+    -- The window's count, a decimal integer at `<key>:<window>` that the
+    -- store's native INCRBY path shares (native.rs): a request counts in its
+    -- own time's window.
     local p, l = q.period, q.limit
-    local n = max(now, last)
-    local count = 0
-    if floor(n / p) == floor(last / p) then
-      count = held
-    end
-    local until_end = until_window_end(n, p, 0)
-    local function reset(c)
-      if c == 0 then
-        return 0
-      end
-      return until_end
-    end
+    local wkey = window_key(key, now, p)
+    -- Never below zero: a native compensation that found its window gone
+    -- leaves a negative count for a millisecond.
+    local count = max(parse_int(value_of(wkey)), 0)
+    local until_end = until_window_end(now, p, 0)
     if count + cost <= l then
       local after = count + cost
-      local reset_after = reset(after)
+      local reset_after = 0
+      if after > 0 then
+        reset_after = until_end
+      end
       if cost > 0 and write then
-        stage(key, pack_pair(n, after))
-        return reset_after, decision(true, l - after, reset_after)
+        stage(wkey, fmt(after), reset_after)
       end
       return nil, decision(true, l - after, reset_after)
     end
     local retry = nil
-    if cost <= l and n + until_end <= END then
+    if cost <= l and now + until_end <= END then
       retry = until_end
     end
-    if alg == 8 and cost > 0 and write then
+    if alg == HIT_COUNTER and cost > 0 and write then
       -- The hit counter counts what it denies, kept one past the limit.
-      local seen = min(count + cost, l + 1)
-      stage(key, pack_pair(n, seen))
-      return reset(seen), decision(false, max(l - count, 0), reset(seen), retry)
+      stage(wkey, fmt(min(count + cost, l + 1)), until_end)
+      return nil, decision(false, max(l - count, 0), until_end, retry)
     end
-    return nil, decision(false, max(l - count, 0), reset(count), retry)
-  elseif alg == 6 then
+    local reset_after = 0
+    if count > 0 then
+      reset_after = until_end
+    end
+    return nil, decision(false, max(l - count, 0), reset_after, retry)
+  elseif alg == SLIDING_COUNTER then
     -- (last admission, the count of the window before its, its window's).
     local last, before, current = parse3(value_of(key))
     local p, l = q.period, q.limit
@@ -453,7 +474,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       retry = retry_at - n
     end
     return nil, decision(false, remaining(cur), reset(cur), retry)
-  elseif alg == 5 then
+  elseif alg == SLIDING_LOG then
     local s = load_log(key, aux)
     local p, l = q.period, q.limit
     local n = now
@@ -523,7 +544,7 @@ local function step(alg, q, key, aux, now, cost, write, lease, index)
       end
     end
     return nil, decision(false, max(l - total, 0), reset(newest_live), retry)
-  elseif alg == 7 then
+  elseif alg == CONCURRENCY then
     local s = load_leases(key, aux, now)
     local l = q.limit
     if s.count + cost <= l then
@@ -618,7 +639,7 @@ local Q = {}
 
 -- Whether an algorithm keeps an aux key beside its state.
 local function has_aux(alg)
-  return alg == 5 or alg == 7
+  return alg == SLIDING_LOG or alg == CONCURRENCY
 end
 
 -- Replies are the numbers packed as little-endian doubles: one string per
@@ -638,10 +659,10 @@ end
 -- `o` entries are packed.
 local nums = {}
 
--- Checks one request (its argument `blob`, its keys after keys[k]),
--- appending {t, all_allowed, 5 per limit} packed to `parts`; writes only when
--- every limit admits and `commit`. Returns the index of its last key.
-local function check_request(parts, blob, k, commit)
+-- Checks one request (its argument `blob`, its keys after keys[k]); writes
+-- only when every limit admits and `commit`. Returns its reply, {t,
+-- all_allowed, 5 per limit} packed, and the index of its last key.
+local function check_request(blob, k, commit)
   local t, count, pos = struct_unpack('<dd', blob)
   t = time_of(t)
   nums[1] = t
@@ -657,7 +678,7 @@ local function check_request(parts, blob, k, commit)
     if has_aux(alg) then
       k = k + 1
       aux = keys[k]
-      if alg == 7 then
+      if alg == CONCURRENCY then
         lease = string.sub(blob, HEAD + LIMIT * count + 1)
       end
     end
@@ -691,11 +712,9 @@ local function check_request(parts, blob, k, commit)
   end
   if o == 7 then
     -- One limit, the commonest request: packed without `unpack`.
-    parts[#parts + 1] = struct_pack('<ddddddd', nums[1], nums[2], nums[3], nums[4], nums[5], nums[6], nums[7])
-  else
-    parts[#parts + 1] = packed(nums, 1, o)
+    return struct_pack('<ddddddd', nums[1], nums[2], nums[3], nums[4], nums[5], nums[6], nums[7]), k
   end
-  return k
+  return packed(nums, 1, o), k
 end
 
 -- Loads every string state of the call's requests (args[from..to]) before
@@ -760,25 +779,27 @@ local function refund(blob)
       aux = keys[k]
     end
     local v = nil
-    if not aux then
+    if not aux and alg ~= FIXED_WINDOW and alg ~= HIT_COUNTER then
       v = redis.call('GET', key) or nil
     end
-    if alg == 0 and v then
+    if alg == TOKEN_BUCKET and v then
       local last, tokens = parse_pair(v, 0, 0)
       local capacity = q.burst * q.emission
       tokens = min(tokens + cost * q.emission, capacity)
       redis.call('SET', key, pack_pair(last, tokens), 'KEEPTTL')
-    elseif (alg == 1 or alg == 3) and v then
+    elseif (alg == GCRA or alg == SHAPING) and v then
       redis.call('SET', key, fmt(max(parse_int(v) - cost * q.emission, 0)), 'KEEPTTL')
-    elseif alg == 2 and v then
+    elseif alg == LEAKY and v then
       local last, level = parse_pair(v, 0, 0)
       redis.call('SET', key, pack_pair(last, max(level - cost * q.emission, 0)), 'KEEPTTL')
-    elseif (alg == 4 or alg == 8) and v then
-      local last, c = parse_pair(v, 0, 0)
-      if floor(last / q.period) == floor(now / q.period) then
-        redis.call('SET', key, pack_pair(last, max(c - cost, 0)), 'KEEPTTL')
+    elseif alg == FIXED_WINDOW or alg == HIT_COUNTER then
+      -- The count of the window the check was admitted in, if it lives.
+      local wkey = window_key(key, now, q.period)
+      local c = tonumber(redis.call('GET', wkey) or nil)
+      if c then
+        redis.call('SET', wkey, fmt(max(c - cost, 0)), 'KEEPTTL')
       end
-    elseif alg == 6 and v then
+    elseif alg == SLIDING_COUNTER and v then
       local last, prev, cur = parse3(v)
       local ahead = floor(last / q.period) - floor(now / q.period)
       if ahead == 0 then
@@ -787,7 +808,7 @@ local function refund(blob)
         prev = max(prev - cost, 0)
       end
       redis.call('SET', key, struct_pack('<ddd', last, prev, cur), 'KEEPTTL')
-    elseif alg == 5 then
+    elseif alg == SLIDING_LOG then
       local member = redis.call('ZRANGEBYSCORE', key, fmt(now), fmt(now))
       if member[1] then
         local c = tonumber(string.match(member[1], ':(%d+)$'))
@@ -799,7 +820,7 @@ local function refund(blob)
         local total = tonumber(redis.call('GET', aux) or '0')
         redis.call('SET', aux, fmt(max(total - taken, 0)), 'KEEPTTL')
       end
-    elseif alg == 7 then
+    elseif alg == CONCURRENCY then
       local member = fmt(cost) .. '|' .. string.sub(blob, HEAD + LIMIT * count + 1) .. '_' .. i
       if redis.call('ZREM', key, member) == 1 then
         local c = tonumber(redis.call('GET', aux) or '0')
@@ -826,8 +847,10 @@ end
 -- packed as little-endian doubles in one string. For "r": {t}; for "l": {}.
 local function run(call_keys, args)
   keys, redis_now = call_keys, nil
-  floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
-  struct_pack, struct_unpack, format = struct.pack, struct.unpack, string.format
+  if not format then
+    floor, max, min, ceil = math.floor, math.max, math.min, math.ceil
+    struct_pack, struct_unpack, format = struct.pack, struct.unpack, string.format
+  end
   committed = {}
   if #order > 0 then
     -- A call that failed half-way left its request's states.
@@ -854,9 +877,14 @@ local function run(call_keys, args)
     elseif to > from then
       prefetch(args, from, to, false)
     end
+    if to == from then
+      -- One request, the commonest call where callers are few: its reply
+      -- without a table to join.
+      return (check_request(args[from], 0, op ~= 'd'))
+    end
     local parts, k = {}, 0
     for r = from, to do
-      k = check_request(parts, args[r], k, op ~= 'd')
+      parts[r - from + 1], k = check_request(args[r], k, op ~= 'd')
     end
     return table.concat(parts)
   elseif op == 'r' then

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use serde::Serialize;
-use tollgate_core::{Algorithm, ManualClock, Quota, StoreError, format_duration};
+use tollgate_core::{Algorithm, IntoNanos, ManualClock, Quota, StoreError, format_duration};
 use tollgate_policy::{ConfigError, ConfigFiles, Policy, Rule, Safeguards};
 use tollgate_redis::RedisStore;
 use tollgate_store::{MemoryConfig, MemoryStore};
@@ -343,9 +343,7 @@ fn row(domain: &str, rule: &Rule) -> RuleRow {
         // A rule that blocks everything: zero per its unit.
         (None, Some(unit)) if rule.blocks() => (
             Some(0),
-            Some(format_duration(
-                u64::try_from(unit.duration().as_nanos()).unwrap_or(u64::MAX),
-            )),
+            Some(format_duration(unit.duration().into_nanos())),
             None,
         ),
         _ => (None, None, None),

@@ -1,6 +1,6 @@
 //! [`TokioClock`]: the service's time read from tokio's clock.
 
-use tollgate_core::{Clock, Nanos};
+use tollgate_core::{Clock, IntoNanos, Nanos};
 
 /// Epoch nanoseconds that follow tokio's clock: a fixed `base` plus the
 /// time [`tokio::time::Instant`] says has passed since the clock was made.
@@ -30,7 +30,7 @@ impl TokioClock {
 
 impl Clock for TokioClock {
     fn now(&self) -> Nanos {
-        let elapsed = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let elapsed = self.origin.elapsed().into_nanos();
         self.base.saturating_add(elapsed)
     }
 }

@@ -29,6 +29,7 @@ mod answered;
 mod args;
 mod auth;
 mod backend;
+mod bodies;
 mod envoy_mode;
 mod http;
 mod listeners;
@@ -45,6 +46,7 @@ pub use tollgate_envoy::settings::ENVOY_VARIABLES;
 use backend::Backend;
 use hyper_util::service::TowerToHyperService;
 use state::AppState;
+use tollgate_envoy::rlqs::QuotaService;
 use tollgate_envoy::{GrpcService, Health, RateLimitGrpc};
 use tollgate_gateway::Gateway;
 use tollgate_listen::{Acceptor, Protocol};
@@ -285,7 +287,8 @@ async fn launch(
             .with_shadow_mode(args.envoy.as_ref().is_some_and(|e| e.shadow_mode))
             .with_quota_mode(args.envoy.as_ref().is_some_and(|e| e.quota_mode))
             .with_envoy_counting(args.envoy_counting)
-            .with_clock(clock)
+            .with_request_limits(args.requests.request_limits())
+            .with_clock(Arc::clone(&clock))
             .with_timer(Arc::new(FastClock::new()))
             .with_observer(record::observer(
                 (metrics::Observe, live::Observe(Arc::clone(&live))),
@@ -317,14 +320,20 @@ async fn launch(
         // that the health rules would not allow.
         health.config(xds.healthy_at_start()).await;
     }
+    let bodies = Arc::new(args.requests.bodies());
+    let quota = QuotaService::new(handle.clone(), Arc::clone(&clock));
     let grpc_service = GrpcService::new(
         RateLimitGrpc::new(
             Arc::clone(&enforcer),
             auth::admits_any(&args.api_token),
             Arc::clone(&reply),
             |outcome, elapsed| metrics::check(Api::Grpc, answered::envoy(outcome), elapsed),
+            Arc::clone(&bodies),
         ),
-        tonic::service::Routes::new(health_service).prepare(),
+        // Envoy's quota filter streams to the same port as its RLS filter.
+        tonic::service::Routes::new(health_service)
+            .add_service(quota.server())
+            .prepare(),
     );
     let mut grpc_acceptor = Acceptor::new("grpc", limits, Protocol::Http2);
     if let Some(config) = grpc_tls {
@@ -336,7 +345,10 @@ async fn launch(
 
     let store_metrics: Option<Box<dyn Fn() + Send + Sync>> = {
         let enforcer = Arc::clone(&enforcer);
-        Some(Box::new(move || enforcer.store().record_metrics()))
+        Some(Box::new(move || {
+            enforcer.store().record_metrics();
+            quota.record_metrics();
+        }))
     };
     let store_health: Option<Box<dyn Fn() -> store_health::StoreHealth + Send + Sync>> = {
         let enforcer = Arc::clone(&enforcer);
@@ -355,6 +367,7 @@ async fn launch(
         reply,
         metrics_path,
         v1_headers: args.v1_headers,
+        bodies,
     });
     // On the shared multi-threaded runtime, not the gateway's per-CPU
     // workers: measured both ways (`scripts/bench-http`), per-CPU workers

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
-use tollgate_core::{Nanos, Quota};
+use tollgate_core::{IntoNanos, Nanos, Quota};
 
 use crate::Trace;
 use tollgate_core::format_duration;
@@ -319,7 +319,7 @@ impl fmt::Display for Generator {
         if self.workload != Workload::BoundaryAttack {
             write!(f, " --rate {}", self.rate)?;
         }
-        let duration = u64::try_from(self.duration.as_nanos()).unwrap_or(u64::MAX);
+        let duration = self.duration.into_nanos();
         write!(
             f,
             " --duration {} --keys {} --seed {}",

@@ -27,12 +27,13 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use smallvec::SmallVec;
+use tollgate_core::IntoNanos;
 use tollgate_core::{
     Algorithm, Clock, Decision, Lease, Limit, Nanos, Outcome, Quota, Stamped, Store, StoreError,
 };
 
 use crate::FastClock;
-use crate::decision::{budget, nanos};
+use crate::decision::budget;
 
 const SHARDS: usize = 16;
 
@@ -103,7 +104,7 @@ impl Denials {
             return;
         }
         let key = budget(limit);
-        let until = sent.saturating_add(nanos(retry));
+        let until = sent.saturating_add(retry.into_nanos());
         let mut shard = self.shard(&key).lock();
         if shard.len() >= self.per_shard && !shard.contains_key(&key) {
             shard.retain(|_, e| e.until > sent);

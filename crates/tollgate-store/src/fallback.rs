@@ -50,6 +50,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 use tokio::task::JoinHandle;
+use tollgate_core::IntoNanos;
 use tollgate_core::{
     Algorithm, Clock, Decision, FailurePolicy, Lease, Limit, Outcome, Quota, Stamped, Store,
     StoreError,
@@ -172,10 +173,6 @@ fn policy_index(policy: FailurePolicy) -> usize {
         FailurePolicy::FailClosed => 1,
         FailurePolicy::Local => 2,
     }
-}
-
-fn nanos(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn bump(counter: &AtomicU64) {
@@ -380,7 +377,7 @@ impl<S: Store + 'static> Fallback<S> {
             };
             let report = Report {
                 remaining: decision.remaining(),
-                until: now.saturating_add(nanos(holds)),
+                until: now.saturating_add(holds.into_nanos()),
                 seeded: false,
                 debt,
             };
@@ -460,7 +457,7 @@ impl<S: Store + 'static> Fallback<S> {
                 let mut reports = shared.reports.lock();
                 let fresh = Report {
                     remaining: limit.capacity(),
-                    until: now.saturating_add(nanos(limit.quota.period())),
+                    until: now.saturating_add(limit.quota.period().into_nanos()),
                     seeded: true,
                     debt: 0,
                 };

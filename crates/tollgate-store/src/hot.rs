@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use portable_atomic::AtomicU128;
 use tollgate_core::{Decision, Nanos, Tat};
 
-use crate::shard::{Entries, Entry, Sweep, Table};
+use crate::table::{Entries, Entry, Sweep, Table};
 
 /// Slots per shard. A shard's hot keys are few: these are the keys whose
 /// checks meet each other on one lock, and a miss costs a scan of two cache

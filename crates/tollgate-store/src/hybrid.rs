@@ -56,13 +56,14 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 use tokio::task::JoinHandle;
+use tollgate_core::IntoNanos;
 use tollgate_core::{
     Algorithm, Clock, Decision, FailurePolicy, Limit, Nanos, Outcome, Quota, Stamped, Store,
     StoreError,
 };
 
 use crate::FastClock;
-use crate::decision::{budget, nanos};
+use crate::decision::budget;
 
 /// How the hybrid wrapper leases.
 #[derive(Debug, Clone)]
@@ -129,11 +130,55 @@ fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
+/// What an instance holds and is asking for, by budget ([`budget`]).
+#[derive(Debug, Default)]
+struct Book {
+    held: HashMap<String, Lease>,
+    /// Extra units asked of the inner store by checks still awaiting it.
+    /// They count against `max_lease` with those held: sized under the lock
+    /// but kept after the await, k concurrent misses of one key otherwise
+    /// each sized their extra against the same holding, and held k ×
+    /// `max_lease` (issue 39: 245–326 units held under a cap of 50).
+    asked: HashMap<String, u64>,
+}
+
+impl Book {
+    fn unask(&mut self, id: &str, units: u64) {
+        if let Some(asked) = self.asked.get_mut(id) {
+            *asked = asked.saturating_sub(units);
+            if *asked == 0 {
+                self.asked.remove(id);
+            }
+        }
+    }
+}
+
+/// The extras a check asked for, counted in [`Book::asked`] until it keeps
+/// them ([`Shared::keep`]) or ends otherwise (denied, failed, or dropped
+/// while awaiting the inner store).
+struct Asked<'a, S> {
+    shared: &'a Shared<S>,
+    ids: SmallVec<[String; 4]>,
+    extras: SmallVec<[u64; 4]>,
+}
+
+impl<S> Drop for Asked<'_, S> {
+    fn drop(&mut self) {
+        if self.extras.iter().all(|&e| e == 0) {
+            return;
+        }
+        let mut book = self.shared.leases.lock();
+        for (id, &extra) in self.ids.iter().zip(&self.extras) {
+            book.unask(id, extra);
+        }
+    }
+}
+
 struct Shared<S> {
     inner: S,
     config: HybridConfig,
     clock: Arc<dyn Clock>,
-    leases: Mutex<HashMap<String, Lease>>,
+    leases: Mutex<Book>,
     counters: Counters,
 }
 
@@ -182,7 +227,7 @@ impl<S: Store + 'static> Hybrid<S> {
             inner,
             config,
             clock,
-            leases: Mutex::new(HashMap::new()),
+            leases: Mutex::new(Book::default()),
             counters: Counters::default(),
         });
         let weak: Weak<Shared<S>> = Arc::downgrade(&shared);
@@ -221,7 +266,13 @@ impl<S: Store> Hybrid<S> {
 
     /// Units this instance holds unspent, over all keys.
     pub fn held_units(&self) -> u64 {
-        self.shared.leases.lock().values().map(|l| l.units).sum()
+        self.shared
+            .leases
+            .lock()
+            .held
+            .values()
+            .map(|l| l.units)
+            .sum()
     }
 
     /// Gives back the unspent units of every expired lease (and forgets the
@@ -255,7 +306,7 @@ impl<S: Store> Shared<S> {
             return None;
         }
         let ids: SmallVec<[String; 4]> = limits.iter().map(budget).collect();
-        let mut leases = self.leases.lock();
+        let leases = &mut self.leases.lock().held;
         // What the request takes from each key (a key may appear twice).
         let mut need: SmallVec<[(usize, u64); 4]> = SmallVec::new();
         for (i, limit) in limits.iter().enumerate() {
@@ -299,7 +350,7 @@ impl<S: Store> Shared<S> {
         // Leases of these keys that expired (or hold another quota's units) go
         // back first, so an instance never holds more than `max_lease`.
         let stale: Vec<String> = {
-            let leases = self.leases.lock();
+            let leases = &self.leases.lock().held;
             limits
                 .iter()
                 .filter_map(|l| {
@@ -315,28 +366,12 @@ impl<S: Store> Shared<S> {
             self.give_back(|id, _| stale.iter().any(|s| s == id)).await;
         }
         // Ask for a lease on every leased limit, sized by its key's history,
-        // topping up to at most `max_lease` held.
-        let extras: SmallVec<[u64; 4]> = {
-            let leases = self.leases.lock();
-            limits
-                .iter()
-                .map(|l| {
-                    if !hybrid_leases(l.algorithm) || l.cost == 0 {
-                        return 0;
-                    }
-                    let max = self.max_lease(l);
-                    let (size, held) = leases
-                        .get(&budget(l))
-                        .map_or((1, 0), |lease| (lease.size, lease.units));
-                    size.min(max.saturating_sub(held))
-                        .min(l.capacity().saturating_sub(l.cost))
-                })
-                .collect()
-        };
-        if extras.iter().any(|&e| e > 0) {
+        // topping up to at most `max_lease` held or asked for.
+        let ask = self.ask(limits);
+        if ask.extras.iter().any(|&e| e > 0) {
             let asked: SmallVec<[Limit<'_>; 4]> = limits
                 .iter()
-                .zip(&extras)
+                .zip(&ask.extras)
                 .map(|(l, &e)| Limit {
                     cost: l.cost.saturating_add(e),
                     ..*l
@@ -346,35 +381,74 @@ impl<S: Store> Shared<S> {
             let mut stamped = self.inner.check_stamped(&asked).await?;
             if stamped.outcome.allowed() {
                 if let Some(times) = &stamped.decided_at {
-                    self.keep(limits, &extras, times, &mut stamped.outcome, now);
+                    self.keep(limits, ask, times, &mut stamped.outcome, now);
                 }
                 return Ok(stamped);
             }
         }
+        drop(ask);
         bump(&self.counters.inner_checks);
         self.inner.check_stamped(limits).await
+    }
+
+    /// The extra units to ask for with `limits`, each sized by its key's
+    /// history and topped up to at most `max_lease` held or asked for,
+    /// counted as asked for until the check ends.
+    fn ask(&self, limits: &[Limit<'_>]) -> Asked<'_, S> {
+        let ids: SmallVec<[String; 4]> = limits.iter().map(budget).collect();
+        let mut book = self.leases.lock();
+        let extras = limits
+            .iter()
+            .zip(&ids)
+            .map(|(l, id)| {
+                if !hybrid_leases(l.algorithm) || l.cost == 0 {
+                    return 0;
+                }
+                let (size, held) = book
+                    .held
+                    .get(id)
+                    .map_or((1, 0), |lease| (lease.size, lease.units));
+                let taken = held.saturating_add(book.asked.get(id).copied().unwrap_or(0));
+                let extra = size
+                    .min(self.max_lease(l).saturating_sub(taken))
+                    .min(l.capacity().saturating_sub(l.cost));
+                if extra > 0 {
+                    *book.asked.entry(id.clone()).or_default() += extra;
+                }
+                extra
+            })
+            .collect();
+        Asked {
+            shared: self,
+            ids,
+            extras,
+        }
     }
 
     /// Keeps the extras of an admitted check as leases.
     fn keep(
         &self,
         limits: &[Limit<'_>],
-        extras: &[u64],
+        mut asked: Asked<'_, S>,
         times: &[u64],
         outcome: &mut Outcome,
         now: Nanos,
     ) {
-        let ttl = nanos(self.config.lease_ttl);
-        let mut leases = self.leases.lock();
+        let ttl = self.config.lease_ttl.into_nanos();
+        let mut book = self.leases.lock();
+        let extras = std::mem::take(&mut asked.extras);
         for (((limit, &extra), &taken_at), decision) in limits
             .iter()
-            .zip(extras)
+            .zip(&extras)
             .zip(times)
             .zip(outcome.decisions.iter_mut())
         {
             if extra == 0 {
                 continue;
             }
+            let id = budget(limit);
+            book.unask(&id, extra);
+            let leases = &mut book.held;
             self.counters
                 .units_leased
                 .fetch_add(extra, Ordering::Relaxed);
@@ -386,7 +460,7 @@ impl<S: Store> Shared<S> {
                 life = life.min(left_us.saturating_mul(1000));
             }
             let max = self.max_lease(limit);
-            let lease = leases.entry(budget(limit)).or_insert_with(|| Lease {
+            let lease = leases.entry(id).or_insert_with(|| Lease {
                 key: limit.key.to_owned(),
                 quota: limit.quota,
                 algorithm: limit.algorithm,
@@ -419,7 +493,7 @@ impl<S: Store> Shared<S> {
 
     async fn give_back(&self, due: impl Fn(&str, &Lease) -> bool) {
         let taken: Vec<Lease> = {
-            let mut leases = self.leases.lock();
+            let leases = &mut self.leases.lock().held;
             let ids: Vec<String> = leases
                 .iter()
                 .filter(|(id, l)| due(id, l))
@@ -494,7 +568,7 @@ impl<S: Store> Store for Hybrid<S> {
     /// state being forgotten) and resets the inner store.
     fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
         {
-            let mut leases = self.shared.leases.lock();
+            let leases = &mut self.shared.leases.lock().held;
             for limit in limits {
                 leases.remove(&budget(limit));
             }

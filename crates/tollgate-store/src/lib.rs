@@ -39,6 +39,7 @@ mod hot;
 mod hybrid;
 mod memory;
 mod shard;
+mod table;
 
 pub use breaker::BreakerState;
 pub use clock::FastClock;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
+use tollgate_core::IntoNanos;
 use tollgate_core::{
     Algorithm, Clock, Concurrency, Decision, FixedWindow, Gcra, HitCounter, LeakyBucket,
     LeakyBucketShaping, Lease, LeaseId, Leases, Level, Limit, Log, Nanos, Outcome, SlidingCounter,
@@ -18,7 +19,8 @@ use tollgate_core::{
 
 use crate::FastClock;
 use crate::hot::{HotSlots, Lanes, may_hold};
-use crate::shard::{Entries, Entry, Shard, Slot};
+use crate::shard::{Shard, Slot};
+use crate::table::{Entries, Entry};
 
 /// How the memory store is sized.
 #[derive(Debug, Clone)]
@@ -72,6 +74,17 @@ struct Padded {
     lanes: AtomicU64,
     hot: Arc<HotSlots>,
     shard: Mutex<Shard>,
+}
+
+impl Padded {
+    /// The shard locked, not swept (see [`Shard::maintain`]).
+    #[inline(always)]
+    fn lock(&self) -> Locked<'_> {
+        Locked {
+            shard: self.shard.lock(),
+            lanes: &self.lanes,
+        }
+    }
 }
 
 /// A shard locked: when let go, it first writes back and unlocks the hot
@@ -230,7 +243,7 @@ impl<C: Clock> MemoryStore<C> {
                 })
                 .collect(),
             shard_shift: 64 - shards.trailing_zeros(),
-            sweep_ns: u64::try_from(config.sweep_interval.as_nanos()).unwrap_or(u64::MAX),
+            sweep_ns: config.sweep_interval.into_nanos(),
             hashers: Default::default(),
             lease_ids: LeaseIds::default(),
             clock,
@@ -250,10 +263,11 @@ impl<C: Clock> MemoryStore<C> {
         self.check_when(limits, || now)
     }
 
-    /// Checks `limits` at the time `now` reads, which one limit alone reads
-    /// only once its key is hashed (see [`Self::decide_tat`]).
+    /// Checks `limits` at the time `now` reads, read where each state is
+    /// held (see [`Self::decide_tat`]), so that no check moves a state with
+    /// a time older than the state's own.
     #[inline(always)]
-    fn check_when(&self, limits: &[Limit<'_>], now: impl FnOnce() -> Nanos) -> Outcome {
+    fn check_when(&self, limits: &[Limit<'_>], now: impl Fn() -> Nanos) -> Outcome {
         match limits {
             [limit] => {
                 // The `Outcome` (320 bytes) is built here, in the caller,
@@ -267,7 +281,7 @@ impl<C: Clock> MemoryStore<C> {
                     leases: lease.map_or_else(Vec::new, |id| lease_of(limit, id)),
                 }
             }
-            _ => self.check_all(limits, now()),
+            _ => self.check_all(limits, now),
         }
     }
 
@@ -283,65 +297,103 @@ impl<C: Clock> MemoryStore<C> {
     /// its saved registers and spills tens of instructions
     /// (docs/benchmarks.md, "The one-TAT path").
     #[inline(always)]
-    fn decide_one(
-        &self,
-        limit: &Limit<'_>,
-        now: impl FnOnce() -> Nanos,
-    ) -> (Decision, Option<u64>) {
+    fn decide_one(&self, limit: &Limit<'_>, now: impl Fn() -> Nanos) -> (Decision, Option<u64>) {
         match limit.algorithm {
             Algorithm::Gcra => (self.decide_tat(&Gcra, limit, now), None),
             Algorithm::LeakyBucketShaping { delay_after } => (
                 self.decide_tat(&LeakyBucketShaping { delay_after }, limit, now),
                 None,
             ),
-            _ => self.decide_other(limit, now()),
+            _ => self.decide_other(limit, now),
         }
     }
 
     /// One limit on a TAT: in a hot slot without the lock, else under it.
     ///
-    /// The clock is read after the key is hashed: the hash waits on the
-    /// key's bytes, and the clock's instructions run meanwhile, whereas read
-    /// before, they stand between one check's lookup and the next check's key.
+    /// The clock is read where the state is held: in the lock-free path
+    /// after the slot's word is loaded (and again on each retry of its swap),
+    /// under the lock once the key is looked up. A TAT cannot tell how
+    /// recent the time that moved it was, so a `now` read before another
+    /// check moved the state (a thread preempted, or waiting for the lock,
+    /// between the two) turned the gap into a deny: about one answer in a
+    /// million at 1,000,000,000 per second, burst 1,000,000 (issue 39).
+    /// Read there, a check's time is never older than the state's: a swap
+    /// succeeds only if the word is as loaded before the clock was read, and
+    /// the lock orders the others.
+    ///
+    /// The key is hashed first: the hash waits on the key's bytes, and the
+    /// clock's instructions, which depend on neither the key nor the
+    /// state, run meanwhile.
     #[inline(always)]
     fn decide_tat<M: StateMachine<State = Tat>>(
         &self,
         machine: &M,
         limit: &Limit<'_>,
-        now: impl FnOnce() -> Nanos,
+        now: impl Fn() -> Nanos,
     ) -> Decision {
         let (key, shard) = self.locate(limit.algorithm, limit.key);
-        let now = now();
         let cell = &self.shards[shard];
         let lanes = cell.lanes.load(Ordering::Relaxed);
         if may_hold(lanes, key) {
-            if let Some(decision) = check_hot(machine, (&cell.hot, lanes), key, limit, now) {
+            if let Some(decision) = check_hot(machine, (&cell.hot, lanes), key, limit, &now) {
                 return decision;
             }
-            return commit(machine, &mut self.lock_cell(cell, now), key, limit, now);
+            return self.decide_tat_locked(machine, cell, key, None, limit, now);
         }
-        let mut guard = self.lock_cell(cell, now);
-        if let Some(entry) = Tat::table(&mut guard).get_mut_missed(key, lanes) {
-            return step_entry(machine, entry, limit, now);
-        }
-        commit(machine, &mut guard, key, limit, now)
+        self.decide_tat_locked(machine, cell, key, Some(lanes), limit, now)
     }
 
-    /// Every other algorithm's single limit, out of line.
+    /// [`Self::decide_tat`] under the shard's lock: the key looked up (its
+    /// hot slot taken, if it is in one; `lanes` are those read before the
+    /// lock when they showed no slot held the key), then the clock read,
+    /// then the step, then the shard's periodic sweep at that time.
+    #[inline(always)]
+    fn decide_tat_locked<M: StateMachine<State = Tat>>(
+        &self,
+        machine: &M,
+        cell: &Padded,
+        key: u128,
+        lanes: Option<Lanes>,
+        limit: &Limit<'_>,
+        now: impl Fn() -> Nanos,
+    ) -> Decision {
+        let mut guard = cell.lock();
+        let table = Tat::table(&mut guard);
+        let found = match lanes {
+            Some(lanes) => table.get_mut_missed(key, lanes),
+            None => table.get_mut(key),
+        };
+        let now = now();
+        let decision = match found {
+            Some(entry) => step_entry(machine, entry, limit, now),
+            None => insert(machine, &mut guard, key, limit, now),
+        };
+        guard.maintain(now, self.sweep_ns);
+        decision
+    }
+
+    /// Every other algorithm's single limit, out of line. The clock is read
+    /// under the lock: these algorithms read a time older than their state's
+    /// as the state's time, but a concurrency limit cannot know when its
+    /// leases were granted.
     #[inline(never)]
-    fn decide_other(&self, limit: &Limit<'_>, now: Nanos) -> (Decision, Option<u64>) {
+    fn decide_other(&self, limit: &Limit<'_>, now: impl Fn() -> Nanos) -> (Decision, Option<u64>) {
         let (key, shard) = self.locate(limit.algorithm, limit.key);
         let lease = wants_lease(limit).then(|| self.lease_ids.next());
         let decision = {
-            let mut guard = self.lock(shard, now);
+            let mut guard = self.shards[shard].lock();
+            let now = now();
+            guard.maintain(now, self.sweep_ns);
             self.commit(&mut guard, key, limit, now, lease.unwrap_or_default())
         };
         (decision, lease.filter(|_| decision.allowed()))
     }
 
-    // Out of line, so that the single-limit path stays small.
+    /// Several limits: every shard involved locked and every TAT key's hot
+    /// slot taken before the clock is read (see [`Self::decide_tat`]). Out of
+    /// line, so that the single-limit path stays small.
     #[inline(never)]
-    fn check_all(&self, limits: &[Limit<'_>], now: Nanos) -> Outcome {
+    fn check_all(&self, limits: &[Limit<'_>], now: impl Fn() -> Nanos) -> Outcome {
         if limits.is_empty() {
             return Outcome::default();
         }
@@ -355,7 +407,20 @@ impl<C: Clock> MemoryStore<C> {
         order.sort_unstable();
         order.dedup();
         let mut guards: SmallVec<[Locked<'_>; 4]> =
-            order.iter().map(|&s| self.lock(s, now)).collect();
+            order.iter().map(|&s| self.shards[s].lock()).collect();
+        for (limit, &(key, shard)) in limits.iter().zip(&located) {
+            if matches!(
+                limit.algorithm,
+                Algorithm::Gcra | Algorithm::LeakyBucketShaping { .. }
+            ) {
+                let slot = order.binary_search(&shard).expect("every shard was locked");
+                Tat::table(&mut guards[slot]).get_mut(key);
+            }
+        }
+        let now = now();
+        for guard in &mut guards {
+            guard.maintain(now, self.sweep_ns);
+        }
 
         let mut undo: SmallVec<[(usize, Undo); 4]> = SmallVec::new();
         let mut decisions = SmallVec::new();
@@ -459,11 +524,7 @@ impl<C: Clock> MemoryStore<C> {
         // Not `maintain`, which would skip a shard whose periodic sweep
         // is not due yet.
         for shard in self.shards.iter() {
-            Locked {
-                shard: shard.shard.lock(),
-                lanes: &shard.lanes,
-            }
-            .sweep(now, self.sweep_ns);
+            shard.lock().sweep(now, self.sweep_ns);
         }
     }
 
@@ -492,10 +553,7 @@ impl<C: Clock> MemoryStore<C> {
 
     #[inline(always)]
     fn lock_cell<'s>(&self, cell: &'s Padded, now: Nanos) -> Locked<'s> {
-        let mut guard = Locked {
-            shard: cell.shard.lock(),
-            lanes: &cell.lanes,
-        };
+        let mut guard = cell.lock();
         guard.maintain(now, self.sweep_ns);
         guard
     }
@@ -570,10 +628,10 @@ fn check_hot<M: StateMachine<State = Tat>>(
     (hot, lanes): (&HotSlots, Lanes),
     key: u128,
     limit: &Limit<'_>,
-    now: Nanos,
+    now: &impl Fn() -> Nanos,
 ) -> Option<Decision> {
     hot.check(key, lanes, |mut state| {
-        let decision = machine.step(&limit.quota, &mut state, now, limit.cost);
+        let decision = machine.step(&limit.quota, &mut state, now(), limit.cost);
         (decision, writes::<M>(&decision, limit).then_some(state))
     })
 }
@@ -589,6 +647,17 @@ where
     if let Some(entry) = M::State::table(shard).get_mut(key) {
         return step_entry(machine, entry, limit, now);
     }
+    insert(machine, shard, key, limit, now)
+}
+
+/// [`commit`] of a key not held: step a new state, and keep it if it was
+/// written and the shard has room.
+#[inline]
+fn insert<M>(machine: &M, shard: &mut Shard, key: u128, limit: &Limit<'_>, now: Nanos) -> Decision
+where
+    M: StateMachine,
+    M::State: Slot,
+{
     let mut state = M::State::default();
     let decision = machine.step(&limit.quota, &mut state, now, limit.cost);
     if writes::<M>(&decision, limit) {
@@ -709,14 +778,14 @@ where
 /// answer, instead of into the future and then out of it: with the `ready`
 /// future an asynchronous check of one key took 38% longer than `check_now`
 /// (docs/benchmarks.md). Like any future, it does nothing until polled.
-struct Check<'s, 'a, 'l, C> {
+struct CheckNow<'s, 'a, 'l, C> {
     store: &'s MemoryStore<C>,
     /// Taken by the one poll that checks, so that a second poll cannot
     /// consume the budget again.
     limits: Option<&'a [Limit<'l>]>,
 }
 
-impl<C: Clock> Future for Check<'_, '_, '_, C> {
+impl<C: Clock> Future for CheckNow<'_, '_, '_, C> {
     type Output = Result<Outcome, StoreError>;
 
     #[inline]
@@ -734,7 +803,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         &self,
         limits: &[Limit<'_>],
     ) -> impl Future<Output = Result<Outcome, StoreError>> + Send {
-        Check {
+        CheckNow {
             store: self,
             limits: Some(limits),
         }
@@ -760,11 +829,183 @@ impl<C: Clock> Store for MemoryStore<C> {
         &self,
         limits: &[Limit<'_>],
     ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
-        let now = self.clock.now();
-        let outcome = self.check_at(limits, now);
+        // The time the decision was made at: the last the check read.
+        let decided = std::cell::Cell::new(0);
+        let outcome = self.check_when(limits, || {
+            let now = self.clock.now();
+            decided.set(now);
+            now
+        });
+        let now = decided.get();
         ready(Ok(Stamped {
             decided_at: Some(smallvec::smallvec![now / 1000; outcome.decisions.len()]),
             outcome,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::thread::JoinHandle;
+
+    use tollgate_core::{ManualClock, Quota};
+
+    use super::*;
+
+    /// A clock that, on its first reading, is "preempted" just after the
+    /// reading: time moves on by `gap`, and meanwhile `other` runs, at once
+    /// when nothing stops it, or on a thread of its own when the shard it
+    /// checks is locked (by the preempted thread, which then holds it).
+    #[derive(Default)]
+    struct Preempted {
+        clock: ManualClock,
+        on_first_read: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    }
+
+    impl Clock for Preempted {
+        fn now(&self) -> Nanos {
+            let now = self.clock.now();
+            let preempted = self.on_first_read.lock().take();
+            if let Some(other) = preempted {
+                other();
+            }
+            now
+        }
+    }
+
+    type Shared = Arc<MemoryStore<Arc<Preempted>>>;
+
+    /// One shard, so that keys fill its hot slots and then its table.
+    fn store() -> (Shared, Arc<Preempted>) {
+        let clock = Arc::new(Preempted::default());
+        clock.clock.set(1_000_000_000);
+        let config = MemoryConfig {
+            max_keys: 1_000,
+            shards: 1,
+            sweep_interval: Duration::from_secs(1),
+        };
+        (
+            Arc::new(MemoryStore::with_clock(config, Arc::clone(&clock))),
+            clock,
+        )
+    }
+
+    fn limit(algorithm: Algorithm, key: &str) -> Limit<'_> {
+        // Issue 39's quota: one unit per nanosecond, a millisecond of burst.
+        let quota = Quota::per_second(1_000_000_000)
+            .unwrap()
+            .with_burst(1_000_000)
+            .unwrap();
+        Limit::new(key, quota, algorithm)
+    }
+
+    /// Checks `limits` on `store` with the clock preempted after the check's
+    /// first reading for 3 ms (three times the burst's tolerance), while a
+    /// check of `other` moves its state; returns the preempted check's
+    /// decisions and the other check's.
+    fn preempted_check(
+        store: &Shared,
+        clock: &Arc<Preempted>,
+        limits: &[Limit<'_>],
+        other: Limit<'static>,
+    ) -> (Vec<bool>, bool) {
+        let handle: Arc<Mutex<Option<JoinHandle<bool>>>> = Arc::default();
+        let (hook_store, hook_clock, hook_handle) =
+            (Arc::clone(store), Arc::clone(clock), Arc::clone(&handle));
+        *clock.on_first_read.lock() = Some(Box::new(move || {
+            hook_clock.clock.advance(Duration::from_millis(3));
+            let (_, shard) = hook_store.locate(other.algorithm, other.key);
+            let held = hook_store.shards[shard].shard.is_locked();
+            let run = move || hook_store.check_now(&[other]).allowed();
+            if held {
+                *hook_handle.lock() = Some(std::thread::spawn(run));
+            } else {
+                assert!(run(), "the other check is admitted");
+            }
+        }));
+        let preempted = store
+            .check_now(limits)
+            .decisions
+            .iter()
+            .map(|d| d.allowed())
+            .collect();
+        let spawned = handle.lock().take();
+        let other = spawned.is_none_or(|h| h.join().expect("the other check ran"));
+        (preempted, other)
+    }
+
+    #[test]
+    fn regression_a_check_preempted_after_reading_the_clock_was_denied_by_the_state_another_moved()
+    {
+        let (store, clock) = store();
+        for algorithm in [
+            Algorithm::Gcra,
+            Algorithm::LeakyBucketShaping { delay_after: 0 },
+            Algorithm::TokenBucket,
+            Algorithm::LeakyBucket,
+            Algorithm::SlidingLog,
+        ] {
+            let name = algorithm.name();
+            // Hot slots first (a key new to the shard takes a free slot,
+            // and the next checks of it are lock-free), then, the slots
+            // full, keys in the table: each key checked new, then held.
+            let keys: Vec<&'static str> = (0..8)
+                .map(|i| &*Box::leak(format!("{name}-{i}").into_boxed_str()))
+                .collect();
+            for round in ["new", "held"] {
+                for &key in &keys {
+                    let (preempted, other) = preempted_check(
+                        &store,
+                        &clock,
+                        &[limit(algorithm, key)],
+                        limit(algorithm, key),
+                    );
+                    assert_eq!(
+                        preempted,
+                        [true],
+                        "{name} {key} {round}: the preempted check"
+                    );
+                    assert!(other, "{name} {key} {round}: the other check");
+                }
+            }
+            // Several limits in one check, one of them moved meanwhile.
+            let (preempted, other) = preempted_check(
+                &store,
+                &clock,
+                &[limit(algorithm, keys[0]), limit(algorithm, keys[7])],
+                limit(algorithm, keys[7]),
+            );
+            assert_eq!(preempted, [true, true], "{name}: several limits");
+            assert!(other, "{name}: several limits, the other check");
+        }
+    }
+
+    #[test]
+    fn a_clock_gone_back_is_still_no_time_passing_and_a_tat_still_stricter() {
+        let (store, clock) = store();
+        let check = |algorithm| store.check_now(&[limit(algorithm, "k")]).decisions[0];
+        // The burst spent at one instant.
+        for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+            let spend = Limit {
+                cost: 1_000_000,
+                ..limit(algorithm, "k")
+            };
+            assert!(store.check_now(&[spend]).allowed());
+            assert!(!check(algorithm).allowed(), "{algorithm}: spent");
+        }
+        // Half a millisecond later half the burst is back; then the clock
+        // goes back a millisecond.
+        clock.clock.advance(Duration::from_micros(500));
+        clock.clock.set(clock.clock.now() - 1_000_000);
+        // The token bucket counts no time as passed: nothing refilled.
+        assert!(!check(Algorithm::TokenBucket).allowed());
+        // GCRA is stricter by the jump: nothing back until the clock is
+        // past the instant the burst was spent at.
+        assert!(!check(Algorithm::Gcra).allowed());
+        clock.clock.advance(Duration::from_micros(500));
+        assert!(!check(Algorithm::Gcra).allowed());
+        clock.clock.advance(Duration::from_nanos(1));
+        assert!(check(Algorithm::Gcra).allowed());
     }
 }

@@ -15,7 +15,7 @@ use std::future::{Future, poll_fn};
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -29,6 +29,8 @@ use tonic::service::Routes;
 use tonic::{Response, Status};
 use tonic_prost::ProstDecoder;
 use tower_service::Service;
+
+use tollgate_listen::bodies::{Bodies, Refused, Reserved};
 
 use super::answer::{self, Answer, Answered, Families, Outcome, Refusal, Reply, RequestDescriptor};
 use super::encode;
@@ -68,8 +70,31 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
 
     fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
         if request.uri().path() == PATH {
-            let rls = Unary(Arc::clone(&self.rls.inner));
-            Box::pin(async move { Ok(Grpc::new(AnswerCodec::new()).unary(rls, request).await) })
+            let bodies = Arc::clone(&self.rls.inner.bodies);
+            let rls = match bodies.reserve(None) {
+                Ok(reserved) => Unary {
+                    rls: Arc::clone(&self.rls.inner),
+                    reserved: Some(reserved),
+                },
+                Err(refused) => return Box::pin(std::future::ready(Ok(refusal(refused)))),
+            };
+            let budget = grpc_timeout(request.headers())
+                .map_or(bodies.read_timeout(), |t| t.min(bodies.read_timeout()));
+            let deadline = tokio::time::Instant::now() + budget;
+            Box::pin(async move {
+                // Queued past its deadline: its caller has given up on the
+                // answer (Envoy's filter has admitted or denied by its
+                // failure mode), so no work is spent on it.
+                if tokio::time::Instant::now() >= deadline {
+                    return Ok(too_late());
+                }
+                let mut grpc = Grpc::new(AnswerCodec::new())
+                    .max_decoding_message_size(bodies.max_bytes() as usize);
+                match tokio::time::timeout_at(deadline, grpc.unary(rls, request)).await {
+                    Ok(response) => Ok(too_large_is_exhausted(response)),
+                    Err(_) => Ok(too_late()),
+                }
+            })
         } else {
             let mut routes = self.routes.clone();
             Box::pin(async move {
@@ -79,6 +104,57 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
             })
         }
     }
+}
+
+/// The caller's deadline, `grpc-timeout` (at most 8 digits and a unit: `H`,
+/// `M`, `S`, `m`, `u` or `n`), if it sent one that parses.
+fn grpc_timeout(headers: &hyper::HeaderMap) -> Option<Duration> {
+    let text = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let value: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(value * 3600),
+        "M" => Duration::from_secs(value * 60),
+        "S" => Duration::from_secs(value),
+        "m" => Duration::from_millis(value),
+        "u" => Duration::from_micros(value),
+        "n" => Duration::from_nanos(value),
+        _ => return None,
+    })
+}
+
+/// The answer to a call not read and answered by its deadline: the
+/// caller's `grpc-timeout`, or `--body-read-timeout`, whichever is sooner.
+fn too_late() -> hyper::Response<tonic::body::Body> {
+    Status::deadline_exceeded("the call was not read and answered by its deadline").into_http()
+}
+
+/// The answer to a call whose message is not read.
+fn refusal(refused: Refused) -> hyper::Response<tonic::body::Body> {
+    match refused {
+        Refused::TooLarge => Status::resource_exhausted("the message is too large"),
+        Refused::Busy => Status::resource_exhausted(
+            "too many request bytes in flight (--request-body-budget); retry",
+        ),
+    }
+    .into_http()
+}
+
+/// tonic refuses a message past its size cap with `OUT_OF_RANGE`; gRPC's
+/// status codes say `RESOURCE_EXHAUSTED`. Nothing else of a call answers
+/// `OUT_OF_RANGE` ([`status`]), and the refusal is trailers-only: the
+/// status is in the head.
+fn too_large_is_exhausted(
+    mut response: hyper::Response<tonic::body::Body>,
+) -> hyper::Response<tonic::body::Body> {
+    let headers = response.headers_mut();
+    if headers.get("grpc-status").is_some_and(|code| code == "11") {
+        headers.insert("grpc-status", hyper::header::HeaderValue::from_static("8"));
+    }
+    response
 }
 
 /// `ShouldRateLimit` over the shared [`Enforcer`].
@@ -102,6 +178,8 @@ struct Rls<S> {
     reply: Arc<Reply>,
     /// Told of each answer.
     answered: Answered,
+    /// How large a message may be and how long it may take.
+    bodies: Arc<Bodies>,
 }
 
 /// Whether the `authorization` value given (if any) admits a call.
@@ -109,13 +187,14 @@ pub type Admits = Box<dyn Fn(Option<&str>) -> bool + Send + Sync>;
 
 impl<S> RateLimitGrpc<S> {
     /// Serves `enforcer` to the callers `admits` lets in (to any caller
-    /// without it), answering as `reply` says and telling `answered` of
-    /// each answer.
+    /// without it), answering as `reply` says, telling `answered` of each
+    /// answer and reading messages as `bodies` says.
     pub fn new(
         enforcer: Arc<Enforcer<S>>,
         admits: Option<Admits>,
         reply: Arc<Reply>,
         answered: Answered,
+        bodies: Arc<Bodies>,
     ) -> Self {
         Self {
             inner: Arc::new(Rls {
@@ -123,21 +202,29 @@ impl<S> RateLimitGrpc<S> {
                 admits,
                 reply,
                 answered,
+                bodies,
             }),
         }
     }
 }
 
-/// The service tonic's unary machinery calls: crate-private, as what it
-/// answers ([`Checked`]) is.
-struct Unary<S>(Arc<Rls<S>>);
+/// The service tonic's unary machinery calls for one call: crate-private,
+/// as what it answers ([`Checked`]) is.
+struct Unary<S> {
+    rls: Arc<Rls<S>>,
+    /// The call's share of the request body budget, held while its message
+    /// is read and let go once it is decoded.
+    reserved: Option<Reserved>,
+}
 
 impl<S: Store + 'static> UnaryService<RateLimitRequest> for Unary<S> {
     type Response = Checked<S>;
     type Future = BoxFuture<Result<Response<Checked<S>>, Status>>;
 
     fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
-        let rls = &self.0;
+        // Decoded: the message's bytes are no longer held.
+        self.reserved = None;
+        let rls = &self.rls;
         if let Some(admits) = &rls.admits {
             let given = request
                 .metadata()
@@ -318,6 +405,23 @@ mod tests {
 
     /// The in-process store as the server runs it, on a clock it is given.
     type Backend = MemoryStore<Arc<dyn Clock>>;
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_protocol_writes_them() {
+        let of = |value: &str| {
+            let mut headers = hyper::HeaderMap::new();
+            headers.insert("grpc-timeout", value.parse().unwrap());
+            grpc_timeout(&headers)
+        };
+        assert_eq!(of("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(of("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(of("99999999n"), Some(Duration::from_nanos(99_999_999)));
+        assert_eq!(of("5S"), Some(Duration::from_secs(5)));
+        for bad in ["m", "123456789m", "20x", "+5m", "-5m", "5 m"] {
+            assert_eq!(of(bad), None, "{bad}");
+        }
+        assert_eq!(grpc_timeout(&hyper::HeaderMap::new()), None);
+    }
 
     #[test]
     fn a_check_is_a_small_allocation() {

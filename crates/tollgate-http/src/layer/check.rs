@@ -15,11 +15,12 @@ use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderMap, Response};
 use tollgate_core::{Store, at_first_poll};
-use tollgate_policy::{Check as PolicyCheck, Descriptor, Enforcer, Permit, Prepared, Request};
+use tollgate_policy::{
+    Check as PolicyCheck, Descriptor, Enforcer, Permit, Prepared, Request, RequestError,
+};
 
-use super::denial;
+use super::denial::{self, Answer};
 use crate::headers::reports;
-use crate::problem::Format;
 use crate::{DescriptorSource, HeaderStyle};
 
 /// A future the layer boxes: the check, a permit release.
@@ -27,7 +28,7 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// The limiter behind a layer, with its store types erased so that the
 /// layer's types name only the inner service.
-pub(crate) trait Check: Send + Sync + 'static {
+pub(crate) trait DynLimiter: Send + Sync + 'static {
     /// The descriptors the configured sources make of `request`, from the
     /// socket peer `peer` when the service was told it.
     fn descriptors(&self, request: &Parts, peer: Option<IpAddr>) -> Vec<Descriptor>;
@@ -43,22 +44,22 @@ pub(crate) trait Check: Send + Sync + 'static {
     fn check_now(&self, descriptors: &Descriptors) -> Option<Checked>;
 
     /// Decides a request with these descriptors in a future to poll.
-    fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Verdict>;
+    fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Admission>;
 }
 
 /// A check, decided or on its way.
 pub(crate) enum Checked {
     /// Decided where it was asked: nothing to box, no request to hold.
-    Now(Verdict),
+    Now(Admission),
     /// To be polled: a store that waits, or a request shaping holds.
-    Later(BoxFuture<Verdict>),
+    Later(BoxFuture<Admission>),
 }
 
 /// A request's descriptors: made from it, or its connection's, made once.
 pub(crate) enum Descriptors {
     /// Made from the request.
     Made(Vec<Descriptor>),
-    /// The connection's ([`Check::peer_check`]).
+    /// The connection's ([`DynLimiter::peer_check`]).
     Peer(Arc<PeerCheck>),
 }
 
@@ -83,36 +84,8 @@ pub(crate) struct PeerCheck {
     prepared: Option<Prepared>,
 }
 
-/// How a denied request is answered, from what the request says of its client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Answer {
-    /// A gRPC client: `RESOURCE_EXHAUSTED` in a trailers-only response.
-    Grpc,
-    /// An HTTP client: 429 with a body in this format.
-    Http(Format),
-}
-
-impl Answer {
-    /// How the client that sent `headers` is answered: gRPC when the request
-    /// is (`application/grpc`, `application/grpc+proto`, …), else HTTP in the
-    /// format its `Accept` asks for. Worked out on a deny only: an admitted
-    /// request never needs it, and a browser's `Accept` takes longer to read
-    /// than the check.
-    pub(crate) fn of(headers: &HeaderMap) -> Self {
-        let grpc = headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/grpc"));
-        if grpc {
-            Self::Grpc
-        } else {
-            Self::Http(Format::negotiate(headers))
-        }
-    }
-}
-
 /// What the check decided.
-pub(crate) enum Verdict {
+pub(crate) enum Admission {
     /// Forward the request; add the headers of `reported` to the response;
     /// drop `permits` when the response is ready (or the request is
     /// abandoned).
@@ -123,6 +96,22 @@ pub(crate) enum Verdict {
     /// Answer instead of the inner service, with what [`Denied::response`]
     /// makes.
     Deny(Denied),
+    /// Answer 400: the request carries a string past the enforcer's caps
+    /// ([`tollgate_policy::RequestLimits`]), which it says.
+    Refuse(String),
+}
+
+/// The answer to a request whose descriptors carry a string past its cap:
+/// 400, in the shape of the gateway's own errors.
+pub(crate) fn refusal(reason: &str) -> Response<Bytes> {
+    let body = serde_json::json!({"error": "bad_request", "message": reason});
+    let mut response = Response::new(Bytes::from(body.to_string()));
+    *response.status_mut() = http::StatusCode::BAD_REQUEST;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// A denied request's verdict, kept until the answer is made from it.
@@ -195,7 +184,7 @@ pub(crate) struct Limiter<St, L> {
     pub(crate) style: HeaderStyle,
 }
 
-impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
+impl<St: Store + 'static, L: Store + 'static> DynLimiter for Limiter<St, L> {
     fn descriptors(&self, request: &Parts, peer: Option<IpAddr>) -> Vec<Descriptor> {
         // A descriptor with no entries (a custom source's) limits nothing.
         self.sources
@@ -241,7 +230,7 @@ impl<St: Store + 'static, L: Store + 'static> Check for Limiter<St, L> {
         })
     }
 
-    fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Verdict> {
+    fn check(self: Arc<Self>, descriptors: Descriptors) -> BoxFuture<Admission> {
         Box::pin(async move {
             let (verdict, delay) = self.decide(&descriptors).await;
             held(delay, verdict).await
@@ -261,7 +250,7 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
     }
 
     /// The verdict, and how long shaping holds an admitted request first.
-    async fn decide(&self, descriptors: &Descriptors) -> (Verdict, Duration) {
+    async fn decide(&self, descriptors: &Descriptors) -> (Admission, Duration) {
         let mut permits = Permits::default();
         if descriptors.is_empty() {
             return (pass(permits), Duration::ZERO);
@@ -287,8 +276,15 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
             }
             _ => self.enforcer.enforce(self.request(descriptors)).await,
         };
-        let Ok(mut verdict) = enforced else {
-            return (pass(permits), Duration::ZERO);
+        let mut verdict = match enforced {
+            Ok(verdict) => verdict,
+            // A string past its cap comes from the client (a header, a
+            // path): passed, as other refusals are, it would let any client
+            // skip every limit by sending one.
+            Err(error @ RequestError::TooLong { .. }) => {
+                return (Admission::Refuse(error.to_string()), Duration::ZERO);
+            }
+            Err(_) => return (pass(permits), Duration::ZERO),
         };
         if !verdict.allowed() {
             // Dropping `permits` gives back what the pre-check took.
@@ -308,7 +304,7 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
             verdict,
             style: self.style,
         });
-        (Verdict::Pass { reported, permits }, delay)
+        (Admission::Pass { reported, permits }, delay)
     }
 
     /// The enforcer's request for `descriptors`. Made where each enforcer
@@ -324,8 +320,8 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
         })
     }
 
-    fn deny(&self, verdict: tollgate_policy::Verdict) -> Verdict {
-        Verdict::Deny(Denied(Reported {
+    fn deny(&self, verdict: tollgate_policy::Verdict) -> Admission {
+        Admission::Deny(Denied(Reported {
             verdict,
             style: self.style,
         }))
@@ -334,7 +330,7 @@ impl<St: Store + 'static, L: Store + 'static> Limiter<St, L> {
 
 /// `verdict` once `delay` has passed: a shaping rule holds the request it
 /// admits that long.
-async fn held(delay: Duration, verdict: Verdict) -> Verdict {
+async fn held(delay: Duration, verdict: Admission) -> Admission {
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
@@ -342,8 +338,8 @@ async fn held(delay: Duration, verdict: Verdict) -> Verdict {
 }
 
 /// A pass with no headers.
-fn pass(permits: Permits) -> Verdict {
-    Verdict::Pass {
+fn pass(permits: Permits) -> Admission {
+    Admission::Pass {
         reported: None,
         permits,
     }
@@ -401,5 +397,50 @@ mod tests {
             size + DISPATCH <= SMALL_ALLOCATION,
             "the check future takes {size} bytes"
         );
+    }
+
+    /// Regression: a request whose descriptor value was past the enforcer's
+    /// cap was passed unchecked, as every refusal is, so a client keyed by
+    /// a header could skip its limit by sending a long one. It is refused.
+    #[tokio::test]
+    async fn a_value_past_its_cap_is_refused_not_passed() {
+        let policy = Policy::parse(
+            "cap.yaml",
+            "domain: d\nrules:\n  - name: r\n    match: [{ key: k }]\n    limit: { requests: 1, per: 1h }\n",
+        )
+        .expect("a valid policy");
+        let limiter = Limiter::<_, MemoryStore> {
+            domain: "d".to_owned(),
+            enforcer: Arc::new(Enforcer::new(
+                PolicyHandle::new(policy),
+                MemoryStore::default(),
+            )),
+            precheck: None,
+            sources: Vec::new(),
+            style: HeaderStyle::default(),
+        };
+        let made = |value: &str| {
+            Descriptors::Made(vec![Descriptor {
+                entries: vec![tollgate_policy::Entry::new("k", value)],
+                ..Descriptor::default()
+            }])
+        };
+        let at_cap = "v".repeat(4096);
+        let (first, _) = limiter.decide(&made(&at_cap)).await;
+        assert!(
+            matches!(first, Admission::Pass { .. }),
+            "the first at the cap"
+        );
+        let (second, _) = limiter.decide(&made(&at_cap)).await;
+        assert!(matches!(second, Admission::Deny(_)), "limited");
+        let (past, _) = limiter.decide(&made(&"v".repeat(4097))).await;
+        let Admission::Refuse(reason) = past else {
+            panic!("a value past the cap is refused");
+        };
+        assert!(reason.contains("at most 4096"), "{reason}");
+        let response = refusal(&reason);
+        assert_eq!(response.status(), http::StatusCode::BAD_REQUEST);
+        let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert_eq!(body["error"], "bad_request");
     }
 }

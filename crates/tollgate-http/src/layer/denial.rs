@@ -24,12 +24,39 @@ use http::header::{CONTENT_TYPE, VARY};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use tollgate_core::Nanos;
 
-use super::check::Answer;
 use crate::HeaderStyle;
 use crate::headers::{
     LimitReport, ceil_millis, ceil_secs, most_restrictive, reset_epoch_secs, retry_after_secs,
 };
-use crate::problem;
+use crate::problem::{self, Format};
+
+/// How a denied request is answered, from what the request says of its client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// A gRPC client: `RESOURCE_EXHAUSTED` in a trailers-only response.
+    Grpc,
+    /// An HTTP client: 429 with a body in this format.
+    Http(Format),
+}
+
+impl Answer {
+    /// How the client that sent `headers` is answered: gRPC when the request
+    /// is (`application/grpc`, `application/grpc+proto`, …), else HTTP in the
+    /// format its `Accept` asks for. Worked out on a deny only: an admitted
+    /// request never needs it, and a browser's `Accept` takes longer to read
+    /// than the check.
+    pub(crate) fn of(headers: &HeaderMap) -> Self {
+        let grpc = headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/grpc"));
+        if grpc {
+            Self::Grpc
+        } else {
+            Self::Http(Format::negotiate(headers))
+        }
+    }
+}
 
 thread_local! {
     /// The last denial answered on this thread, with what it was made of.

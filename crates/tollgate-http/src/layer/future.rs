@@ -9,7 +9,8 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::ResponseBody;
-use super::check::{Answer, BoxFuture, Checked, Denied, Permits, Reported, Verdict};
+use super::check::{Admission, BoxFuture, Checked, Denied, Permits, Reported, refusal};
+use super::denial::Answer;
 
 pin_project! {
     /// The response of a rate limited service: the check, then (if it passes)
@@ -33,7 +34,7 @@ pin_project! {
         // store that waits, a request shaping holds) and the others small:
         // a future of their size is copied a few times a request.
         Checking {
-            check: BoxFuture<Verdict>,
+            check: BoxFuture<Admission>,
             held: Option<Box<(S, Request<B>)>>,
         },
         Calling {
@@ -45,6 +46,9 @@ pin_project! {
         Answered {
             denied: Option<(Denied, Answer)>,
         },
+        Refused {
+            reason: Option<String>,
+        },
         Done,
     }
 }
@@ -52,15 +56,18 @@ pin_project! {
 impl<S: Service<Request<B>>, B> State<S, B> {
     /// What follows `verdict` on `request`: the inner service's call, or
     /// the layer's own answer.
-    fn after(verdict: Verdict, mut service: S, request: Request<B>) -> Self {
+    fn after(verdict: Admission, mut service: S, request: Request<B>) -> Self {
         match verdict {
-            Verdict::Pass { reported, permits } => State::Calling {
+            Admission::Pass { reported, permits } => State::Calling {
                 future: service.call(request),
                 reported,
                 permits: Some(permits),
             },
-            Verdict::Deny(denied) => State::Answered {
+            Admission::Deny(denied) => State::Answered {
                 denied: Some((denied, Answer::of(request.headers()))),
+            },
+            Admission::Refuse(reason) => State::Refused {
+                reason: Some(reason),
             },
         }
     }
@@ -131,6 +138,11 @@ where
                     let response = denied.response(answer);
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                }
+                StateProj::Refused { reason } => {
+                    let reason = reason.take().expect("the answer is given once");
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(refusal(&reason).map(ResponseBody::full)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after it completed"),
             }

@@ -8,7 +8,7 @@ use tollgate_policy::{Counting, Enforcer, KillSwitch, Observer, PolicyHandle};
 use tollgate_store::MemoryStore;
 use tower_layer::Layer;
 
-use super::check::{Check, Limiter};
+use super::check::{DynLimiter, Limiter};
 use super::{ClientIpKey, DescriptorSource, RateLimit};
 use crate::HeaderStyle;
 
@@ -36,7 +36,7 @@ use crate::HeaderStyle;
 /// ```
 #[derive(Clone)]
 pub struct RateLimitLayer {
-    limiter: Arc<dyn Check>,
+    limiter: Arc<dyn DynLimiter>,
 }
 
 impl fmt::Debug for RateLimitLayer {

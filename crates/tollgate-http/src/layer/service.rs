@@ -9,7 +9,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::ResponseBody;
-use super::check::{Check, Checked, Descriptors, PeerCheck};
+use super::check::{Checked, Descriptors, DynLimiter, PeerCheck};
 use super::descriptors::peer_addr;
 use super::future::ResponseFuture;
 
@@ -40,7 +40,7 @@ use super::future::ResponseFuture;
 /// fallback of its own.
 pub struct RateLimit<S> {
     inner: S,
-    limiter: Arc<dyn Check>,
+    limiter: Arc<dyn DynLimiter>,
     peer: Option<IpAddr>,
     /// The check of every request from `peer` that names no peer itself,
     /// when the sources make its descriptors from the peer alone.
@@ -48,7 +48,7 @@ pub struct RateLimit<S> {
 }
 
 impl<S> RateLimit<S> {
-    pub(crate) fn new(inner: S, limiter: Arc<dyn Check>) -> Self {
+    pub(crate) fn new(inner: S, limiter: Arc<dyn DynLimiter>) -> Self {
         Self {
             inner,
             limiter,

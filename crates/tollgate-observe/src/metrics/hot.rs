@@ -20,6 +20,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
+use tollgate_core::IntoNanos;
+
 /// Stripes per metric; threads beyond share them round-robin.
 const STRIPES: usize = 8;
 
@@ -113,7 +115,7 @@ impl Histogram {
     }
 
     fn record(&self, elapsed: Duration) {
-        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        let nanos = elapsed.into_nanos();
         let bucket = BOUNDS.partition_point(|&bound| bound < nanos);
         let cells = &self.stripes[stripe()].0;
         cells.buckets[bucket].fetch_add(1, Relaxed);

@@ -680,6 +680,7 @@ async fn requests_past_the_limits_are_refused_before_the_store() {
     let enforcer = memory(POLICY).with_request_limits(tollgate_policy::RequestLimits {
         descriptors: 3,
         entries: 2,
+        ..tollgate_policy::RequestLimits::default()
     });
     let many: Vec<Descriptor> = (0..4)
         .map(|i| descriptor("user", &format!("u{i}")))

@@ -37,7 +37,12 @@
 //! classic` (needs `redis-server` and `redis-cli` on the PATH). Environment:
 //! `TOLLGATE_BENCH_KEYS=100000` runs one key count only,
 //! `TOLLGATE_BENCH_TOPOLOGY=single` (or `cluster`) one topology only.
+//!
+//! Last, on one server, counting rules at 1, 8 and 64 callers against
+//! envoyproxy/ratelimit's pipelined `INCRBY` + `EXPIRE` (`counting.rs`).
+//! `TOLLGATE_BENCH_PART=counting` runs only those, `classic` all but those.
 
+mod counting;
 mod measure;
 mod servers;
 mod sides;
@@ -460,6 +465,13 @@ fn main() {
         .ok()
         .map(|v| v.parse().expect("TOLLGATE_BENCH_KEYS: a number of keys"));
     let topology = std::env::var("TOLLGATE_BENCH_TOPOLOGY").ok();
+    let part = std::env::var("TOLLGATE_BENCH_PART").ok();
+    let (classic, counting) = match part.as_deref() {
+        None => (true, true),
+        Some("classic") => (true, false),
+        Some("counting") => (false, true),
+        Some(other) => panic!("TOLLGATE_BENCH_PART: classic or counting, not {other:?}"),
+    };
     let sides: Vec<Side> = [Side::Classic, Side::Gcra, Side::Cell, Side::Tollgate]
         .into_iter()
         .filter(|s| *s != Side::Cell || module.is_some())
@@ -468,19 +480,21 @@ fn main() {
         .into_iter()
         .filter(|k| only_keys.is_none_or(|o| o == *k))
         .collect();
-    println!(
-        "{CALLERS} callers, 100/s bursts of 100, {WARMUP} s warm-up then {SECONDS} s per run, sides alternating, median of {REPETITIONS}"
-    );
-    if module.is_none() {
+    if classic {
         println!(
-            "CL.THROTTLE skipped: TOLLGATE_REDIS_CELL_MODULE does not name redis-cell's module (scripts/bench-redis builds it)"
+            "{CALLERS} callers, 100/s bursts of 100, {WARMUP} s warm-up then {SECONDS} s per run, sides alternating, median of {REPETITIONS}"
         );
+        if module.is_none() {
+            println!(
+                "CL.THROTTLE skipped: TOLLGATE_REDIS_CELL_MODULE does not name redis-cell's module (scripts/bench-redis builds it)"
+            );
+        }
+        println!();
     }
-    println!();
     runtime.block_on(async {
         let mut rows = Vec::new();
         let mut notes = Vec::new();
-        for cluster in [false, true] {
+        for cluster in [false, true].into_iter().filter(|_| classic) {
             let name = if cluster { "cluster" } else { "single" };
             if topology.as_deref().is_some_and(|t| t != name) {
                 continue;
@@ -508,10 +522,23 @@ fn main() {
                 ));
             }
         }
-        print_tables(&rows);
-        println!();
-        for note in notes {
-            println!("{note}");
+        if classic {
+            print_tables(&rows);
+            println!();
+            for note in notes {
+                println!("{note}");
+            }
+            println!();
+        }
+        if counting {
+            eprintln!("== starting Redis (single, counting)");
+            let deployment = Deployment::single(None);
+            let store = tollgate(&deployment.store_url()).await;
+            let client = redis::Client::open(deployment.store_url()).unwrap();
+            let conn = client.get_multiplexed_async_connection().await.unwrap();
+            let checker = Arc::new(Checker::new(conn, store));
+            let rows = counting::cells(&checker, &mut deployment.admin().await).await;
+            counting::print(&rows);
         }
     });
 }

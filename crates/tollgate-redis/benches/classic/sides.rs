@@ -13,6 +13,16 @@
 //! - **tollgate**: `DenyCache<RedisStore>`, token bucket, Redis's `TIME`, its
 //!   defaults (batching on one server, the deny cache over it).
 //!
+//! And for counting rules (`counting.rs`), 100 per second:
+//!
+//! - **envoyproxy pipeline**: envoyproxy/ratelimit's fixed window cache as
+//!   it talks to Redis, implemented here: the key names the window's start
+//!   in seconds from the client's clock, and `INCRBY key 1` and `EXPIRE key
+//!   <unit>` go in one pipeline; admitted while the count is at most the
+//!   limit;
+//! - **tollgate hit counter** and **tollgate fixed window**: the same store,
+//!   one limit per check, so counted natively (`INCRBY`, `PEXPIRE … NX`).
+//!
 //! The classic script and Tollgate's token bucket admit the same; GCRA with a
 //! tolerance of `(burst - 1) × interval` admits the same as a token bucket too
 //! (a burst of 100, then one every 10 ms), so every side makes the same
@@ -67,6 +77,9 @@ pub(crate) enum Side {
     Gcra,
     Cell,
     Tollgate,
+    Envoy,
+    HitCounter,
+    FixedWindow,
 }
 
 impl Side {
@@ -76,6 +89,9 @@ impl Side {
             Side::Gcra => "GCRA script",
             Side::Cell => "CL.THROTTLE",
             Side::Tollgate => "tollgate",
+            Side::Envoy => "envoyproxy pipeline",
+            Side::HitCounter => "tollgate hit counter",
+            Side::FixedWindow => "tollgate fixed window",
         }
     }
 
@@ -86,7 +102,8 @@ impl Side {
             Side::Classic => format!("c:{subject}"),
             Side::Gcra => format!("g:{subject}"),
             Side::Cell => format!("cl:{subject}"),
-            Side::Tollgate => subject.to_owned(),
+            Side::Envoy => format!("ratelimit_bench_user_{subject}"),
+            Side::Tollgate | Side::HitCounter | Side::FixedWindow => subject.to_owned(),
         }
     }
 }
@@ -156,12 +173,36 @@ impl<C: ConnectionLike + Clone + Send + Sync> Checker<C> {
                     .unwrap();
                 reply[0] == 0
             }
-            Side::Tollgate => {
+            Side::Envoy => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs();
+                let window = format!("{key}_{}", now - now % period_s);
+                let (count,): (u64,) = redis::pipe()
+                    .cmd("INCRBY")
+                    .arg(&window)
+                    .arg(1)
+                    .cmd("EXPIRE")
+                    .arg(&window)
+                    .arg(period_s)
+                    .ignore()
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                count <= RATE
+            }
+            Side::Tollgate | Side::HitCounter | Side::FixedWindow => {
                 let quota = Quota::new(RATE, std::time::Duration::from_secs(period_s)).unwrap();
+                let algorithm = match side {
+                    Side::HitCounter => Algorithm::HitCounter,
+                    Side::FixedWindow => Algorithm::FixedWindow,
+                    _ => Algorithm::TokenBucket,
+                };
                 let limit = Limit {
                     key,
                     quota,
-                    algorithm: Algorithm::TokenBucket,
+                    algorithm,
                     cost: 1,
                     failure: FailurePolicy::Local,
                 };

@@ -3,12 +3,13 @@
 
 use std::sync::Arc;
 
-use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota};
+use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store};
 use tollgate_store::MemoryStore;
-use tollgate_store::conformance::{self, assert_same, reference, run, scenarios};
+use tollgate_store::conformance::{self, assert_same, reference, run};
 
 use crate::support::{
     RedisCluster, batched_checks_decide_as_alone, cli, fcalls, manual_store, manual_store_with,
+    redis_scenarios,
 };
 
 #[tokio::test]
@@ -17,7 +18,7 @@ async fn cluster_conformance_tags_cross_slot_refunds_and_script_reloads() {
     let url = cluster.url();
 
     // 1. Every conformance scenario (its keys share one hash tag: one slot).
-    for scenario in scenarios() {
+    for scenario in redis_scenarios() {
         let reference = reference(&scenario).await;
         let clock = conformance::clock();
         let redis = manual_store(&url, &clock).await;
@@ -46,7 +47,7 @@ async fn cluster_conformance_tags_cross_slot_refunds_and_script_reloads() {
         cost: 1,
         failure: FailurePolicy::Local,
     };
-    assert!(store.check_limits(&[api]).await.unwrap().allowed());
+    assert!(store.check(&[api]).await.unwrap().allowed());
     let exists = std::process::Command::new("redis-cli")
         .args([
             "-c",
@@ -79,14 +80,14 @@ async fn cluster_conformance_tags_cross_slot_refunds_and_script_reloads() {
             failure: FailurePolicy::Local,
         };
         for key in &keys {
-            assert!(store.check_limits(&[check(key)]).await.unwrap().allowed());
+            assert!(store.check(&[check(key)]).await.unwrap().allowed());
         }
         let flush = if functions { "FUNCTION" } else { "SCRIPT" };
         for node in &cluster.nodes {
             assert_eq!(node.cli(&[flush, "FLUSH"]).trim(), "OK");
         }
         for key in &keys {
-            let outcome = store.check_limits(&[check(key)]).await.unwrap();
+            let outcome = store.check(&[check(key)]).await.unwrap();
             assert_eq!(outcome.decisions[0].remaining(), 998, "{key}");
         }
         let stats = store.stats();
@@ -127,7 +128,7 @@ async fn cross_slot(url: &str, algorithm: Algorithm, slot: &impl Fn(&str) -> Str
     // Five users spend the global budget.
     for u in &user_keys[..5] {
         let request = [limit(&global_key, global_q, 1), limit(u, user_q, 1)];
-        let redis = store.check_limits(&request).await.unwrap();
+        let redis = store.check(&request).await.unwrap();
         assert!(redis.allowed(), "{algorithm}");
         let reference = memory.check_now(&request);
         // Lease ids are each store's own; the decisions and leases taken match.
@@ -140,7 +141,7 @@ async fn cross_slot(url: &str, algorithm: Algorithm, slot: &impl Fn(&str) -> Str
         limit(&global_key, global_q, 1),
         limit(&user_keys[5], user_q, 1),
     ];
-    let redis = store.check_limits(&request).await.unwrap();
+    let redis = store.check(&request).await.unwrap();
     let reference = memory.check_now(&request);
     assert!(!redis.allowed(), "{algorithm}");
     assert_eq!(
@@ -162,7 +163,7 @@ async fn cross_slot(url: &str, algorithm: Algorithm, slot: &impl Fn(&str) -> Str
         let q = if key == &global_key { global_q } else { user_q };
         let read = [limit(key, q, 0)];
         assert_eq!(
-            store.check_limits(&read).await.unwrap(),
+            store.check(&read).await.unwrap(),
             memory.check_now(&read),
             "{algorithm}: {key} after the refund"
         );
@@ -171,7 +172,7 @@ async fn cross_slot(url: &str, algorithm: Algorithm, slot: &impl Fn(&str) -> Str
     // one allows again: a request of the user alone is admitted.
     let alone = [limit(&user_keys[5], user_q, 1)];
     assert_eq!(
-        store.check_limits(&alone).await.unwrap().decisions,
+        store.check(&alone).await.unwrap().decisions,
         memory.check_now(&alone).decisions
     );
 }
@@ -253,7 +254,7 @@ async fn a_batch_that_finds_its_slot_moved_loses_no_decision() {
                     cost: 1,
                     failure: FailurePolicy::Local,
                 };
-                (key, store.check_limits(&[limit]).await.unwrap().allowed())
+                (key, store.check(&[limit]).await.unwrap().allowed())
             })
         })
         .collect();

@@ -117,7 +117,7 @@ async fn a_hot_key_gets_many_decisions_per_redis_operation_and_returns_exactly()
     let read = stores[0]
         .inner()
         .inner()
-        .check_limits(&[Limit { cost: 0, ..l }])
+        .check(&[Limit { cost: 0, ..l }])
         .await
         .unwrap();
     assert_eq!(read.decisions[0].remaining(), 100_000 - admitted);
@@ -193,7 +193,7 @@ async fn the_worst_case_overshoot_is_reached_and_not_exceeded() {
     clock.advance(Duration::from_millis(999));
     let exact = manual_store_with(&server.url(), &clock, |_| {}).await;
     let mut admitted = 0u64;
-    while exact.check_limits(&[l]).await.unwrap().allowed() {
+    while exact.check(&[l]).await.unwrap().allowed() {
         admitted += 1;
     }
     for store in &stores {

@@ -5,6 +5,8 @@
 mod cluster;
 mod faults;
 mod hybrid;
+mod native;
+mod reliability;
 mod single;
 mod stack;
 mod support;

@@ -5,14 +5,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::{
-    Algorithm, FailurePolicy, Lease, Limit, ManualClock, Quota, Store, StoreError,
+    Algorithm, Clock, FailurePolicy, Lease, Limit, ManualClock, Quota, Store, StoreError,
 };
 use tollgate_redis::{ConnectError, RedisConfig, RedisStore};
-use tollgate_store::conformance::{self, assert_same, reference, run, scenarios};
+use tollgate_store::conformance::{self, assert_same, reference, run};
 use tollgate_store::{DenyCache, MemoryStore};
 
 use crate::support::{
     RedisServer, batched_checks_decide_as_alone, fcalls, manual_store, manual_store_with,
+    redis_scenarios,
 };
 
 fn limit(key: &str, quota: Quota, algorithm: Algorithm, cost: u64) -> Limit<'_> {
@@ -33,7 +34,7 @@ async fn assert_decides_as_memory(
     l: Limit<'_>,
     what: &str,
 ) {
-    let redis = store.check_limits(&[l]).await.unwrap();
+    let redis = store.check(&[l]).await.unwrap();
     let reference = memory.check(&[l]).await.unwrap();
     assert_eq!(
         redis.decisions[0].remaining(),
@@ -46,7 +47,7 @@ async fn assert_decides_as_memory(
 #[tokio::test]
 async fn conformance_single_redis_decides_like_the_memory_store() {
     let server = RedisServer::start();
-    for scenario in scenarios() {
+    for scenario in redis_scenarios() {
         let reference = reference(&scenario).await;
         let clock = conformance::clock();
         let redis = manual_store(&server.url(), &clock).await;
@@ -77,7 +78,7 @@ async fn ttls_are_the_time_to_full_and_denies_never_extend_them() {
     // however slow the machine, nothing refills during the test).
     let q = Quota::per_minute(3).unwrap();
     let gcra = limit("user:7", q, Algorithm::Gcra, 1);
-    assert!(store.check_limits(&[gcra]).await.unwrap().allowed());
+    assert!(store.check(&[gcra]).await.unwrap().allowed());
     let key = "tollgate:gcra2:{user:7}";
     assert_eq!(
         server.cli(&["OBJECT", "ENCODING", key]).trim(),
@@ -89,15 +90,15 @@ async fn ttls_are_the_time_to_full_and_denies_never_extend_them() {
         (10_000..=20_000).contains(&t),
         "PTTL {t} after one admission"
     );
-    store.check_limits(&[gcra, gcra]).await.unwrap();
+    store.check(&[gcra, gcra]).await.unwrap();
     let full = pttl(key);
     assert!((50_000..=60_000).contains(&full), "PTTL {full} after three");
-    let denied = store.check_limits(&[gcra]).await.unwrap();
+    let denied = store.check(&[gcra]).await.unwrap();
     assert!(!denied.allowed());
     assert!(pttl(key) <= full, "a deny extended the TTL");
     // A read stores nothing.
     store
-        .check_limits(&[limit("fresh", q, Algorithm::Gcra, 0)])
+        .check(&[limit("fresh", q, Algorithm::Gcra, 0)])
         .await
         .unwrap();
     assert_eq!(
@@ -111,7 +112,7 @@ async fn ttls_are_the_time_to_full_and_denies_never_extend_them() {
         Algorithm::SlidingLog,
         1,
     );
-    store.check_limits(&[log]).await.unwrap();
+    store.check(&[log]).await.unwrap();
     for key in ["tollgate:log:{u}:log", "tollgate:log.n:{u}:log"] {
         let t = pttl(key);
         assert!((59_000..=60_000).contains(&t), "{key}: PTTL {t}");
@@ -123,7 +124,7 @@ async fn ttls_are_the_time_to_full_and_denies_never_extend_them() {
         Algorithm::Concurrency,
         1,
     );
-    store.check_limits(&[slots]).await.unwrap();
+    store.check(&[slots]).await.unwrap();
     let t = pttl("tollgate:lease:{slots}");
     assert!((59_000..=60_000).contains(&t), "lease PTTL {t}");
     // Redis's own TIME decides: 3 at once, then a retry of at most 20 s.
@@ -146,8 +147,8 @@ async fn a_release_removes_exactly_the_member_its_lease_names() {
         Algorithm::Concurrency,
         2,
     );
-    let a = store.check_limits(&[slots]).await.unwrap().leases;
-    let b = store.check_limits(&[slots]).await.unwrap().leases;
+    let a = store.check(&[slots]).await.unwrap().leases;
+    let b = store.check(&[slots]).await.unwrap().leases;
     let members = || {
         let mut listed: Vec<String> = server
             .cli(&["ZRANGE", "tollgate:lease:{s}:slots", "0", "-1"])
@@ -163,19 +164,19 @@ async fn a_release_removes_exactly_the_member_its_lease_names() {
     assert_eq!(members(), both, "each lease's id is its member");
     // Another instance sharing the Redis releases it: the lease is a value.
     let elsewhere = manual_store(&server.url(), &clock).await;
-    elsewhere.release_leases(&b).await.unwrap();
+    elsewhere.release(&b).await.unwrap();
     assert_eq!(members(), [member(&a)]);
     assert_eq!(
         server.cli(&["GET", "tollgate:lease.n:{s}:slots"]).trim(),
         "2"
     );
     // Again, or at another cost (another member), nothing more goes.
-    elsewhere.release_leases(&b).await.unwrap();
+    elsewhere.release(&b).await.unwrap();
     let cheaper = Lease {
         cost: 1,
         ..a[0].clone()
     };
-    elsewhere.release_leases(&[cheaper]).await.unwrap();
+    elsewhere.release(&[cheaper]).await.unwrap();
     assert_eq!(members(), [member(&a)]);
     assert_eq!(
         server.cli(&["GET", "tollgate:lease.n:{s}:slots"]).trim(),
@@ -264,21 +265,21 @@ async fn concurrency_leases_are_released_by_their_holder_and_expire_when_it_cras
         Algorithm::Concurrency,
         1,
     );
-    assert!(a.check_limits(&[slots]).await.unwrap().allowed());
-    let held = b.check_limits(&[slots]).await.unwrap().leases;
-    let denied = a.check_limits(&[slots]).await.unwrap();
+    assert!(a.check(&[slots]).await.unwrap().allowed());
+    let held = b.check(&[slots]).await.unwrap().leases;
+    let denied = a.check(&[slots]).await.unwrap();
     assert!(!denied.allowed());
     assert_eq!(denied.decisions[0].retry_after(), None);
     // b's lease goes back, once: a second release frees nothing of a's.
-    b.release_leases(&held).await.unwrap();
-    b.release_leases(&held).await.unwrap();
-    assert!(b.check_limits(&[slots]).await.unwrap().allowed());
-    assert!(!b.check_limits(&[slots]).await.unwrap().allowed());
+    b.release(&held).await.unwrap();
+    b.release(&held).await.unwrap();
+    assert!(b.check(&[slots]).await.unwrap().allowed());
+    assert!(!b.check(&[slots]).await.unwrap().allowed());
     // Both holders "crash" (never release): their leases expire after the period.
     clock.advance(Duration::from_secs(59));
-    assert!(!a.check_limits(&[slots]).await.unwrap().allowed());
+    assert!(!a.check(&[slots]).await.unwrap().allowed());
     clock.advance(Duration::from_secs(1));
-    let after = a.check_limits(&[slots, slots]).await.unwrap();
+    let after = a.check(&[slots, slots]).await.unwrap();
     assert!(after.allowed(), "expired leases free their permits");
     assert_eq!(after.decisions[1].remaining(), 0);
 }
@@ -290,7 +291,7 @@ async fn quotas_beyond_exact_doubles_are_invalid_input_not_backend_errors() {
     let store = manual_store(&server.url(), &clock).await;
     let huge = Quota::new(1 << 53, Duration::from_secs(1 << 30)).unwrap();
     let err = store
-        .check_limits(&[limit("k", huge, Algorithm::FixedWindow, 1)])
+        .check(&[limit("k", huge, Algorithm::FixedWindow, 1)])
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Invalid(_)), "{err}");
@@ -300,13 +301,13 @@ async fn quotas_beyond_exact_doubles_are_invalid_input_not_backend_errors() {
     let memory = MemoryStore::with_clock(conformance::memory_config(), Arc::clone(&clock));
     let daily = Quota::new(1_000_000, Duration::from_secs(86_400)).unwrap();
     let big = limit("daily", daily, Algorithm::SlidingCounter, 999_999);
-    assert!(store.check_limits(&[big]).await.unwrap().allowed());
+    assert!(store.check(&[big]).await.unwrap().allowed());
     assert!(memory.check_now(&[big]).allowed());
     for step in [86_400 - 3_601, 7_207, 1, 3_333] {
         clock.advance(Duration::from_secs(step) + Duration::from_micros(step));
         for cost in [0, 1, 40_000, 500_000] {
             let l = limit("daily", daily, Algorithm::SlidingCounter, cost);
-            let redis = store.check_limits(&[l]).await.unwrap();
+            let redis = store.check(&[l]).await.unwrap();
             let reference = memory.check_now(&[l]);
             let ceil = |d: Duration| Duration::from_micros(d.as_nanos().div_ceil(1000) as u64);
             assert_eq!(
@@ -348,19 +349,13 @@ async fn the_code_is_a_function_and_either_kind_survives_a_flush() {
         let q = Quota::per_second(5).unwrap();
         let key = format!("flushed-{functions}");
         let l = limit(&key, q, Algorithm::TokenBucket, 1);
-        assert_eq!(
-            store.check_limits(&[l]).await.unwrap().decisions[0].remaining(),
-            4
-        );
+        assert_eq!(store.check(&[l]).await.unwrap().decisions[0].remaining(), 4);
         let flush = if functions { "FUNCTION" } else { "SCRIPT" };
         assert_eq!(server.cli(&[flush, "FLUSH"]).trim(), "OK");
         if functions {
             assert_eq!(server.cli(&["FUNCTION", "LIST"]).trim(), "");
         }
-        assert_eq!(
-            store.check_limits(&[l]).await.unwrap().decisions[0].remaining(),
-            3
-        );
+        assert_eq!(store.check(&[l]).await.unwrap().decisions[0].remaining(), 3);
         let stats = store.stats();
         assert_eq!((stats.timeouts, stats.errors), (0, 0));
         let commands = server.cli(&["INFO", "commandstats"]);
@@ -442,10 +437,10 @@ async fn batched_checks_of_every_algorithm_decide_as_checked_alone() {
     batched_checks_decide_as_alone(&server.url(), || fcalls(&server)).await;
 }
 
-/// States are stored as small as Redis holds them: GCRA's time as an
-/// integer (no allocation), a time and an amount in 12 bytes, and in two
-/// doubles (16 bytes) once the amount reaches 2^40; each is read back
-/// exactly as the memory store decides.
+/// States are stored as small as Redis holds them: GCRA's time and a
+/// window's count as integers (no allocation), a time and an amount in 12
+/// bytes, and in two doubles (16 bytes) once the amount reaches 2^40; each
+/// is read back exactly as the memory store decides.
 #[tokio::test]
 async fn states_take_the_smallest_encoding_that_holds_them() {
     let server = RedisServer::start();
@@ -484,16 +479,16 @@ async fn states_take_the_smallest_encoding_that_holds_them() {
             Quota::new(1 << 42, month).unwrap(),
             Algorithm::FixedWindow,
             1 << 41,
-            "fw2",
-            16,
+            "fw3",
+            0,
         ),
         (
             "few",
             Quota::per_minute(10).unwrap(),
-            Algorithm::FixedWindow,
+            Algorithm::HitCounter,
             2,
-            "fw2",
-            12,
+            "hc3",
+            0,
         ),
         (
             "tat",
@@ -510,7 +505,12 @@ async fn states_take_the_smallest_encoding_that_holds_them() {
             assert_decides_as_memory(&store, &memory, l, &format!("{key} {round}")).await;
             clock.advance(Duration::from_millis(7));
         }
-        let redis_key = format!("tollgate:{segment}:{{{key}}}");
+        let mut redis_key = format!("tollgate:{segment}:{{{key}}}");
+        if matches!(algorithm, Algorithm::FixedWindow | Algorithm::HitCounter) {
+            // One count per window: `:` and the window's number.
+            let window = clock.now() / quota.period_ns();
+            redis_key = format!("{redis_key}:{window}");
+        }
         if bytes == 0 {
             assert_eq!(
                 server.cli(&["OBJECT", "ENCODING", &redis_key]).trim(),
@@ -544,7 +544,7 @@ async fn a_call_that_fails_half_way_leaves_no_state_to_the_next() {
             .trim(),
         "OK"
     );
-    assert!(store.check_limits(&[gcra, log]).await.is_err());
+    assert!(store.check(&[gcra, log]).await.is_err());
     for round in 0..3 {
         assert_decides_as_memory(&store, &memory, gcra, &format!("round {round}")).await;
     }

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 use tollgate_core::{Algorithm, FailurePolicy, Limit, ManualClock, Quota, Store};
 use tollgate_redis::RedisStore;
 use tollgate_store::conformance::{
-    self, Scenario, assert_same, assert_same_verdicts, reference, run, scenarios,
+    self, Scenario, assert_same, assert_same_verdicts, reference, run,
 };
 use tollgate_store::{
     BreakerState, DenyCache, Fallback, FallbackConfig, Hybrid, HybridConfig, hybrid_leases,
 };
 
-use crate::support::{RedisCluster, RedisServer, manual_store_with};
+use crate::support::{RedisCluster, RedisServer, manual_store_with, redis_scenarios};
 
 /// A Redis store whose keys no other run on the same server shares.
 async fn fresh(url: &str, clock: &Arc<ManualClock>, run: &str) -> RedisStore {
@@ -47,7 +47,7 @@ async fn wrappers_conform(url: &str, name: &str) {
     );
     conformance::assert_reset_forgets(&stack, "stack").await;
 
-    for (n, scenario) in scenarios().iter().enumerate() {
+    for (n, scenario) in redis_scenarios().iter().enumerate() {
         let expected = reference(scenario).await;
         let clock = conformance::clock();
         let redis = fresh(url, &clock, &format!("fallback-{n}")).await;
@@ -70,7 +70,7 @@ async fn wrappers_conform(url: &str, name: &str) {
         let what = format!("deny cache over {name}");
         assert_same_verdicts(&monotonic, &expected, &actual, &what);
     }
-    let unleased: Vec<Scenario> = scenarios()
+    let unleased: Vec<Scenario> = redis_scenarios()
         .into_iter()
         .filter(|s| s.unleased(hybrid_leases))
         .collect();

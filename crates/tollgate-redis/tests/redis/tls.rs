@@ -6,59 +6,12 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
+use tollgate_core::Store;
 use tollgate_redis::{ClientIdentity, ConnectError, RedisConfig, RedisStore, RedisTls};
 use tollgate_store::conformance;
+use tollgate_testkit::pki::{Ca, Role};
 
 use crate::support::{free_port, manual_store_with, wait_until};
-
-/// A test CA.
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("no names");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let key = KeyPair::generate().expect("a key");
-        let cert = params.self_signed(&key).expect("self-signed");
-        Ca {
-            pem: cert.pem(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// A certificate for `names`, its PEM and its key's PEM.
-    fn issue(&self, names: &[&str], purpose: ExtendedKeyUsagePurpose) -> (String, String) {
-        self.issue_for(names, vec![purpose])
-    }
-
-    /// [`Ca::issue`] for several purposes (a cluster node is the server of
-    /// its clients and the client of its peers' cluster bus).
-    fn issue_for(
-        &self,
-        names: &[&str],
-        purposes: Vec<ExtendedKeyUsagePurpose>,
-    ) -> (String, String) {
-        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-        let mut params = CertificateParams::new(names).expect("valid names");
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = purposes;
-        let key = KeyPair::generate().expect("a key");
-        let cert = params.signed_by(&key, &self.issuer).expect("signed");
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 /// A `redis-server` that speaks TLS only and requires client certificates
 /// signed by its CA.
@@ -75,15 +28,15 @@ impl TlsRedis {
     fn start(server_names: &[&str]) -> TlsRedis {
         let dir = tempfile::tempdir().expect("temp dir");
         let ca = Ca::new("redis test CA");
-        let (cert, key) = ca.issue(server_names, ExtendedKeyUsagePurpose::ServerAuth);
-        let (client_cert, client_key) = ca.issue(&[], ExtendedKeyUsagePurpose::ClientAuth);
+        let (cert, key) = ca.issue_pem("server", server_names, Role::Server);
+        let (client_cert, client_key) = ca.issue_pem("client", &[], Role::Client);
         let write = |name: &str, pem: &str| -> PathBuf {
             let path = dir.path().join(name);
             std::fs::write(&path, pem).expect("a writable temp dir");
             path
         };
         let files = [
-            write("ca.pem", &ca.pem),
+            write("ca.pem", ca.pem()),
             write("server.pem", &cert),
             write("server.key", &key),
             write("client.pem", &client_cert),
@@ -139,7 +92,7 @@ impl TlsRedis {
     /// Its CA and the client certificate.
     fn tls(&self) -> RedisTls {
         RedisTls {
-            ca: Some(self.ca.pem.clone().into_bytes()),
+            ca: Some(self.ca.pem().as_bytes().to_vec()),
             client_identity: Some(self.client.clone()),
             skip_hostname_verification: false,
         }
@@ -201,7 +154,7 @@ async fn a_server_signed_by_another_ca_is_refused_at_connect() {
     let server = TlsRedis::start(&["127.0.0.1"]);
     let other = Ca::new("another CA");
     let tls = RedisTls {
-        ca: Some(other.pem.into_bytes()),
+        ca: Some(other.pem().as_bytes().to_vec()),
         ..server.tls()
     };
     let Err(err) = connect(&server.url(), tls).await else {
@@ -228,7 +181,7 @@ async fn a_certificate_for_another_host_needs_the_hostname_check_skipped() {
     let store = connect(&server.url(), tls)
         .await
         .expect("the chain is valid");
-    assert!(store.reachable().await);
+    assert!(store.ready().await);
 }
 
 #[tokio::test]
@@ -242,7 +195,7 @@ async fn a_server_that_requires_a_client_certificate_refuses_none() {
     // so the refusal shows at connect or on the first command.
     match connect(&server.url(), tls).await {
         Err(err) => assert!(matches!(err, ConnectError::Redis(_)), "{err:?}"),
-        Ok(store) => assert!(!store.reachable().await),
+        Ok(store) => assert!(!store.ready().await),
     }
 }
 
@@ -288,16 +241,10 @@ impl TlsCluster {
         // The node's certificate is also its client certificate on the
         // cluster bus: without ClientAuth, the peers refuse it and the
         // cluster never forms.
-        let (cert, key) = ca.issue_for(
-            &["127.0.0.1"],
-            vec![
-                ExtendedKeyUsagePurpose::ServerAuth,
-                ExtendedKeyUsagePurpose::ClientAuth,
-            ],
-        );
-        let (client_cert, client_key) = ca.issue(&[], ExtendedKeyUsagePurpose::ClientAuth);
+        let (cert, key) = ca.issue_pem("node", &["127.0.0.1"], Role::Peer);
+        let (client_cert, client_key) = ca.issue_pem("client", &[], Role::Client);
         for (name, pem) in [
-            ("ca.pem", &ca.pem),
+            ("ca.pem", ca.pem()),
             ("node.pem", &cert),
             ("node.key", &key),
             ("client.pem", &client_cert),
@@ -398,7 +345,7 @@ async fn the_store_decides_over_a_tls_cluster() {
         .collect();
     let url = format!("rediss+cluster://{}", nodes.join(","));
     let tls = RedisTls {
-        ca: Some(cluster.ca.pem.clone().into_bytes()),
+        ca: Some(cluster.ca.pem().as_bytes().to_vec()),
         client_identity: Some(cluster.client.clone()),
         skip_hostname_verification: false,
     };

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use super::{auth, backend, listeners, record, reload};
+use super::{auth, backend, bodies, listeners, record, reload};
 
 /// Options of `tollgate serve`; each can also come from its `TOLLGATE_*`
 /// environment variable.
@@ -85,6 +85,9 @@ pub struct Args {
 
     #[command(flatten, next_help_heading = "Listeners")]
     pub(crate) listen: listeners::Args,
+
+    #[command(flatten, next_help_heading = "Requests")]
+    pub(crate) requests: bodies::Args,
 
     #[command(flatten, next_help_heading = "gRPC TLS")]
     pub(crate) grpc_tls: tollgate_envoy::GrpcTlsFlags,

@@ -316,7 +316,7 @@ impl Store for Remote {
     }
 
     async fn ready(&self) -> bool {
-        self.redis().reachable().await
+        self.redis().ready().await
     }
 
     async fn check_stamped(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {

@@ -25,14 +25,13 @@ use std::task::{Context, Poll};
 
 use axum::Router;
 use axum::body::{Body, Bytes, HttpBody};
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
-use futures_util::TryFutureExt;
-use futures_util::future::Either;
 use tollgate_core::Store;
+use tollgate_listen::bodies::{Bodies, Refused};
 
 use super::admin;
 use super::auth;
@@ -77,8 +76,13 @@ pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>, surface: Surfa
             .route("/v1/release", post(native::release::<S>))
             .route_layer(middleware::from_fn_with_state(
                 Arc::clone(&state),
+                bounded_body::<S>,
+            ))
+            .route_layer(middleware::from_fn_with_state(
+                Arc::clone(&state),
                 authorize_checks::<S>,
-            ));
+            ))
+            .layer(DefaultBodyLimit::max(state.bodies.max_bytes() as usize));
         router = router.merge(checks);
     }
     if surface.operations() {
@@ -153,17 +157,24 @@ fn v1_check<S: Store + 'static>(
     state: Arc<AppState<S>>,
     request: Request,
 ) -> impl Future<Output = Result<Response, Infallible>> + Send {
-    // As the router's route layer does.
+    // As the router's route layers do.
     let authorized = may_check(&state, &request);
-    let body = check_body(request);
+    let reserved = state.bodies.reserve(request.body().size_hint().exact());
+    let max = u64::from(state.bodies.max_bytes());
+    let body = request.into_body();
     async move {
         if !authorized {
             return Ok(admin::unauthorized("API token"));
         }
-        let body = match body.await {
+        let reserved = match reserved {
+            Ok(reserved) => reserved,
+            Err(refused) => return Ok(refusal(refused)),
+        };
+        let body = match body_frames(body, max, &state.bodies).await {
             Ok(body) => body,
             Err(rejection) => return Ok(rejection),
         };
+        drop(reserved);
         // The answer's body has an exact length, which hyper writes as
         // Content-Length (the router's route puts it in the map first).
         Ok(match native::check_now(&state, &body) {
@@ -173,37 +184,71 @@ fn v1_check<S: Store + 'static>(
     }
 }
 
-/// The most a request body may hold: axum's default limit, which
-/// [`Bytes::from_request`] applies on the router's routes.
-const BODY_LIMIT: u64 = 2 * 1024 * 1024;
-
-/// The body of a `POST /v1/check`, as the route's [`Bytes`] extractor reads
-/// it. A body whose `Content-Length` is within [`BODY_LIMIT`] (every check a
-/// client sends; hyper stops at that length) is read frame by frame and, in
-/// one frame as it nearly always comes, handed on as it is: the extractor's
-/// limit wrapper, boxed body and frame list cost about a twentieth of a check.
-/// Any other body goes through the extractor, boxed: its future would
-/// otherwise take room in every check's.
-fn check_body(request: Request) -> impl Future<Output = Result<Bytes, Response>> + Send {
-    let within_limit = request
-        .body()
-        .size_hint()
-        .exact()
-        .is_some_and(|length| length <= BODY_LIMIT);
-    if within_limit {
-        Either::Left(body_frames(request.into_body()))
-    } else {
-        Either::Right(
-            Box::pin(Bytes::from_request(request, &())).map_err(IntoResponse::into_response),
+/// The answer to a check API request whose body is not read.
+fn refusal(refused: Refused) -> Response {
+    match refused {
+        // The words of axum's extractor past its limit.
+        Refused::TooLarge => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Failed to buffer the request body: length limit exceeded",
         )
+            .into_response(),
+        Refused::Busy => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many request bytes in flight (--request-body-budget); retry",
+        )
+        .into_response(),
     }
 }
 
-/// The frames of `body`, joined.
-async fn body_frames(mut body: Body) -> Result<Bytes, Response> {
+/// The answer to a body that did not arrive in time.
+fn too_slow() -> Response {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "the request body did not arrive within --body-read-timeout",
+    )
+    .into_response()
+}
+
+/// The check API routes' bound on bodies, as [`v1_check`] applies it: the
+/// budget's share held while the request is handled (its extractor reads the
+/// body, within [`DefaultBodyLimit`]), within the body read timeout.
+async fn bounded_body<S: Store + 'static>(
+    State(state): State<Arc<AppState<S>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let _reserved = match state.bodies.reserve(request.body().size_hint().exact()) {
+        Ok(reserved) => reserved,
+        Err(refused) => return refusal(refused),
+    };
+    state
+        .bodies
+        .within(next.run(request))
+        .await
+        .unwrap_or_else(too_slow)
+}
+
+/// The frames of `body`, joined: at most `max` bytes (413 beyond), within the
+/// body read timeout (408 beyond). A body that has arrived with its head, as
+/// nearly every check's has, is read without a timer: one is armed only once
+/// the body makes the read wait.
+async fn body_frames(mut body: Body, max: u64, bodies: &Bodies) -> Result<Bytes, Response> {
     let mut first = Bytes::new();
     let mut joined = Vec::new();
-    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+    let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let mut length = 0u64;
+    loop {
+        let next = std::future::poll_fn(|cx| match Pin::new(&mut body).poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(Some(frame)),
+            Poll::Pending => {
+                let timer = timer.get_or_insert_with(|| Box::pin(bodies.timer()));
+                timer.as_mut().poll(cx).map(|()| None)
+            }
+        });
+        let Some(frame) = next.await.ok_or_else(too_slow)? else {
+            break;
+        };
         let frame = frame.map_err(|error| {
             // The extractor's answer to a body that broke off.
             let reason = format!("Failed to buffer the request body: {error}");
@@ -213,6 +258,10 @@ async fn body_frames(mut body: Body) -> Result<Bytes, Response> {
         let Ok(data) = frame.into_data() else {
             continue;
         };
+        length += data.len() as u64;
+        if length > max {
+            return Err(refusal(Refused::TooLarge));
+        }
         if first.is_empty() {
             first = data;
         } else {
@@ -347,6 +396,7 @@ mod tests {
             reply: Arc::default(),
             metrics_path: "/metrics".into(),
             v1_headers: Default::default(),
+            bodies: Arc::default(),
         };
         router(Arc::new(state), Surface::Everything)
     }
@@ -461,6 +511,7 @@ mod tests {
                 reply: Arc::default(),
                 metrics_path: "/metrics".into(),
                 v1_headers: Default::default(),
+                bodies: Arc::default(),
             }),
             Surface::Everything,
         );
@@ -523,6 +574,7 @@ mod tests {
                 reply: Arc::default(),
                 metrics_path: "/metrics".into(),
                 v1_headers: Default::default(),
+                bodies: Arc::default(),
             })
         };
         let too_big = format!(r#"{{"key": "{}"}}"#, "k".repeat(3 << 20));

@@ -71,7 +71,7 @@ pub(crate) struct Args {
     pub(crate) header_read_timeout: Duration,
 }
 
-fn positive_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn positive_duration(s: &str) -> Result<Duration, String> {
     let duration = tollgate_policy::parse_duration(s).map_err(|e| e.to_string())?;
     if duration.is_zero() {
         return Err("must be more than zero".into());

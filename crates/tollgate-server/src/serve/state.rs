@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tollgate_envoy::Health;
+use tollgate_listen::bodies::Bodies;
 use tollgate_policy::{Enforcer, Reloader};
 
 use super::auth::Token;
@@ -44,6 +45,8 @@ pub(crate) struct AppState<S> {
     pub(crate) metrics_path: String,
     /// The rate limit headers `POST /v1/check` answers carry (`--v1-headers`).
     pub(crate) v1_headers: tollgate_http::HeaderStyle,
+    /// How large a check API body may be and how long it may take.
+    pub(crate) bodies: Arc<Bodies>,
 }
 
 /// An error answer: a status and `{"error": message}`.

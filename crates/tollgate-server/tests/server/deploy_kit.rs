@@ -219,9 +219,10 @@ fn every_file_in_deploy_parses() {
             _ => panic!("{relative}: a file this test does not know how to check"),
         }
     }
-    // configmap, deployment, service, redis (3), and nothing lost.
+    // configmap, deployment, service, redis (3), and nothing lost; beside
+    // them the two Envoy configs, the alert rules and the dashboard.
     assert_eq!(manifests, 6, "{files:?}");
-    assert_eq!(files.len(), 7, "{files:?}");
+    assert_eq!(files.len(), 8, "{files:?}");
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //!
 //! Shared by every module of the test binary.
 
-pub(crate) mod pki;
+pub(crate) use tollgate_testkit::pki;
+pub(crate) use tollgate_testkit::{RedisServer as Redis, free_port};
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -237,6 +238,11 @@ impl Server {
         self.config.as_ref().expect("started with a config").path()
     }
 
+    /// The process's id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `http://<http address><path>`.
     pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.http)
@@ -360,139 +366,6 @@ pub(crate) fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
             .collect(),
         ..RateLimitDescriptor::default()
     }
-}
-
-/// A `redis-server` on a free loopback port, killed when dropped.
-pub(crate) struct Redis {
-    child: Child,
-    port: u16,
-    args: Vec<String>,
-    _dir: tempfile::TempDir,
-}
-
-impl Redis {
-    pub(crate) fn start() -> Redis {
-        Self::start_with(&[])
-    }
-
-    /// Starts one with `args` added to its command line
-    /// (`["--requirepass", "secret"]`).
-    pub(crate) fn start_with(args: &[&str]) -> Redis {
-        let dir = tempfile::tempdir().expect("a temp dir");
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        let password = args
-            .iter()
-            .position(|a| a == "--requirepass")
-            .and_then(|i| args.get(i + 1).cloned());
-        loop {
-            let port = free_port();
-            let mut child = Self::spawn(port, dir.path(), &args);
-            // Between `free_port` and the bind, a test running beside this
-            // one may take the port: this server then exits, and the one
-            // that answers is the other's. Another port, then.
-            if answers_as(port, child.id(), password.as_deref()) {
-                return Redis {
-                    child,
-                    port,
-                    args,
-                    _dir: dir,
-                };
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Starts a server on `port` and waits until it accepts connections.
-    fn spawn(port: u16, dir: &Path, args: &[String]) -> Child {
-        let mut child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(args)
-            .arg("--dir")
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is installed (./scripts/test installs it through apt)");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            // It could not bind (the port was taken and let go since).
-            if matches!(child.try_wait(), Ok(Some(_))) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child
-    }
-
-    /// Starts an empty server again on the same port (after [`Redis::kill`]),
-    /// as a restarted Redis without persistence comes back.
-    pub(crate) fn restart(&mut self) {
-        self.kill();
-        self.child = Self::spawn(self.port, self._dir.path(), &self.args);
-    }
-
-    pub(crate) fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Stops the server now (as a crash would).
-    pub(crate) fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Whether the Redis server on `port` is process `pid` (its `INFO server`
-/// says `process_id:<pid>`), logging in with `password` if it has one.
-fn answers_as(port: u16, pid: u32, password: Option<&str>) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    // Pipelined: AUTH's reply comes first and has no `process_id`.
-    let auth = password.map_or(String::new(), |p| format!("AUTH {p}\r\n"));
-    if stream
-        .write_all(format!("{auth}INFO server\r\n").as_bytes())
-        .is_err()
-    {
-        return false;
-    }
-    let mut reply = Vec::new();
-    let mut chunk = [0; 4096];
-    let wanted = format!("process_id:{pid}\r\n");
-    loop {
-        let text = String::from_utf8_lossy(&reply);
-        if let Some(at) = text.find("process_id:")
-            && text[at..].contains("\r\n")
-        {
-            return text[at..].starts_with(&wanted);
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => reply.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
-
-/// A port nothing listens on now.
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// A log as it is written (a process's stderr, or this process's

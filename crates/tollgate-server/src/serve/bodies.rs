@@ -1,0 +1,102 @@
+//! The flags of what the check APIs take of a request: the body policy
+//! they set is [`tollgate_listen::bodies`]'s (both the HTTP API and
+//! tollgate-envoy's gRPC door read bodies by it), the string caps the
+//! enforcer's ([`tollgate_policy::RequestLimits`]), the same at every door.
+
+use std::time::Duration;
+
+use tollgate_listen::bodies::Bodies;
+use tollgate_policy::RequestLimits;
+
+/// The flags of what the check APIs take of a request; each also comes from
+/// its `TOLLGATE_*` variable.
+#[derive(Debug, Clone, clap::Args)]
+#[group(id = "requests")]
+pub(crate) struct Args {
+    /// The largest gRPC message and HTTP request body the check APIs take,
+    /// in bytes (`RESOURCE_EXHAUSTED`, 413 beyond); a rate limit request
+    /// takes a few hundred.
+    #[arg(
+        long,
+        env = "TOLLGATE_MAX_REQUEST_BYTES",
+        value_name = "BYTES",
+        default_value_t = 64 * 1024,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub(crate) max_request_bytes: u32,
+
+    /// How long a check API request's body may take to arrive, from its
+    /// head; a gRPC call is answered within it too (`DEADLINE_EXCEEDED`, 408
+    /// beyond).
+    #[arg(
+        long,
+        env = "TOLLGATE_BODY_READ_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "10s",
+        value_parser = super::listeners::positive_duration
+    )]
+    pub(crate) body_read_timeout: Duration,
+
+    /// The most bytes of check API request bodies being read at once, over
+    /// every listener; a body counts its declared length, or
+    /// `--max-request-bytes` when it declares none. Past it, a request is
+    /// refused at once (`RESOURCE_EXHAUSTED`, 503).
+    #[arg(
+        long,
+        env = "TOLLGATE_REQUEST_BODY_BUDGET",
+        value_name = "BYTES",
+        default_value_t = 64 * 1024 * 1024,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub(crate) request_body_budget: u64,
+
+    /// The longest domain a check may name, in bytes (`INVALID_ARGUMENT`,
+    /// 400 beyond).
+    #[arg(
+        long,
+        env = "TOLLGATE_MAX_DOMAIN_BYTES",
+        value_name = "BYTES",
+        default_value_t = RequestLimits::default().domain_bytes
+    )]
+    pub(crate) max_domain_bytes: usize,
+
+    /// The longest descriptor entry key, in bytes.
+    #[arg(
+        long,
+        env = "TOLLGATE_MAX_KEY_BYTES",
+        value_name = "BYTES",
+        default_value_t = RequestLimits::default().key_bytes
+    )]
+    pub(crate) max_key_bytes: usize,
+
+    /// The longest descriptor entry value, and `/v1/check`'s ad-hoc `key`,
+    /// in bytes.
+    #[arg(
+        long,
+        env = "TOLLGATE_MAX_VALUE_BYTES",
+        value_name = "BYTES",
+        default_value_t = RequestLimits::default().value_bytes
+    )]
+    pub(crate) max_value_bytes: usize,
+}
+
+impl Args {
+    /// The enforcer's limits on a request's strings.
+    pub(crate) fn request_limits(&self) -> RequestLimits {
+        RequestLimits {
+            domain_bytes: self.max_domain_bytes,
+            key_bytes: self.max_key_bytes,
+            value_bytes: self.max_value_bytes,
+            ..RequestLimits::default()
+        }
+    }
+
+    /// The body policy these flags set.
+    pub(crate) fn bodies(&self) -> Bodies {
+        Bodies::new(
+            self.max_request_bytes,
+            self.body_read_timeout,
+            self.request_body_budget,
+        )
+    }
+}

