@@ -1,7 +1,8 @@
 //! An adaptive concurrency limit learned from latency: Envoy's
 //! `adaptive_concurrency` gradient controller, as a pure state machine.
 //!
-//! The limit moves once per sample window by the gradient
+//! The limit moves once per sample window (at least twice `min_rtt`) by
+//! the gradient
 //! `min_rtt × (1 + buffer) / sample_rtt`, clamped to `[0.5, 2]`, plus a
 //! headroom of `√limit`:
 //!
@@ -11,8 +12,9 @@
 //!   start and again every `probe_interval`, so a service that became slower
 //!   for good (heavier requests, a smaller machine) is re-measured rather than
 //!   leaving the limit stuck at its floor;
-//! - `sample_rtt` is the 90th percentile of the latencies completed in the
-//!   window, so a tail that grows (a queue forming) pulls the limit down.
+//! - `sample_rtt` is the median of the latencies completed in the window
+//!   (Envoy's default), so that a few slow requests do not move the limit
+//!   while a queue, which slows every request, does.
 //!
 //! A gradient rather than Vegas: Vegas needs the queue length in requests,
 //! which it estimates as `limit × (1 − min_rtt / rtt)` and compares with
@@ -20,10 +22,11 @@
 //! the thresholds, so it reacts in proportion (halving at most, doubling at
 //! most per window) and one configuration fits services of any size.
 //!
-//! The limit never rises above twice the most requests seen in flight during
-//! the window: a service that was never pushed has not shown it can take
-//! more, and a limit far above the load would take several windows to come
-//! down when the load arrives.
+//! The limit never rises above four times the most requests seen in flight
+//! during the window: a service that was never pushed has not shown it can
+//! take more, and a limit far above the load would take several windows to
+//! come down when the load arrives. (Four rather than two, so that traffic
+//! allowed half the limit, as low priority is by default, still raises it.)
 
 use std::time::Duration;
 
@@ -195,7 +198,7 @@ impl Gradient {
                         next_probe: now.saturating_add(nanos(self.config.probe_interval)),
                     };
                     self.limit = self.before_probe;
-                    self.start_window(now);
+                    self.start_window(now, min_rtt);
                 }
             }
             Phase::Tracking {
@@ -212,9 +215,9 @@ impl Gradient {
                     self.samples.clear();
                     return;
                 }
-                let sample_rtt = percentile(&mut self.samples, 90).max(1);
+                let sample_rtt = percentile(&mut self.samples, 50).max(1);
                 self.limit = self.next_limit(min_rtt, sample_rtt);
-                self.start_window(now);
+                self.start_window(now, min_rtt);
             }
         }
     }
@@ -228,7 +231,7 @@ impl Gradient {
         let cap = self
             .config
             .ceiling
-            .min(self.peak_in_flight.saturating_mul(2).max(self.config.floor));
+            .min(self.peak_in_flight.saturating_mul(4).max(self.config.floor));
         // Only a rise is capped by the load: a fall always applies.
         let upper = if proposed > f64::from(self.limit) {
             f64::from(cap.max(self.limit))
@@ -241,10 +244,14 @@ impl Gradient {
             .min(f64::from(self.config.ceiling)) as u32
     }
 
-    fn start_window(&mut self, now: Nanos) {
+    /// Opens a window of at least twice `min_rtt`: a shorter one would be
+    /// judged by requests let in under the limit before the last, and the
+    /// limit would swing past its mark and back.
+    fn start_window(&mut self, now: Nanos, min_rtt: Nanos) {
         self.samples.clear();
         self.peak_in_flight = 0;
-        self.window_end = now.saturating_add(nanos(self.config.sample_window));
+        let window = nanos(self.config.sample_window).max(min_rtt.saturating_mul(2));
+        self.window_end = now.saturating_add(window);
     }
 }
 
@@ -366,14 +373,14 @@ mod tests {
     }
 
     #[test]
-    fn an_idle_service_does_not_raise_the_limit_past_twice_its_load() {
+    fn an_idle_service_does_not_raise_the_limit_past_four_times_its_load() {
         let (mut gradient, mut now) = controller();
         drive(&mut gradient, &mut now, 30, 5, |n| latency(10 * MS, 100, n));
-        assert_eq!(gradient.limit(), 12, "where the probe left it");
+        assert_eq!(gradient.limit(), 20, "four times a load of 5");
         drive(&mut gradient, &mut now, 30, 20, |n| {
             latency(10 * MS, 100, n)
         });
-        assert!(gradient.limit() <= 40, "limit {}", gradient.limit());
+        assert_eq!(gradient.limit(), 80, "four times a load of 20");
         assert!(gradient.limit() >= 20, "limit {}", gradient.limit());
     }
 

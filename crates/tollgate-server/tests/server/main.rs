@@ -21,6 +21,7 @@ mod live_page;
 mod redis;
 mod redis_tls;
 mod reload;
+mod shed;
 mod simulate;
 mod tls;
 mod xds;
