@@ -83,24 +83,17 @@ struct Probe {
 }
 
 impl GatewayFile {
-    /// Reads and checks the file at `path`.
+    /// Reads and checks the file at `path`: a gateway's file, or a native
+    /// policy file whose `gateway:` section is taken (none is the defaults).
     pub(crate) fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            path: path.to_owned(),
-            line: 0,
-            column: 0,
-            field: "file".into(),
-            reason: e.to_string(),
-        })?;
+        let text = read(path)?;
         if text.trim().is_empty() {
             return Ok(Self::default());
         }
-        let probe: Probe = tollgate_policy::parse_yaml(path, &text)?;
-        if probe.rules.is_some() {
-            let policy: PolicyFile = tollgate_policy::parse_yaml(path, &text)?;
-            return Ok(policy.gateway.unwrap_or_default());
+        match Self::section(path, &text)? {
+            Some(section) => Ok(section.unwrap_or_default()),
+            None => tollgate_policy::parse_yaml(path, &text),
         }
-        tollgate_policy::parse_yaml(path, &text)
     }
 
     /// The `gateway:` section of the native policy file at `path`, if it
@@ -110,20 +103,30 @@ impl GatewayFile {
         if !path.is_file() {
             return Ok(None);
         }
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            path: path.to_owned(),
-            line: 0,
-            column: 0,
-            field: "file".into(),
-            reason: e.to_string(),
-        })?;
-        let probe: Probe = tollgate_policy::parse_yaml(path, &text)?;
+        Ok(Self::section(path, &read(path)?)?.flatten())
+    }
+
+    /// `Some(its gateway: section)` when `text` is a native policy file (it
+    /// has `rules`), `None` when it is not one.
+    fn section(path: &Path, text: &str) -> Result<Option<Option<Self>>, ConfigError> {
+        let probe: Probe = tollgate_policy::parse_yaml(path, text)?;
         if probe.rules.is_none() {
             return Ok(None);
         }
-        let policy: PolicyFile = tollgate_policy::parse_yaml(path, &text)?;
-        Ok(policy.gateway)
+        let policy: PolicyFile = tollgate_policy::parse_yaml(path, text)?;
+        Ok(Some(policy.gateway))
     }
+}
+
+/// The text of the file at `path`.
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError {
+        path: path.to_owned(),
+        line: 0,
+        column: 0,
+        field: "file".into(),
+        reason: e.to_string(),
+    })
 }
 
 /// The `shed` section: the [`Shedder`] its config (over the defaults) makes,
@@ -290,6 +293,50 @@ impl fmt::Debug for Cidr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stripe_example_holds_its_gateway() {
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/stripe.yaml");
+        let file = GatewayFile::embedded(&example)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .expect("a gateway: section");
+        assert_eq!(file.domain.as_deref(), Some("stripe"));
+        assert_eq!(file.rate_limits.len(), 4);
+        let ShedSection(shedder) = file.shed.expect("a shed: section");
+        let thresholds = shedder.config().thresholds;
+        assert_eq!(
+            (thresholds.critical, thresholds.high, thresholds.low),
+            (100, 75, 50)
+        );
+        // Read through --gateway-config too.
+        assert!(GatewayFile::load(&example).unwrap().shed.is_some());
+        // A directory or a file of envoyproxy/ratelimit's format has none.
+        assert!(
+            GatewayFile::embedded(example.parent().unwrap())
+                .unwrap()
+                .is_none()
+        );
+        let envoy = example.with_file_name("envoy-ratelimit.yaml");
+        assert!(GatewayFile::embedded(&envoy).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_bad_shed_section_is_refused_at_its_line() {
+        let refused = |text: &str| {
+            tollgate_policy::parse_yaml::<GatewayFile>("gateway.yaml", text).expect_err("refused")
+        };
+        let e = refused("listen: x\nshed:\n  thresholds: { critical: 50, high: 75, low: 50 }\n");
+        assert_eq!(e.line, 3, "{e}");
+        assert!(e.reason.contains("critical >= high >= low"), "{e}");
+        let e = refused("shed:\n  floor: 0\n");
+        assert!(e.reason.contains("floor"), "{e}");
+        let e = refused("shed:\n  sample_window: soon\n");
+        assert!(e.reason.contains("soon"), "{e}");
+        let e = refused("shed:\n  priority_header: \"a b\"\n");
+        assert!(e.reason.contains("not a header name"), "{e}");
+        let e = refused("shed:\n  tiers: 3\n");
+        assert!(e.reason.contains("tiers"), "{e}");
+    }
 
     #[test]
     fn a_whole_file_reads() {
