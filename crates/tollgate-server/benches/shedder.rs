@@ -56,6 +56,20 @@ async fn saturating(State(in_flight): State<Arc<AtomicU32>>) -> &'static str {
     "ok"
 }
 
+/// A fresh saturating upstream: each side gets its own, so that what an
+/// earlier side left waiting there (up to many seconds without the
+/// shedder) does not slow the next.
+async fn upstream() -> SocketAddr {
+    let in_flight = Arc::new(AtomicU32::new(0));
+    let app = Router::new().fallback(saturating).with_state(in_flight);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free port");
+    let addr = listener.local_addr().expect("an address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
 /// What one side's run gave.
 #[derive(Default)]
 struct Side {
@@ -255,14 +269,6 @@ async fn main() {
     std::fs::write(&off_path, off).expect("a writable temp dir");
     let off_path = off_path.to_str().expect("a UTF-8 path").to_owned();
 
-    let in_flight = Arc::new(AtomicU32::new(0));
-    let app = Router::new().fallback(saturating).with_state(in_flight);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a free port");
-    let upstream = listener.local_addr().expect("an address");
-    tokio::spawn(async move { axum::serve(listener, app).await });
-
     let mut results: Vec<(&str, Side)> = Vec::new();
     for round in 0..rounds {
         let mut sides = [("on", config.as_str()), ("off", off_path.as_str())];
@@ -270,6 +276,7 @@ async fn main() {
             sides.reverse();
         }
         for (name, file) in sides {
+            let upstream = upstream().await;
             let (server, gateway) = serve(&tollgate, file, upstream);
             let side = run(gateway, duration).await;
             drop(server);
@@ -280,8 +287,6 @@ async fn main() {
                 side.critical_sent
             );
             results.push((name, side));
-            // Let the upstream drain what the last side left in flight.
-            tokio::time::sleep(TIMEOUT).await;
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
