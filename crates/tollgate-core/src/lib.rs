@@ -27,6 +27,7 @@
 //! # Ok::<(), tollgate_core::QuotaError>(())
 //! ```
 
+mod adaptive;
 mod algorithm;
 mod clock;
 mod concurrency;
@@ -42,6 +43,7 @@ mod sliding_log;
 mod store;
 mod token_bucket;
 
+pub use adaptive::{Gradient, GradientConfig, GradientError};
 pub use algorithm::{Algorithm, ParseAlgorithmError, StateMachine, Visitor};
 pub use clock::{Clock, IntoNanos, ManualClock, MonotonicClock, Nanos, SystemClock};
 pub use concurrency::{Concurrency, Leases};

@@ -17,7 +17,13 @@
 //!       - remote_address: {}
 //!   - actions:
 //!       - request_headers: { header_name: x-api-key, descriptor_key: api_key }
+//! shed:                             # load shedding by priority tier
+//!   priority_header: x-priority
+//!   thresholds: { critical: 100, high: 75, low: 50 }
 //! ```
+//!
+//! The same fields may sit under `gateway:` in a native policy file, so that
+//! one file runs a gateway (see [`GatewayFile::load`]).
 
 use std::fmt;
 use std::net::IpAddr;
@@ -25,8 +31,13 @@ use std::path::Path;
 use std::str::FromStr;
 
 use ipnet::IpNet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
 use serde::Deserialize;
-use tollgate_http::ForwardedHeader;
+use tollgate_core::GradientConfig;
+use tollgate_http::{ForwardedHeader, ShedConfig, Shedder, Thresholds};
 use tollgate_policy::ConfigError;
 
 use crate::actions::{Prefix, RateLimitSpec};
@@ -54,22 +65,177 @@ pub(crate) struct GatewayFile {
     /// Envoy's route-level `rate_limits`; none means one descriptor
     /// `remote_address=<client IP>` per request.
     pub(crate) rate_limits: Vec<RateLimitSpec>,
+    /// Load shedding by priority tier on an adaptive concurrency limit in
+    /// front of the upstream; none means no shedding.
+    pub(crate) shed: Option<ShedSection>,
+}
+
+/// A native policy file, of which only the `gateway:` section is read here.
+#[derive(Deserialize)]
+struct PolicyFile {
+    gateway: Option<GatewayFile>,
+}
+
+/// Whether a file is a policy file (with `rules`) rather than a gateway's.
+#[derive(Deserialize)]
+struct Probe {
+    rules: Option<serde::de::IgnoredAny>,
 }
 
 impl GatewayFile {
-    /// Reads and checks the file at `path`.
+    /// Reads and checks the file at `path`: a gateway's file, or a native
+    /// policy file whose `gateway:` section is taken (none is the defaults).
     pub(crate) fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            path: path.to_owned(),
-            line: 0,
-            column: 0,
-            field: "file".into(),
-            reason: e.to_string(),
-        })?;
+        let text = read(path)?;
         if text.trim().is_empty() {
             return Ok(Self::default());
         }
-        tollgate_policy::parse_yaml(path, &text)
+        match Self::section(path, &text)? {
+            Some(section) => Ok(section.unwrap_or_default()),
+            None => tollgate_policy::parse_yaml(path, &text),
+        }
+    }
+
+    /// The `gateway:` section of the native policy file at `path`, if it
+    /// has one; `None` for a directory, a file of envoyproxy/ratelimit's
+    /// format or a policy without the section.
+    pub(crate) fn embedded(path: &Path) -> Result<Option<Self>, ConfigError> {
+        if !path.is_file() {
+            return Ok(None);
+        }
+        Ok(Self::section(path, &read(path)?)?.flatten())
+    }
+
+    /// `Some(its gateway: section)` when `text` is a native policy file (it
+    /// has `rules`), `None` when it is not one.
+    fn section(path: &Path, text: &str) -> Result<Option<Option<Self>>, ConfigError> {
+        let probe: Probe = tollgate_policy::parse_yaml(path, text)?;
+        if probe.rules.is_none() {
+            return Ok(None);
+        }
+        let policy: PolicyFile = tollgate_policy::parse_yaml(path, text)?;
+        Ok(Some(policy.gateway))
+    }
+}
+
+/// The text of the file at `path`.
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError {
+        path: path.to_owned(),
+        line: 0,
+        column: 0,
+        field: "file".into(),
+        reason: e.to_string(),
+    })
+}
+
+/// The `shed` section: the [`Shedder`] its config (over the defaults) makes,
+/// checked as it is read, so a bad value is reported at its line.
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "ShedSpec")]
+pub(crate) struct ShedSection(pub(crate) Arc<Shedder>);
+
+/// The `shed` section as written.
+#[derive(Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct ShedSpec {
+    /// The header naming a request's tier: `critical`, `high` or `low`
+    /// (anything else is low).
+    priority_header: String,
+    /// The utilization (in flight over the learned limit, percent) from
+    /// which each tier is shed.
+    thresholds: ThresholdsSpec,
+    /// The lowest learned limit, and the limit while `min_rtt` is probed.
+    floor: u32,
+    /// The highest learned limit.
+    ceiling: u32,
+    /// How long latencies are gathered before the limit moves.
+    sample_window: Period,
+    /// How often the latency with nothing queued is measured again.
+    probe_interval: Period,
+    /// How many requests a probe takes the median latency of.
+    probe_samples: u32,
+    /// Latency tolerated over `min_rtt` before the limit falls, in percent.
+    buffer_percent: u32,
+    /// A shed request's `Retry-After`.
+    retry_after: Period,
+}
+
+impl Default for ShedSpec {
+    fn default() -> Self {
+        let ShedConfig {
+            limit,
+            thresholds,
+            priority_header,
+            retry_after,
+        } = ShedConfig::default();
+        Self {
+            priority_header: priority_header.as_str().to_owned(),
+            thresholds: ThresholdsSpec {
+                critical: thresholds.critical,
+                high: thresholds.high,
+                low: thresholds.low,
+            },
+            floor: limit.floor,
+            ceiling: limit.ceiling,
+            sample_window: Period(limit.sample_window),
+            probe_interval: Period(limit.probe_interval),
+            probe_samples: limit.probe_samples,
+            buffer_percent: limit.buffer_percent,
+            retry_after: Period(retry_after),
+        }
+    }
+}
+
+/// `thresholds: {critical, high, low}`, each a percentage.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ThresholdsSpec {
+    critical: u32,
+    high: u32,
+    low: u32,
+}
+
+impl TryFrom<ShedSpec> for ShedSection {
+    type Error = String;
+
+    fn try_from(spec: ShedSpec) -> Result<Self, String> {
+        let priority_header = HeaderName::from_bytes(spec.priority_header.as_bytes())
+            .map_err(|_| format!("{:?} is not a header name", spec.priority_header))?;
+        let config = ShedConfig {
+            limit: GradientConfig {
+                floor: spec.floor,
+                ceiling: spec.ceiling,
+                sample_window: spec.sample_window.0,
+                probe_samples: spec.probe_samples,
+                probe_interval: spec.probe_interval.0,
+                buffer_percent: spec.buffer_percent,
+            },
+            thresholds: Thresholds {
+                critical: spec.thresholds.critical,
+                high: spec.thresholds.high,
+                low: spec.thresholds.low,
+            },
+            priority_header,
+            retry_after: spec.retry_after.0,
+        };
+        let shedder = Shedder::new(config).map_err(|e| e.to_string())?;
+        Ok(Self(Arc::new(shedder)))
+    }
+}
+
+/// A duration written as `100ms`, `1s`, `1m`...
+#[derive(Clone, Copy, Deserialize)]
+#[serde(try_from = "String")]
+struct Period(Duration);
+
+impl TryFrom<String> for Period {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        tollgate_policy::parse_duration(&s)
+            .map(Period)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -127,6 +293,50 @@ impl fmt::Debug for Cidr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stripe_example_holds_its_gateway() {
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/stripe.yaml");
+        let file = GatewayFile::embedded(&example)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .expect("a gateway: section");
+        assert_eq!(file.domain.as_deref(), Some("stripe"));
+        assert_eq!(file.rate_limits.len(), 4);
+        let ShedSection(shedder) = file.shed.expect("a shed: section");
+        let thresholds = shedder.config().thresholds;
+        assert_eq!(
+            (thresholds.critical, thresholds.high, thresholds.low),
+            (100, 75, 50)
+        );
+        // Read through --gateway-config too.
+        assert!(GatewayFile::load(&example).unwrap().shed.is_some());
+        // A directory or a file of envoyproxy/ratelimit's format has none.
+        assert!(
+            GatewayFile::embedded(example.parent().unwrap())
+                .unwrap()
+                .is_none()
+        );
+        let envoy = example.with_file_name("envoy-ratelimit.yaml");
+        assert!(GatewayFile::embedded(&envoy).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_bad_shed_section_is_refused_at_its_line() {
+        let refused = |text: &str| {
+            tollgate_policy::parse_yaml::<GatewayFile>("gateway.yaml", text).expect_err("refused")
+        };
+        let e = refused("listen: x\nshed:\n  thresholds: { critical: 50, high: 75, low: 50 }\n");
+        assert_eq!(e.line, 3, "{e}");
+        assert!(e.reason.contains("critical >= high >= low"), "{e}");
+        let e = refused("shed:\n  floor: 0\n");
+        assert!(e.reason.contains("floor"), "{e}");
+        let e = refused("shed:\n  sample_window: soon\n");
+        assert!(e.reason.contains("soon"), "{e}");
+        let e = refused("shed:\n  priority_header: \"a b\"\n");
+        assert!(e.reason.contains("not a header name"), "{e}");
+        let e = refused("shed:\n  tiers: 3\n");
+        assert!(e.reason.contains("tiers"), "{e}");
+    }
 
     #[test]
     fn a_whole_file_reads() {

@@ -7,12 +7,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tollgate_core::Store;
-use tollgate_http::{ClientIpKey, RateLimit, RateLimitLayer, ResponseBody};
+use tollgate_http::{ClientIpKey, RateLimit, RateLimitLayer, ResponseBody, Shed, Shedder};
 use tollgate_policy::{Enforcer, Policy};
 use tower_layer::Layer;
 use tower_service::Service;
@@ -52,6 +53,10 @@ pub enum Outcome {
     Forwarded,
     /// Answered by the rate limit layer (`429`) without reaching the upstream.
     Limited,
+    /// Admitted by the rate limit layer, then shed (`503`) because the
+    /// upstream is too full for the request's priority tier; it never
+    /// reached the upstream.
+    Shed,
 }
 
 /// A gateway whose listeners are bound, ready to serve.
@@ -60,13 +65,6 @@ pub struct Gateway {
     settings: Settings,
     listeners: Listeners,
 }
-
-/// The layer around the proxy: what every gateway request goes through.
-type GatewayService = RateLimit<Proxy>;
-
-/// What the gateway answers with: the upstream's body or the proxy's error
-/// JSON, or the layer's 429 JSON.
-type GatewayBody = ResponseBody<ProxyBody>;
 
 impl Gateway {
     /// Binds the gateway's listeners (one per worker, see `workers`; one in
@@ -96,6 +94,12 @@ impl Gateway {
         })
     }
 
+    /// The load shedder in front of the upstream, when configured (see
+    /// [`Settings::shedder`]).
+    pub fn shedder(&self) -> Option<&Arc<Shedder>> {
+        self.settings.shedder()
+    }
+
     /// The address every worker listens on (port 0 resolved).
     pub fn local_addr(&self) -> SocketAddr {
         self.listeners.local_addr()
@@ -117,6 +121,29 @@ impl Gateway {
         S: Store + 'static,
         O: Fn(Outcome, Duration) + Clone + Send + 'static,
     {
+        match self.settings.shedder.clone() {
+            Some(shedder) => self.spawn_around(enforcer, stopped, observe, move |proxy| {
+                Shed::new(proxy, Arc::clone(&shedder))
+            }),
+            None => self.spawn_around(enforcer, stopped, observe, |proxy| proxy),
+        }
+    }
+
+    /// [`Gateway::spawn`] with the rate limit layer around what `wrap` makes
+    /// of each worker's proxy: the proxy itself, or the shedder around it.
+    fn spawn_around<S, O, W, I>(
+        self,
+        enforcer: &Arc<Enforcer<S>>,
+        stopped: watch::Receiver<()>,
+        observe: O,
+        wrap: W,
+    ) -> JoinHandle<Result<(), Error>>
+    where
+        S: Store + 'static,
+        O: Fn(Outcome, Duration) + Clone + Send + 'static,
+        W: Fn(Proxy) -> I + Clone + Send + 'static,
+        I: Inner,
+    {
         let layer = layer(&self.settings, enforcer);
         let (upstream, client_ip) = (
             self.settings.upstream.clone(),
@@ -124,7 +151,8 @@ impl Gateway {
         );
         let routes = Arc::clone(&self.settings.routes);
         self.serve(stopped, move || {
-            let service = layer.layer(Proxy::new(upstream.clone(), client_ip.clone()));
+            let proxy = Proxy::new(upstream.clone(), client_ip.clone());
+            let service = layer.layer(wrap(proxy));
             let routes = Arc::clone(&routes);
             let observe = observe.clone();
             move |peer: SocketAddr| {
@@ -133,7 +161,7 @@ impl Gateway {
                 // as a field of the service that each request clones.
                 let mut service = service.clone();
                 service.set_peer(peer.ip());
-                service.get_mut().set_peer(peer.ip());
+                service.get_mut().proxy_mut().set_peer(peer.ip());
                 let (routes, observe) = (Arc::clone(&routes), observe.clone());
                 move |request| handle(&service, &routes, &observe, request)
             }
@@ -204,17 +232,67 @@ fn layer<S: Store + 'static>(settings: &Settings, enforcer: &Arc<Enforcer<S>>) -
     builder.build()
 }
 
+/// What the rate limit layer wraps on each worker: the proxy, or the
+/// shedder around it. Its body tells how a request was answered.
+pub(crate) trait Inner:
+    Service<Request<Incoming>, Response = Response<Self::Body>, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + 'static
+{
+    /// The body of its answers.
+    type Body: Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + 'static;
+
+    /// The proxy inside.
+    fn proxy_mut(&mut self) -> &mut Proxy;
+
+    /// How a request that went through the rate limit layer was answered.
+    fn outcome(body: &Self::Body) -> Outcome;
+}
+
+impl Inner for Proxy {
+    type Body = ProxyBody;
+
+    fn proxy_mut(&mut self) -> &mut Proxy {
+        self
+    }
+
+    fn outcome(_: &ProxyBody) -> Outcome {
+        Outcome::Forwarded
+    }
+}
+
+impl Inner for Shed<Proxy> {
+    type Body = ResponseBody<ProxyBody>;
+
+    fn proxy_mut(&mut self) -> &mut Proxy {
+        self.get_mut()
+    }
+
+    fn outcome(body: &Self::Body) -> Outcome {
+        if body.is_inner() {
+            Outcome::Forwarded
+        } else {
+            Outcome::Shed
+        }
+    }
+}
+
 /// One request of a connection that `service` (set up with its peer)
 /// answers: the route template goes into the request; the answer is told to
 /// `observe`: [`Outcome::Forwarded`] when it went through to the proxy,
-/// [`Outcome::Limited`] when the layer answered it.
-fn handle<O>(
-    service: &GatewayService,
+/// [`Outcome::Limited`] when the layer answered it, [`Outcome::Shed`] when
+/// the shedder did.
+fn handle<I, O>(
+    service: &RateLimit<I>,
     routes: &Routes,
     observe: &O,
     mut request: Request<Incoming>,
-) -> impl Future<Output = Result<Response<GatewayBody>, Infallible>> + Send + use<O>
+) -> impl Future<Output = Result<Response<ResponseBody<I::Body>>, Infallible>> + Send + use<I, O>
 where
+    I: Inner,
     O: Fn(Outcome, Duration) + Clone + Send + 'static,
 {
     let started = Instant::now();
@@ -224,16 +302,16 @@ where
         request.extensions_mut().insert(template);
     }
     // The proxy is always ready (its pool makes a connection when none is
-    // idle), so the layer is too: there is no `poll_ready` to wait for.
+    // idle), and so is the shedder (it answers at once when full), so the
+    // layer is too: there is no `poll_ready` to wait for.
     let response = service.call_ready(request);
     let observe = observe.clone();
     async move {
         let response = response.await?;
-        let outcome = if response.body().is_inner() {
-            Outcome::Forwarded
-        } else {
-            Outcome::Limited
-        };
+        let outcome = response
+            .body()
+            .get_ref()
+            .map_or(Outcome::Limited, I::outcome);
         observe(outcome, started.elapsed());
         Ok(response)
     }

@@ -2,14 +2,14 @@
 //! user's values) and the settings they resolve to over the
 //! `--gateway-config` file and the defaults.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tollgate_http::{ClientIpConfig, HeaderStyle};
+use tollgate_http::{ClientIpConfig, HeaderStyle, Shedder};
 use tollgate_policy::ConfigError;
 
 use crate::actions::RateLimitSpec;
-use crate::config::{Cidr, GatewayFile};
+use crate::config::{Cidr, GatewayFile, ShedSection};
 use crate::proxy::Upstream;
 use crate::routes::Routes;
 
@@ -148,6 +148,8 @@ pub struct Settings {
     pub(crate) max_connections: usize,
     /// The rate limit headers of its answers.
     pub(crate) headers: HeaderStyle,
+    /// Load shedding in front of the upstream, when configured.
+    pub(crate) shedder: Option<Arc<Shedder>>,
     /// Whether [`Gateway::spawn`](crate::Gateway::spawn) serves on the
     /// runtime that calls it instead of a thread per CPU.
     pub(crate) on_caller_runtime: bool,
@@ -162,9 +164,29 @@ impl Settings {
     /// When the config file cannot be read or does not validate, or the
     /// options ask for a gateway without saying where it listens or forwards.
     pub fn resolve(options: Options) -> Result<Option<Self>, SettingsError> {
-        let file = match &options.gateway_config {
-            Some(path) => GatewayFile::load(path)?,
-            None => GatewayFile::default(),
+        Self::resolve_with_policy(options, None)
+    }
+
+    /// [`Settings::resolve`], where the native policy file at `policy` (the
+    /// service's `--config`) may hold the gateway's settings in a `gateway:`
+    /// section: they apply when no `--gateway-config` is given and the
+    /// options ask for a gateway (`--proxy-listen` or `--upstream`), so
+    /// `tollgate serve --config examples/stripe.yaml --proxy-listen ADDR
+    /// --upstream URL` runs the example's gateway.
+    ///
+    /// # Errors
+    ///
+    /// As [`Settings::resolve`], and when the policy file's `gateway:`
+    /// section does not validate.
+    pub fn resolve_with_policy(
+        options: Options,
+        policy: Option<&Path>,
+    ) -> Result<Option<Self>, SettingsError> {
+        let asked = options.proxy_listen.is_some() || options.upstream.is_some();
+        let file = match (&options.gateway_config, policy) {
+            (Some(path), _) => GatewayFile::load(path)?,
+            (None, Some(policy)) if asked => GatewayFile::embedded(policy)?.unwrap_or_default(),
+            (None, _) => GatewayFile::default(),
         };
         let upstream = options.upstream.or(file.upstream);
         let Some(listen) = options.proxy_listen.or(file.listen) else {
@@ -207,8 +229,16 @@ impl Settings {
                 .proxy_max_connections
                 .map_or(DEFAULT_MAX_CONNECTIONS, |n| n as usize),
             headers: options.proxy_headers.unwrap_or_default(),
+            shedder: file.shed.map(|ShedSection(shedder)| shedder),
             on_caller_runtime: false,
         }))
+    }
+
+    /// The load shedder in front of the upstream, when the config has a
+    /// `shed` section: its [`Shedder::snapshot`] shows the learned limit,
+    /// the requests in flight and the sheds by tier.
+    pub fn shedder(&self) -> Option<&Arc<Shedder>> {
+        self.shedder.as_ref()
     }
 
     /// The most connections the gateway holds open.

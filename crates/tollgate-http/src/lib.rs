@@ -17,6 +17,9 @@
 //!   with an optional local pre-check in front; 429 with a JSON body when
 //!   denied (RFC 9457 problem details for clients that ask, [`problem`]),
 //!   headers on every response.
+//! - [`ShedLayer`]: load shedding by priority tier (`x-priority`) on an
+//!   adaptive concurrency limit learned from the wrapped service's latency;
+//!   503 with `Retry-After` for a shed request.
 //!
 //! ```no_run
 //! use std::net::SocketAddr;
@@ -46,6 +49,7 @@ mod client_ip;
 pub mod headers;
 mod layer;
 pub mod problem;
+pub mod shed;
 
 pub use client_ip::{ClientIpConfig, ForwardedHeader, IpText};
 pub use headers::{HeaderStyle, LimitReport};
@@ -53,4 +57,8 @@ pub use layer::{
     Builder, ClientIpKey, Composite, DescriptorSource, FixedKey, HeaderKey, HeaderMatch,
     HeaderMatcher, InvalidField, PolicyHandle, RateLimit, RateLimitLayer, RequestField,
     ResponseBody, RouteKey, RouteTemplate, ValueTest, future,
+};
+pub use shed::{
+    InFlight, Overloaded, Shed, ShedConfig, ShedConfigError, ShedLayer, Shedder, Snapshot,
+    Thresholds, Tier,
 };

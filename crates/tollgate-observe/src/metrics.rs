@@ -32,8 +32,15 @@ use bounded::bounded;
 pub use envoy_stats::set_near_limit_ratio;
 mod hot;
 
+/// The gateway's load shedder (`shed:` in its config): the learned limit,
+/// requests in flight, utilization, whether it is probing, and sheds by tier.
+const SHED_LIMIT: &str = "tollgate_shed_limit";
+const SHED_IN_FLIGHT: &str = "tollgate_shed_in_flight";
+const SHED_UTILIZATION: &str = "tollgate_shed_utilization";
+const SHED_PROBING: &str = "tollgate_shed_probing";
+const SHED_TOTAL: &str = "tollgate_shed_total";
 /// Requests answered, by API (`grpc`, `json`, `v1`, `gateway`) and result
-/// (`ok`, `over_limit`, `invalid`).
+/// (`ok`, `over_limit`, `invalid`, `shed`).
 const CHECKS: &str = "tollgate_checks_total";
 /// Time to answer a request, by API.
 const CHECK_DURATION: &str = "tollgate_check_duration_seconds";
@@ -124,6 +131,8 @@ pub enum CheckResult {
     OverLimit,
     /// Refused as malformed.
     Invalid,
+    /// Admitted by its limits, then shed by the gateway's load shedder.
+    Shed,
 }
 
 /// A Prometheus recorder (not installed) with this service's buckets and help
@@ -189,6 +198,26 @@ pub fn install(
     describe_counter!(HYBRID_REMOTE, "Checks hybrid mode sent to Redis.");
     describe_counter!(HYBRID_LEASED, "Units leased from Redis.");
     describe_counter!(HYBRID_RETURNED, "Unspent leased units given back to Redis.");
+    describe_gauge!(
+        SHED_LIMIT,
+        "The gateway's learned concurrency limit for its upstream."
+    );
+    describe_gauge!(
+        SHED_IN_FLIGHT,
+        "Requests the gateway has forwarded and not yet had answered."
+    );
+    describe_gauge!(
+        SHED_UTILIZATION,
+        "Requests in flight over the learned limit (1 is full)."
+    );
+    describe_gauge!(
+        SHED_PROBING,
+        "1 while the limit is pinned to its floor to measure the upstream's latency with nothing queued."
+    );
+    describe_counter!(
+        SHED_TOTAL,
+        "Requests the gateway shed (503) by priority tier."
+    );
     describe_gauge!(MEMORY_KEYS, "Keys the in-process store holds.");
     describe_counter!(
         MEMORY_EVICTIONS,
@@ -217,6 +246,7 @@ pub fn check(api: Api, result: CheckResult, elapsed: Duration) {
         CheckResult::Ok => (0, "ok"),
         CheckResult::OverLimit => (1, "over_limit"),
         CheckResult::Invalid => (2, "invalid"),
+        CheckResult::Shed => (3, "shed"),
     };
     if !hot::check(api as usize, api.label(), column, elapsed) {
         // Only if the enum outgrows the table: correct, just slower.
@@ -404,6 +434,19 @@ pub fn trigger_label(trigger: Trigger) -> &'static str {
         Trigger::Watch => "watch",
         Trigger::Push => "xds",
         _ => "admin",
+    }
+}
+
+/// Copies the gateway's load shedder's state into the registry: the
+/// learned limit, the requests in flight, the utilization and the sheds by
+/// tier.
+pub fn shed(snapshot: &tollgate_http::Snapshot) {
+    gauge!(SHED_LIMIT).set(f64::from(snapshot.limit));
+    gauge!(SHED_IN_FLIGHT).set(f64::from(snapshot.in_flight));
+    gauge!(SHED_UTILIZATION).set(f64::from(snapshot.utilization_percent()) / 100.0);
+    gauge!(SHED_PROBING).set(f64::from(u8::from(snapshot.probing)));
+    for tier in tollgate_http::Tier::ALL {
+        counter!(SHED_TOTAL, "tier" => tier.name()).absolute(snapshot.shed(tier));
     }
 }
 

@@ -31,6 +31,10 @@ pub(crate) struct NativeFile {
     /// Read by `read::read_any`, not here.
     #[serde(default, rename = "store")]
     _store: Option<serde::de::IgnoredAny>,
+    /// The gateway's settings, read by the gateway (`tollgate serve
+    /// --proxy-listen`), so that one file can run a gateway.
+    #[serde(default, rename = "gateway")]
+    _gateway: Option<serde::de::IgnoredAny>,
     #[serde(default)]
     defaults: Defaults,
     rules: Vec<Spanned<NativeRule>>,

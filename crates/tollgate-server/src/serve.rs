@@ -149,7 +149,10 @@ async fn prepare(args: Args) -> anyhow::Result<Prepared> {
     };
     let grpc_tls = grpc_tls.map(|files| files.config()).transpose()?;
 
-    let gateway = tollgate_gateway::Settings::resolve(args.gateway.clone())?;
+    let gateway = tollgate_gateway::Settings::resolve_with_policy(
+        args.gateway.clone(),
+        args.config.as_deref(),
+    )?;
     let caps = listeners::fit(
         listeners::raise_file_limit(),
         listeners::Demand {
@@ -345,9 +348,13 @@ async fn launch(
 
     let store_metrics: Option<Box<dyn Fn() + Send + Sync>> = {
         let enforcer = Arc::clone(&enforcer);
+        let shedder = gateway.as_ref().and_then(Gateway::shedder).cloned();
         Some(Box::new(move || {
             enforcer.store().record_metrics();
             quota.record_metrics();
+            if let Some(shedder) = &shedder {
+                metrics::shed(&shedder.snapshot());
+            }
         }))
     };
     let store_health: Option<Box<dyn Fn() -> store_health::StoreHealth + Send + Sync>> = {

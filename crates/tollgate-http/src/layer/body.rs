@@ -39,6 +39,14 @@ impl<B> ResponseBody<B> {
         matches!(self.kind, Kind::Inner { .. })
     }
 
+    /// The inner service's body, when it is that.
+    pub fn get_ref(&self) -> Option<&B> {
+        match &self.kind {
+            Kind::Inner { body } => Some(body),
+            Kind::Full { .. } => None,
+        }
+    }
+
     /// A complete body of `data`.
     pub fn full(data: Bytes) -> Self {
         let data = (!data.is_empty()).then_some(data);

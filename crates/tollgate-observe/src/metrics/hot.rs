@@ -28,8 +28,8 @@ const STRIPES: usize = 8;
 /// Rows of the per-API tables: room for this many APIs.
 pub(super) const APIS: usize = 8;
 
-/// Results of a check (`ok`, `over_limit`, `invalid`).
-pub(super) const RESULTS: usize = 3;
+/// Results of a check (`ok`, `over_limit`, `invalid`, `shed`).
+pub(super) const RESULTS: usize = 4;
 
 /// The bucket upper bounds, in nanoseconds: 10 µs to 1 s, as
 /// [`super::BUCKETS`] gives them in seconds.
@@ -145,7 +145,7 @@ static STORE_DURATION: Histogram = Histogram::new();
 /// The `api` label of each row, set when the row first records.
 static API_LABELS: [OnceLock<&'static str>; APIS] = [const { OnceLock::new() }; APIS];
 /// The `result` labels, by column.
-const RESULT_LABELS: [&str; RESULTS] = ["ok", "over_limit", "invalid"];
+const RESULT_LABELS: [&str; RESULTS] = ["ok", "over_limit", "invalid", "shed"];
 
 /// Records one answered request of API row `api` (labelled `label`) with
 /// result column `result`. False when the row or column is out of range, for

@@ -19,6 +19,7 @@ pub(crate) fn gateway(outcome: tollgate_gateway::Outcome, elapsed: Duration) {
     let result = match outcome {
         tollgate_gateway::Outcome::Forwarded => CheckResult::Ok,
         tollgate_gateway::Outcome::Limited => CheckResult::OverLimit,
+        tollgate_gateway::Outcome::Shed => CheckResult::Shed,
     };
     metrics::check(Api::Gateway, result, elapsed);
 }
