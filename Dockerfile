@@ -26,6 +26,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # the nonroot user, nothing else: no shell, no package manager).
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /tollgate /usr/local/bin/tollgate
+# envoyproxy/ratelimit's Deployments run /bin/ratelimit: under that name the
+# binary reads its environment (docs/envoy.md, Settings), so they run as written.
+COPY --from=build /tollgate /bin/ratelimit
 # 65532, the uid the Deployment's securityContext names.
 USER 65532:65532
 # The HTTP API, /metrics and probes; Envoy's Rate Limit Service over gRPC.

@@ -1097,6 +1097,13 @@ fn the_dockerfile_builds_the_binary_into_a_small_static_non_root_image() {
     )
     .expect("ENTRYPOINT in exec form");
     assert_eq!(entrypoint, [installed]);
+    // envoyproxy/ratelimit's Deployments, as written, run `/bin/ratelimit`.
+    assert!(
+        steps
+            .iter()
+            .any(|(op, a)| op == "COPY" && *a == format!("--from={stage} /tollgate /bin/ratelimit")),
+        "the binary also installed as /bin/ratelimit"
+    );
     let deployment = deployment();
     let user = &steps.iter().find(|(op, _)| op == "USER").expect("a USER").1;
     let uid = at(&deployment, "/spec/template/spec/securityContext/runAsUser");
