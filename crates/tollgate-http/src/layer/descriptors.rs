@@ -7,7 +7,7 @@ use http::Extensions;
 use http::request::Parts;
 use tollgate_policy::{Descriptor, Entry};
 
-use super::{HeaderMatcher, RequestField};
+use super::fields::{HeaderMatcher, RequestField};
 use crate::ClientIpConfig;
 
 /// Makes one descriptor (one rate limit layer) from a request's head.

@@ -8,7 +8,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::ResponseBody;
+use super::body::ResponseBody;
 use super::check::{Admission, BoxFuture, Checked, Denied, Permits, Reported, refusal};
 use super::denial::Answer;
 

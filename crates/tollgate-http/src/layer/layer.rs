@@ -9,7 +9,8 @@ use tollgate_store::MemoryStore;
 use tower_layer::Layer;
 
 use super::check::{DynLimiter, Limiter};
-use super::{ClientIpKey, DescriptorSource, RateLimit};
+use super::descriptors::{ClientIpKey, DescriptorSource};
+use super::service::RateLimit;
 use crate::HeaderStyle;
 
 /// Applies a Tollgate policy to every request of the services it wraps: see

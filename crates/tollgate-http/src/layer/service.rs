@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::ResponseBody;
+use super::body::ResponseBody;
 use super::check::{Checked, Descriptors, DynLimiter, PeerCheck};
 use super::descriptors::peer_addr;
 use super::future::ResponseFuture;
