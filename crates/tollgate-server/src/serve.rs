@@ -102,7 +102,7 @@ pub async fn start(
 }
 
 /// What start-up has made before the HTTP and gRPC listeners are needed.
-struct Prepared {
+struct StartUp {
     args: Args,
     reloader: Option<Reloader>,
     handle: PolicyHandle,
@@ -124,7 +124,7 @@ struct Prepared {
 /// Loads the policy and binds the gateway: what `tollgate serve` does before
 /// it binds its own listeners, so that a bad config is reported as such
 /// whatever the addresses.
-async fn prepare(args: Args) -> anyhow::Result<Prepared> {
+async fn prepare(args: Args) -> anyhow::Result<StartUp> {
     let xds = args.envoy.as_ref().and_then(|e| e.xds.as_ref());
     let reloader = match (&args.config, xds) {
         (Some(path), _) => Some(reload::load(path, &args.reload)?),
@@ -202,7 +202,7 @@ async fn prepare(args: Args) -> anyhow::Result<Prepared> {
     // The handle holds what is in force; this start-up snapshot would
     // otherwise stay in memory past every reload.
     drop(policy);
-    Ok(Prepared {
+    Ok(StartUp {
         args,
         reloader,
         handle,
@@ -218,11 +218,11 @@ async fn prepare(args: Args) -> anyhow::Result<Prepared> {
 
 /// The rest of [`start`], once the listeners are bound.
 async fn launch(
-    prepared: Prepared,
+    prepared: StartUp,
     listeners: Listeners,
     clock: Arc<dyn Clock>,
 ) -> anyhow::Result<Running> {
-    let Prepared {
+    let StartUp {
         args,
         reloader,
         handle,
