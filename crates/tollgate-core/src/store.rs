@@ -261,7 +261,7 @@ impl Outcome {
 /// own clock (Redis's `TIME` for the Redis store). A wrapper that answered
 /// without the backend (a deny cache, a fallback) gives no time.
 ///
-/// The time is what [`Store::give_back`] needs to return units to the state
+/// The time is what [`LeaseStore::give_back`] needs to return units to the state
 /// they were taken from (a fixed window's units belong to the window of that
 /// time), and lets a wrapper tell how long a window has left.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -354,6 +354,23 @@ pub trait Store: Send + Sync {
         std::future::ready(true)
     }
 
+    /// Forgets the state of each limit's key under its algorithm, so the key
+    /// starts afresh with its whole quota (an operator's reset). Concurrency
+    /// leases held on it are forgotten too: releasing them later gives
+    /// nothing back. The default cannot, and says so with
+    /// [`StoreError::Unsupported`].
+    fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = limits;
+        std::future::ready(Err(StoreError::Unsupported("reset")))
+    }
+}
+
+/// A [`Store`] that can hold the leases of hybrid mode (tollgate-store's
+/// `Hybrid`): it says when its backend decided ([`Stamped`]) and takes
+/// leased units back. The stores that keep state implement it, and the
+/// wrappers that forward it; a store that implements it with the defaults
+/// takes part without giving units back.
+pub trait LeaseStore: Store {
     /// [`Store::check`], also saying whether the backend decided and at what
     /// backend time ([`Stamped`]). Wrappers that lease units (hybrid mode)
     /// need it; the default says nothing about time, so units taken through it
@@ -368,16 +385,6 @@ pub trait Store: Send + Sync {
                 decided_at: None,
             })
         }
-    }
-
-    /// Forgets the state of each limit's key under its algorithm, so the key
-    /// starts afresh with its whole quota (an operator's reset). Concurrency
-    /// leases held on it are forgotten too: releasing them later gives
-    /// nothing back. The default cannot, and says so with
-    /// [`StoreError::Unsupported`].
-    fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let _ = limits;
-        std::future::ready(Err(StoreError::Unsupported("reset")))
     }
 
     /// Gives `limit.cost` units back to `limit`'s state, as taken by a check

@@ -45,8 +45,8 @@
 //! - **TLS.** `rediss://` (one server) and `rediss+cluster://` (a cluster)
 //!   connect over TLS (rustls), with [`RedisConfig::tls`]'s CA, client
 //!   certificate and hostname check.
-//! - **Hybrid mode.** The store gives units back ([`Store::give_back`]) at the
-//!   script's time ([`Store::check_stamped`]), which the `Hybrid` wrapper needs
+//! - **Hybrid mode.** The store gives units back ([`LeaseStore::give_back`]) at the
+//!   script's time ([`LeaseStore::check_stamped`]), which the `Hybrid` wrapper needs
 //!   to lease slices of hot keys' budgets.
 //!
 //! ```no_run

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use smallvec::{SmallVec, smallvec};
 use tollgate_core::{
-    Algorithm, Clock, Decision, Lease, LeaseId, Limit, Nanos, Outcome, Quota, Stamped, Store,
-    StoreError,
+    Algorithm, Clock, Decision, Lease, LeaseId, LeaseStore, Limit, Nanos, Outcome, Quota, Stamped,
+    Store, StoreError,
 };
 
 use crate::batch::{BatchError, Batcher, Job};
@@ -602,36 +602,6 @@ impl Store for RedisStore {
         Ok(self.check_stamped(limits).await?.outcome)
     }
 
-    /// [`Store::check`] with the script's time per limit (µs).
-    async fn check_stamped(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
-        if limits.is_empty() {
-            return Ok(Stamped {
-                outcome: Outcome::default(),
-                decided_at: Some(SmallVec::new()),
-            });
-        }
-        let prepared = self.prepare(limits)?;
-        // All-or-nothing across limits needs the script (a check, then a
-        // write only if every limit admits); one counting limit does not.
-        if let ([limit], [p]) = (limits, prepared.as_slice()) {
-            match limit.algorithm {
-                Algorithm::FixedWindow => return self.check_native(limit, p, false).await,
-                Algorithm::HitCounter => return self.check_native(limit, p, true).await,
-                _ => {}
-            }
-        }
-        self.check_redis(limits, &prepared).await
-    }
-
-    /// Gives `limit.cost` units back to `limit`'s state in Redis, as taken by a
-    /// check at `taken_at` (µs, the script's time): the script's refund.
-    async fn give_back(&self, limit: &Limit<'_>, taken_at: u64) -> Result<(), StoreError> {
-        let prepared = self.prepare(std::slice::from_ref(limit))?;
-        self.call(Op::Refund, Some(taken_at), "", &[0], &prepared)
-            .await?;
-        Ok(())
-    }
-
     /// Deletes the state of each limit's key (and its auxiliary key).
     /// One `DEL` per limit: its two keys share a slot.
     async fn reset(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
@@ -684,5 +654,37 @@ impl Store for RedisStore {
         // back, and without it a probe right after a restart would fail.
         let ping = async { self.conn.ping().await.is_ok() || self.conn.ping().await.is_ok() };
         tokio::time::timeout(wait, ping).await.unwrap_or(false)
+    }
+}
+
+impl LeaseStore for RedisStore {
+    /// [`Store::check`] with the script's time per limit (µs).
+    async fn check_stamped(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
+        if limits.is_empty() {
+            return Ok(Stamped {
+                outcome: Outcome::default(),
+                decided_at: Some(SmallVec::new()),
+            });
+        }
+        let prepared = self.prepare(limits)?;
+        // All-or-nothing across limits needs the script (a check, then a
+        // write only if every limit admits); one counting limit does not.
+        if let ([limit], [p]) = (limits, prepared.as_slice()) {
+            match limit.algorithm {
+                Algorithm::FixedWindow => return self.check_native(limit, p, false).await,
+                Algorithm::HitCounter => return self.check_native(limit, p, true).await,
+                _ => {}
+            }
+        }
+        self.check_redis(limits, &prepared).await
+    }
+
+    /// Gives `limit.cost` units back to `limit`'s state in Redis, as taken by a
+    /// check at `taken_at` (µs, the script's time): the script's refund.
+    async fn give_back(&self, limit: &Limit<'_>, taken_at: u64) -> Result<(), StoreError> {
+        let prepared = self.prepare(std::slice::from_ref(limit))?;
+        self.call(Op::Refund, Some(taken_at), "", &[0], &prepared)
+            .await?;
+        Ok(())
     }
 }

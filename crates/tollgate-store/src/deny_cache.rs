@@ -29,7 +29,8 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 use tollgate_core::IntoNanos;
 use tollgate_core::{
-    Algorithm, Clock, Decision, Lease, Limit, Nanos, Outcome, Quota, Stamped, Store, StoreError,
+    Algorithm, Clock, Decision, Lease, LeaseStore, Limit, Nanos, Outcome, Quota, Stamped, Store,
+    StoreError,
 };
 
 use crate::FastClock;
@@ -185,7 +186,7 @@ impl<S> std::fmt::Debug for DenyCache<S> {
     }
 }
 
-impl<S: Store> DenyCache<S> {
+impl<S: LeaseStore> DenyCache<S> {
     /// Caches up to about `capacity` denied keys (0 turns the cache off: every
     /// check goes to `inner`), on a monotonic clock.
     pub fn new(inner: S, capacity: usize) -> Self {
@@ -278,7 +279,7 @@ impl<S: Store> DenyCache<S> {
         Some(Outcome::new(decisions))
     }
 
-    /// Checks `limits`; see [`Store::check_stamped`].
+    /// Checks `limits`; see [`LeaseStore::check_stamped`].
     pub async fn check_limits(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
         let now = self.clock.now();
         if let Some(mut outcome) = self.cached(limits, now) {
@@ -312,7 +313,7 @@ impl<S: Store> DenyCache<S> {
     }
 }
 
-impl<S: Store> Store for DenyCache<S> {
+impl<S: LeaseStore> Store for DenyCache<S> {
     fn supports(&self, algorithm: Algorithm, quota: &Quota) -> Result<(), StoreError> {
         self.inner.supports(algorithm, quota)
     }
@@ -329,6 +330,17 @@ impl<S: Store> Store for DenyCache<S> {
         self.inner.ready()
     }
 
+    fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        if self.denials.enabled() {
+            for limit in limits {
+                self.denials.forget(limit);
+            }
+        }
+        self.inner.reset(limits)
+    }
+}
+
+impl<S: LeaseStore> LeaseStore for DenyCache<S> {
     fn check_stamped(
         &self,
         limits: &[Limit<'_>],
@@ -345,15 +357,6 @@ impl<S: Store> Store for DenyCache<S> {
             self.denials.forget(limit);
         }
         self.inner.give_back(limit, taken_at)
-    }
-
-    fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        if self.denials.enabled() {
-            for limit in limits {
-                self.denials.forget(limit);
-            }
-        }
-        self.inner.reset(limits)
     }
 }
 
@@ -524,4 +527,6 @@ mod tests {
             false
         }
     }
+
+    impl LeaseStore for Unreachable {}
 }

@@ -52,8 +52,8 @@ use smallvec::SmallVec;
 use tokio::task::JoinHandle;
 use tollgate_core::IntoNanos;
 use tollgate_core::{
-    Algorithm, Clock, Decision, FailurePolicy, Lease, Limit, Outcome, Quota, Stamped, Store,
-    StoreError,
+    Algorithm, Clock, Decision, FailurePolicy, Lease, LeaseStore, Limit, Outcome, Quota, Stamped,
+    Store, StoreError,
 };
 
 use parking_lot::Mutex;
@@ -231,7 +231,7 @@ impl<S> Drop for Fallback<S> {
     }
 }
 
-impl<S: Store + 'static> Fallback<S> {
+impl<S: LeaseStore + 'static> Fallback<S> {
     /// Wraps `inner`; the local store reads a monotonic clock. Starts the
     /// prober on the current tokio runtime (it stops when this is dropped).
     pub fn new(inner: S, config: FallbackConfig) -> Self {
@@ -257,7 +257,7 @@ impl<S: Store + 'static> Fallback<S> {
 
 /// Waits for the breaker to open, then probes the inner store every cool-down
 /// until it answers, and closes the breaker.
-async fn probe<S: Store>(shared: Arc<Shared<S>>) {
+async fn probe<S: LeaseStore>(shared: Arc<Shared<S>>) {
     let cool_down = shared.config.breaker_cool_down;
     // A readiness probe may take longer than one check (the Redis store's
     // waits at least 250 ms), but never longer than a cool-down.
@@ -281,7 +281,7 @@ async fn probe<S: Store>(shared: Arc<Shared<S>>) {
     }
 }
 
-impl<S: Store + 'static> Fallback<S> {
+impl<S: LeaseStore + 'static> Fallback<S> {
     /// The store underneath.
     pub fn inner(&self) -> &S {
         &self.shared.inner
@@ -320,7 +320,7 @@ impl<S: Store + 'static> Fallback<S> {
         }
     }
 
-    /// Checks `limits`; see [`Store::check_stamped`]. Errs only with what the
+    /// Checks `limits`; see [`LeaseStore::check_stamped`]. Errs only with what the
     /// caller must see ([`StoreError::Invalid`], [`StoreError::Unsupported`]),
     /// never because the inner store is down.
     pub async fn check_limits(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
@@ -582,7 +582,7 @@ impl<S: Store + 'static> Fallback<S> {
     }
 
     /// Gives units back to the inner store when it is reachable; see
-    /// [`Store::give_back`].
+    /// [`LeaseStore::give_back`].
     pub async fn give_back_units(
         &self,
         limit: &Limit<'_>,
@@ -618,7 +618,7 @@ impl<S: Store + 'static> Fallback<S> {
     }
 }
 
-impl<S: Store + 'static> Store for Fallback<S> {
+impl<S: LeaseStore + 'static> Store for Fallback<S> {
     fn supports(&self, algorithm: Algorithm, quota: &Quota) -> Result<(), StoreError> {
         self.inner().supports(algorithm, quota)
     }
@@ -633,21 +633,6 @@ impl<S: Store + 'static> Store for Fallback<S> {
 
     fn ready(&self) -> impl Future<Output = bool> + Send {
         self.shared.inner.ready()
-    }
-
-    fn check_stamped(
-        &self,
-        limits: &[Limit<'_>],
-    ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
-        self.check_limits(limits)
-    }
-
-    fn give_back(
-        &self,
-        limit: &Limit<'_>,
-        taken_at: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.give_back_units(limit, taken_at)
     }
 
     /// Resets the local state and what is known and owed of these keys at
@@ -665,6 +650,23 @@ impl<S: Store + 'static> Store for Fallback<S> {
             Ok(result) => result,
             Err(_) => Err(StoreError::Timeout(shared.config.timeout)),
         }
+    }
+}
+
+impl<S: LeaseStore + 'static> LeaseStore for Fallback<S> {
+    fn check_stamped(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
+        self.check_limits(limits)
+    }
+
+    fn give_back(
+        &self,
+        limit: &Limit<'_>,
+        taken_at: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.give_back_units(limit, taken_at)
     }
 }
 
@@ -732,6 +734,8 @@ mod tests {
             self.fault().await.is_ok()
         }
     }
+
+    impl LeaseStore for Switch {}
 
     fn config() -> FallbackConfig {
         FallbackConfig {

@@ -13,12 +13,12 @@
 //! the next one, up to `max_lease` (a fraction of the key's capacity); a lease
 //! that expires is returned and the key starts again at one unit. An instance
 //! never holds more than `max_lease` unspent units of a key. Unspent units go
-//! back ([`Store::give_back`]: exact for buckets; for a fixed window, only in
+//! back ([`LeaseStore::give_back`]: exact for buckets; for a fixed window, only in
 //! the window they were taken in) when the lease expires (`lease_ttl`, or the
 //! end of the fixed window it was taken in), by [`Hybrid::return_expired`],
 //! which a background task calls, or all at once by [`Hybrid::flush`].
 //!
-//! Leases need the inner store's time of decision ([`Store::check_stamped`]):
+//! Leases need the inner store's time of decision ([`LeaseStore::check_stamped`]):
 //! units that come back without one (the inner store was down and a fallback
 //! under this wrapper decided) are not kept.
 //!
@@ -58,8 +58,8 @@ use smallvec::SmallVec;
 use tokio::task::JoinHandle;
 use tollgate_core::IntoNanos;
 use tollgate_core::{
-    Algorithm, Clock, Decision, FailurePolicy, Limit, Nanos, Outcome, Quota, Stamped, Store,
-    StoreError,
+    Algorithm, Clock, Decision, FailurePolicy, LeaseStore, Limit, Nanos, Outcome, Quota, Stamped,
+    Store, StoreError,
 };
 
 use crate::FastClock;
@@ -212,7 +212,7 @@ pub fn hybrid_leases(algorithm: Algorithm) -> bool {
     )
 }
 
-impl<S: Store + 'static> Hybrid<S> {
+impl<S: LeaseStore + 'static> Hybrid<S> {
     /// Wraps `inner`, with leases timed on a monotonic clock. Starts a task on
     /// the current tokio runtime that returns expired leases every
     /// `lease_ttl / 2`; it stops when this is dropped.
@@ -245,7 +245,7 @@ impl<S: Store + 'static> Hybrid<S> {
     }
 }
 
-impl<S: Store> Hybrid<S> {
+impl<S: LeaseStore> Hybrid<S> {
     /// The store underneath.
     pub fn inner(&self) -> &S {
         &self.shared.inner
@@ -288,13 +288,13 @@ impl<S: Store> Hybrid<S> {
     }
 
     /// Checks `limits`: locally from leases when possible, else through the
-    /// inner store, taking a lease on the way; see [`Store::check_stamped`].
+    /// inner store, taking a lease on the way; see [`LeaseStore::check_stamped`].
     pub async fn check_limits(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
         self.shared.check(limits).await
     }
 }
 
-impl<S: Store> Shared<S> {
+impl<S: LeaseStore> Shared<S> {
     fn max_lease(&self, limit: &Limit<'_>) -> u64 {
         let part = limit.capacity() as f64 * self.config.max_lease_fraction;
         (part as u64).max(1)
@@ -528,7 +528,7 @@ impl<S: Store> Shared<S> {
     }
 }
 
-impl<S: Store> Store for Hybrid<S> {
+impl<S: LeaseStore> Store for Hybrid<S> {
     fn supports(&self, algorithm: Algorithm, quota: &Quota) -> Result<(), StoreError> {
         self.inner().supports(algorithm, quota)
     }
@@ -549,6 +549,20 @@ impl<S: Store> Store for Hybrid<S> {
         self.shared.inner.ready()
     }
 
+    /// Drops the leases of these limits unspent (they were taken from the
+    /// state being forgotten) and resets the inner store.
+    fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        {
+            let leases = &mut self.shared.leases.lock().held;
+            for limit in limits {
+                leases.remove(&budget(limit));
+            }
+        }
+        self.shared.inner.reset(limits)
+    }
+}
+
+impl<S: LeaseStore> LeaseStore for Hybrid<S> {
     fn check_stamped(
         &self,
         limits: &[Limit<'_>],
@@ -562,17 +576,5 @@ impl<S: Store> Store for Hybrid<S> {
         taken_at: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.shared.inner.give_back(limit, taken_at)
-    }
-
-    /// Drops the leases of these limits unspent (they were taken from the
-    /// state being forgotten) and resets the inner store.
-    fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        {
-            let leases = &mut self.shared.leases.lock().held;
-            for limit in limits {
-                leases.remove(&budget(limit));
-            }
-        }
-        self.shared.inner.reset(limits)
     }
 }

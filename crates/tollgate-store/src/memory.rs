@@ -12,9 +12,9 @@ use smallvec::SmallVec;
 use tollgate_core::IntoNanos;
 use tollgate_core::{
     Algorithm, Clock, Concurrency, Decision, FixedWindow, Gcra, HitCounter, LeakyBucket,
-    LeakyBucketShaping, Lease, LeaseId, Leases, Level, Limit, Log, Nanos, Outcome, SlidingCounter,
-    SlidingLog, Stamped, StateMachine, Store, StoreError, Tat, TokenBucket, Tokens, WindowCount,
-    WindowPair,
+    LeakyBucketShaping, Lease, LeaseId, LeaseStore, Leases, Level, Limit, Log, Nanos, Outcome,
+    SlidingCounter, SlidingLog, Stamped, StateMachine, Store, StoreError, Tat, TokenBucket, Tokens,
+    WindowCount, WindowPair,
 };
 
 use crate::FastClock;
@@ -824,7 +824,9 @@ impl<C: Clock> Store for MemoryStore<C> {
         self.reset_now(limits);
         ready(Ok(()))
     }
+}
 
+impl<C: Clock> LeaseStore for MemoryStore<C> {
     fn check_stamped(
         &self,
         limits: &[Limit<'_>],

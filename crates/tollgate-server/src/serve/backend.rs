@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Clock, Lease, Limit, Outcome, Quota, Stamped, Store, StoreError};
+use tollgate_core::{
+    Algorithm, Clock, Lease, LeaseStore, Limit, Outcome, Quota, Stamped, Store, StoreError,
+};
 use tollgate_envoy::{RedisFiles, RedisTlsFlags};
 use tollgate_observe::metrics::StackStats;
 use tollgate_observe::store_health;
@@ -319,6 +321,15 @@ impl Store for Remote {
         self.redis().ready().await
     }
 
+    async fn reset(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
+        match self {
+            Remote::Direct(r) => r.reset(limits).await,
+            Remote::Hybrid(h) => h.reset(limits).await,
+        }
+    }
+}
+
+impl LeaseStore for Remote {
     async fn check_stamped(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
         match self {
             Remote::Direct(r) => r.check_stamped(limits).await,
@@ -328,13 +339,6 @@ impl Store for Remote {
 
     async fn give_back(&self, limit: &Limit<'_>, taken_at: u64) -> Result<(), StoreError> {
         self.redis().give_back(limit, taken_at).await
-    }
-
-    async fn reset(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
-        match self {
-            Remote::Direct(r) => r.reset(limits).await,
-            Remote::Hybrid(h) => h.reset(limits).await,
-        }
     }
 }
 
