@@ -56,7 +56,7 @@ pub use quota::{Quota, QuotaError};
 pub use sliding_counter::{SlidingCounter, WindowPair};
 pub use sliding_log::{Log, SlidingLog};
 pub use store::{
-    FailurePolicy, InvalidLeaseId, Lease, LeaseId, LeaseStore, Limit, Outcome, Stamped, Store,
-    StoreError, at_first_poll,
+    FailurePolicy, Holder, InvalidLeaseId, Lease, LeaseId, LeaseStore, Leased, Limit, Outcome,
+    Stamped, Store, StoreError, at_first_poll,
 };
 pub use token_bucket::{TokenBucket, Tokens};

@@ -365,6 +365,30 @@ pub trait Store: Send + Sync {
     }
 }
 
+/// A hybrid instance holding leased units, as a [`LeaseStore`] records it
+/// beside the budget the units came from, so that the units of an instance
+/// that crashed come back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holder {
+    /// The instance's id, unique among the instances sharing the store
+    /// (random at start), below 2^52.
+    pub id: u64,
+    /// How long after a call the holder's record lasts: a leasing check
+    /// ([`LeaseStore::check_leasing`]) finding it past that credits its
+    /// units back, as the holder would have given them back by then.
+    pub ttl: Duration,
+}
+
+/// What a [`Holder`] holds of one limit's budget around a call: unspent
+/// units before it, and after it (for a check, its leased extra included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Leased {
+    /// Units held before the call.
+    pub before: u64,
+    /// Units held after the call.
+    pub after: u64,
+}
+
 /// A [`Store`] that can hold the leases of hybrid mode (tollgate-store's
 /// `Hybrid`): it says when its backend decided ([`Stamped`]) and takes
 /// leased units back. The stores that keep state implement it, and the
@@ -387,10 +411,31 @@ pub trait LeaseStore: Store {
         }
     }
 
+    /// [`LeaseStore::check_stamped`] for a check whose costs include units
+    /// leased to `holder`: `leased` says, per limit, what the holder holds
+    /// of it before and after (`None`: nothing leased). When admitted, the
+    /// store records what the holder holds, until `holder.ttl` past its
+    /// time of decision, beside the budget; and it first credits back the
+    /// units of every record of these limits past its time (a holder that
+    /// crashed). The default records nothing: units held by an instance
+    /// that crashed come back only as the state refills or its window ends.
+    fn check_leasing(
+        &self,
+        limits: &[Limit<'_>],
+        holder: Holder,
+        leased: &[Option<Leased>],
+    ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
+        let _ = (holder, leased);
+        self.check_stamped(limits)
+    }
+
     /// Gives `limit.cost` units back to `limit`'s state, as taken by a check
     /// the backend decided at `taken_at` (µs, from [`Stamped::decided_at`]):
     /// exact for the buckets and GCRA, and for a fixed window only within the
     /// window of `taken_at`. Best effort, for units leased but never spent.
+    /// With a `holder`, units leased by [`LeaseStore::check_leasing`]: they
+    /// go back only if the holder's record lives (else a later check
+    /// credited them already), and the record goes.
     ///
     /// The default cannot give back, and says so with
     /// [`StoreError::Unsupported`]: the units stay spent, which errs on the
@@ -399,8 +444,9 @@ pub trait LeaseStore: Store {
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
+        holder: Option<Holder>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let _ = (limit, taken_at);
+        let _ = (limit, taken_at, holder);
         std::future::ready(Err(StoreError::Unsupported("give_back")))
     }
 }

@@ -4,9 +4,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use smallvec::{SmallVec, smallvec};
+use tollgate_core::IntoNanos;
 use tollgate_core::{
-    Algorithm, Clock, Decision, Lease, LeaseId, LeaseStore, Limit, Nanos, Outcome, Quota, Stamped,
-    Store, StoreError,
+    Algorithm, Clock, Decision, Holder, Lease, LeaseId, LeaseStore, Leased, Limit, Nanos, Outcome,
+    Quota, Stamped, Store, StoreError,
 };
 
 use crate::batch::{BatchError, Batcher, Job};
@@ -15,7 +16,7 @@ use crate::conn::{Conn, ConnectError, connect};
 use crate::keys::{redis_keys, slot, window_key};
 use crate::native::{Plan, RedisClock, Window};
 use crate::nodes::NodeBatchers;
-use crate::script::{self, MAX_MICROS, Params, decode, parse_check};
+use crate::script::{self, MAX_COUNT, MAX_MICROS, Params, decode, micros_up, parse_check};
 use crate::stats::{Counters, bump};
 use crate::{RedisConfig, RedisStats, TimeSource};
 
@@ -82,6 +83,44 @@ enum Op {
     Dry,
     /// Give back what a committed check took.
     Refund,
+    /// Check, leasing units to a hybrid holder, and record them.
+    Lease,
+}
+
+/// What a check leases to a hybrid holder ([`LeaseStore::check_leasing`]),
+/// per limit of the whole request.
+#[derive(Clone, Copy)]
+struct Grant<'a> {
+    holder: Holder,
+    leased: &'a [Option<Leased>],
+}
+
+impl Grant<'_> {
+    /// Whether any of `members` has a record.
+    fn records(&self, members: &[usize]) -> bool {
+        members.iter().any(|&i| self.leased[i].is_some())
+    }
+
+    /// The script's leases argument for `members`: the holder, the records'
+    /// ttl (µs), then each member's units before and after (-1: none).
+    fn argument(&self, members: &[usize]) -> Vec<u8> {
+        let ttl_us = micros_up(self.holder.ttl.into_nanos()).min(MAX_MICROS);
+        let mut out = Vec::with_capacity(16 + 16 * members.len());
+        for v in [self.holder.id as f64, ttl_us as f64] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for &i in members {
+            let (before, after) = self.leased[i].map_or((-1.0, -1.0), |l| {
+                (
+                    l.before.min(MAX_COUNT) as f64,
+                    l.after.min(MAX_COUNT) as f64,
+                )
+            });
+            out.extend_from_slice(&before.to_le_bytes());
+            out.extend_from_slice(&after.to_le_bytes());
+        }
+        out
+    }
 }
 
 /// What one group (one slot) of a check answered.
@@ -296,6 +335,7 @@ impl RedisStore {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
         op: Op,
@@ -303,23 +343,38 @@ impl RedisStore {
         lease: &str,
         members: &[usize],
         prepared: &[ScriptLimit],
+        grant: Option<Grant<'_>>,
     ) -> Result<Vec<i64>, StoreError> {
-        let keys: SmallVec<[&str; 8]> = Self::keys_of(members, prepared).collect();
+        let grant = grant.filter(|g| op != Op::Dry && g.records(members));
+        let mut keys: SmallVec<[&str; 8]> = Self::keys_of(members, prepared).collect();
+        if let Some(grant) = grant {
+            // The records' keys: each leased limit's auxiliary key.
+            keys.extend(
+                members
+                    .iter()
+                    .filter(|&&i| grant.leased[i].is_some())
+                    .map(|&i| prepared[i].aux.as_str()),
+            );
+        }
         let mut call = self.code.call(keys.len());
         for key in keys {
             call.arg(key);
         }
         let extra_ms = self.extra_ms();
-        let op = match op {
-            Op::Check => "c",
-            Op::Dry => "d",
-            Op::Refund => "r",
+        let op = match (op, grant.is_some()) {
+            (Op::Check | Op::Lease, true) => "h",
+            (Op::Check | Op::Lease, false) => "c",
+            (Op::Dry, _) => "d",
+            (Op::Refund, _) => "r",
         };
         call.arg(op).arg(extra_ms).arg(script::request(
             now_us,
             lease,
             members.iter().map(|&i| &prepared[i].params),
         ));
+        if let Some(grant) = grant {
+            call.arg(grant.argument(members));
+        }
         if op == "r" {
             return self.run::<Vec<i64>>(&call).await;
         }
@@ -406,6 +461,7 @@ impl RedisStore {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn check_group(
         &self,
         op: Op,
@@ -414,6 +470,7 @@ impl RedisStore {
         members: &[usize],
         limits: &[Limit<'_>],
         prepared: &[ScriptLimit],
+        grant: Option<Grant<'_>>,
     ) -> Result<GroupReply, StoreError> {
         let batcher = match &self.batching {
             _ if op != Op::Check => None,
@@ -437,7 +494,8 @@ impl RedisStore {
                     bump(&self.counters.moved);
                     nodes.refresh();
                 }
-                self.call(op, now_us, lease, members, prepared).await?
+                self.call(op, now_us, lease, members, prepared, grant)
+                    .await?
             }
         };
         let capacities: SmallVec<[u64; 4]> =
@@ -476,6 +534,7 @@ impl RedisStore {
         &self,
         limits: &[Limit<'_>],
         prepared: &[ScriptLimit],
+        grant: Option<Grant<'_>>,
     ) -> Result<Stamped, StoreError> {
         let now_us = self.now_us()?;
         // The base of the lease members this check adds: unique per store,
@@ -488,15 +547,21 @@ impl RedisStore {
         let mut committed: Vec<(usize, u64)> = Vec::new();
         let mut denied = false;
         for (g, members) in groups.iter().enumerate() {
-            let op = if denied { Op::Dry } else { Op::Check };
+            // A group leasing goes alone: batches carry no leases.
+            let op = match grant {
+                _ if denied => Op::Dry,
+                Some(g) if g.records(members) => Op::Lease,
+                _ => Op::Check,
+            };
             let reply = match self
-                .check_group(op, now_us, &lease, members, limits, prepared)
+                .check_group(op, now_us, &lease, members, limits, prepared, grant)
                 .await
             {
                 Ok(reply) => reply,
                 Err(e) => {
                     // Best effort: what earlier groups took goes back.
-                    self.refund(&committed, &groups, &lease, prepared).await;
+                    self.refund(&committed, &groups, &lease, prepared, grant)
+                        .await;
                     return Err(e);
                 }
             };
@@ -504,7 +569,7 @@ impl RedisStore {
                 decisions[i] = Some(*d);
                 times[i] = reply.now_us;
             }
-            if op == Op::Check {
+            if op != Op::Dry {
                 if reply.allowed {
                     committed.push((g, reply.now_us));
                 } else {
@@ -514,7 +579,8 @@ impl RedisStore {
         }
         if denied && !committed.is_empty() {
             bump(&self.counters.refunds);
-            self.refund(&committed, &groups, &lease, prepared).await;
+            self.refund(&committed, &groups, &lease, prepared, grant)
+                .await;
             committed.clear();
         }
         bump(&self.counters.redis_checks);
@@ -551,17 +617,29 @@ impl RedisStore {
         groups: &[SmallVec<[usize; 4]>],
         lease: &str,
         prepared: &[ScriptLimit],
+        grant: Option<Grant<'_>>,
     ) {
         for &(g, now_us) in committed {
             let members = &groups[g];
             if let Err(e) = self
-                .call(Op::Refund, Some(now_us), lease, members, prepared)
+                .call(Op::Refund, Some(now_us), lease, members, prepared, grant)
                 .await
             {
                 tracing::warn!(error = %e, "refund of a cross-slot check failed");
             }
         }
     }
+}
+
+/// Whether the script holds `holder`'s id exactly.
+fn check_holder(holder: Holder) -> Result<(), StoreError> {
+    if holder.id >= MAX_COUNT {
+        return Err(StoreError::Invalid(format!(
+            "lease holder id {} is not below 2^52",
+            holder.id
+        )));
+    }
+    Ok(())
 }
 
 /// For each limit, its index within its group (the script's `i - 1`).
@@ -676,14 +754,58 @@ impl LeaseStore for RedisStore {
                 _ => {}
             }
         }
-        self.check_redis(limits, &prepared).await
+        self.check_redis(limits, &prepared, None).await
+    }
+
+    /// [`LeaseStore::check_stamped`], recording in Redis what `holder`
+    /// holds of each leased limit, in the script call that takes the units
+    /// (at each limit's auxiliary key, docs/redis.md).
+    async fn check_leasing(
+        &self,
+        limits: &[Limit<'_>],
+        holder: Holder,
+        leased: &[Option<Leased>],
+    ) -> Result<Stamped, StoreError> {
+        if leased.len() != limits.len() {
+            return Err(StoreError::Invalid(format!(
+                "{} leases for {} limits",
+                leased.len(),
+                limits.len()
+            )));
+        }
+        if leased.iter().all(Option::is_none) {
+            return self.check_stamped(limits).await;
+        }
+        check_holder(holder)?;
+        let prepared = self.prepare(limits)?;
+        let grant = Grant { holder, leased };
+        self.check_redis(limits, &prepared, Some(grant)).await
     }
 
     /// Gives `limit.cost` units back to `limit`'s state in Redis, as taken by a
     /// check at `taken_at` (µs, the script's time): the script's refund.
-    async fn give_back(&self, limit: &Limit<'_>, taken_at: u64) -> Result<(), StoreError> {
+    async fn give_back(
+        &self,
+        limit: &Limit<'_>,
+        taken_at: u64,
+        holder: Option<Holder>,
+    ) -> Result<(), StoreError> {
         let prepared = self.prepare(std::slice::from_ref(limit))?;
-        self.call(Op::Refund, Some(taken_at), "", &[0], &prepared)
+        let leased = [Some(Leased {
+            before: 0,
+            after: limit.cost,
+        })];
+        let grant = match holder {
+            Some(holder) => {
+                check_holder(holder)?;
+                Some(Grant {
+                    holder,
+                    leased: &leased,
+                })
+            }
+            None => None,
+        };
+        self.call(Op::Refund, Some(taken_at), "", &[0], &prepared, grant)
             .await?;
         Ok(())
     }

@@ -762,11 +762,129 @@ local function prefetch(args, from, to, cross)
   return nil
 end
 
+-- Gives `cost` units back to the string state `key` of a limit whose state
+-- is one string (every algorithm but the sliding log and concurrency), as
+-- taken by a check at `at`: a bucket's up to its capacity, a fixed window's
+-- count only in the window of `at`. Never touches a TTL.
+local function give(alg, q, key, cost, at)
+  if alg == FIXED_WINDOW or alg == HIT_COUNTER then
+    -- The count of the window the units were taken in, if it lives.
+    local wkey = window_key(key, at, q.period)
+    local c = tonumber(redis.call('GET', wkey) or nil)
+    if c then
+      redis.call('SET', wkey, fmt(max(c - cost, 0)), 'KEEPTTL')
+    end
+    return
+  end
+  local v = redis.call('GET', key) or nil
+  if not v then
+    return
+  end
+  if alg == TOKEN_BUCKET then
+    local last, tokens = parse_pair(v, 0, 0)
+    local capacity = q.burst * q.emission
+    tokens = min(tokens + cost * q.emission, capacity)
+    redis.call('SET', key, pack_pair(last, tokens), 'KEEPTTL')
+  elseif alg == GCRA or alg == SHAPING then
+    redis.call('SET', key, fmt(max(parse_int(v) - cost * q.emission, 0)), 'KEEPTTL')
+  elseif alg == LEAKY then
+    local last, level = parse_pair(v, 0, 0)
+    redis.call('SET', key, pack_pair(last, max(level - cost * q.emission, 0)), 'KEEPTTL')
+  elseif alg == SLIDING_COUNTER then
+    local last, prev, cur = parse3(v)
+    local ahead = floor(last / q.period) - floor(at / q.period)
+    if ahead == 0 then
+      cur = max(cur - cost, 0)
+    elseif ahead == 1 then
+      prev = max(prev - cost, 0)
+    end
+    redis.call('SET', key, struct_pack('<ddd', last, prev, cur), 'KEEPTTL')
+  end
+end
+
+-- Hybrid leases' records (docs/redis.md, "Hybrid mode"): a hash at the
+-- limit's auxiliary key, one field per holder (an instance), valued three
+-- doubles: the units it holds unspent, the deadline (us) past which any
+-- leasing check credits them back (the holder crashed), and the time (us)
+-- they were taken at (a fixed window's units belong to its window).
+-- `units` is what the holder now holds: a record is made by a check that
+-- leases (`make`), and only updated otherwise (a holder's report of what it
+-- spent must not bring back a record its give back just removed).
+local function record(rkey, holder, units, now, ttl, keep, make)
+  if units > 0 and (make or redis.call('HEXISTS', rkey, holder) == 1) then
+    redis.call('HSET', rkey, holder, struct_pack('<ddd', units, now + ttl, now))
+    expire_at_least(rkey, ttl + keep)
+  else
+    redis.call('HDEL', rkey, holder)
+  end
+end
+
+-- Credits back the units of every record of `rkey` past its deadline at
+-- `now`, and forgets those records.
+local function credit_expired(alg, q, key, rkey, now)
+  local rec = redis.call('HGETALL', rkey)
+  for i = 1, #rec, 2 do
+    local units, deadline, at = struct_unpack('<ddd', rec[i + 1])
+    if deadline <= now then
+      give(alg, q, key, units, at)
+      redis.call('HDEL', rkey, rec[i])
+    end
+  end
+end
+
+-- A request's leases (`blob`, see `run`), decoded against the request
+-- `req`: its holder, the records' ttl, and one entry per limit with a record
+-- (its index, algorithm, quota, key, record key, units before and after).
+-- The record keys follow the request's keys.
+local function leases_of(req, blob)
+  local holder, ttl, lpos = struct_unpack('<dd', blob)
+  local _, count, pos = struct_unpack('<dd', req)
+  local k, out = 0, {}
+  for i = 1, count do
+    local alg, l, p, b, e, cost, d
+    alg, l, p, b, e, cost, d, pos = struct_unpack('<ddddddd', req, pos)
+    local before, after
+    before, after, lpos = struct_unpack('<dd', blob, lpos)
+    k = k + 1
+    local key = keys[k]
+    if has_aux(alg) then
+      k = k + 1
+    end
+    if after >= 0 then
+      out[#out + 1] = { i = i, alg = alg, q = { limit = l, period = p, burst = b, emission = e },
+        cost = cost, key = key, before = before, after = after }
+    end
+  end
+  for j = 1, #out do
+    out[j].rkey = keys[k + j]
+  end
+  return fmt(holder), ttl, out
+end
+
+-- How long a record outlives its deadline: as long as the state it credits
+-- can still hold the units (a bucket's time to refill, a window's period).
+local function keep_of(alg, q)
+  if alg == FIXED_WINDOW or alg == HIT_COUNTER then
+    return q.period
+  end
+  return q.burst * q.emission
+end
+
 -- Gives back what a committed check of the request `blob` (its time is the
--- check's) took: a later group of a cross-slot request denied. Never touches
--- a TTL.
-local function refund(blob)
+-- check's) took: a later group of a cross-slot request denied, or a hybrid
+-- instance's unspent leased units. With `leases`, a limit with a record
+-- gives only while its holder's record lives (no later check credited it)
+-- and leaves the record at its units `before`. Never touches a state's TTL.
+local function refund(blob, leases)
   local now, count, pos = struct_unpack('<dd', blob)
+  local holder, ttl, recs = nil, 0, {}
+  if leases then
+    local list
+    holder, ttl, list = leases_of(blob, leases)
+    for _, r in ipairs(list) do
+      recs[r.i] = r
+    end
+  end
   local k = 0
   for i = 1, count do
     local alg, cost
@@ -778,36 +896,18 @@ local function refund(blob)
       k = k + 1
       aux = keys[k]
     end
-    local v = nil
-    if not aux and alg ~= FIXED_WINDOW and alg ~= HIT_COUNTER then
-      v = redis.call('GET', key) or nil
+    local r = recs[i]
+    local live = true
+    if r then
+      live = redis.call('HEXISTS', r.rkey, holder) == 1
+      if live then
+        record(r.rkey, holder, r.before, now, ttl, keep_of(alg, q), false)
+      end
     end
-    if alg == TOKEN_BUCKET and v then
-      local last, tokens = parse_pair(v, 0, 0)
-      local capacity = q.burst * q.emission
-      tokens = min(tokens + cost * q.emission, capacity)
-      redis.call('SET', key, pack_pair(last, tokens), 'KEEPTTL')
-    elseif (alg == GCRA or alg == SHAPING) and v then
-      redis.call('SET', key, fmt(max(parse_int(v) - cost * q.emission, 0)), 'KEEPTTL')
-    elseif alg == LEAKY and v then
-      local last, level = parse_pair(v, 0, 0)
-      redis.call('SET', key, pack_pair(last, max(level - cost * q.emission, 0)), 'KEEPTTL')
-    elseif alg == FIXED_WINDOW or alg == HIT_COUNTER then
-      -- The count of the window the check was admitted in, if it lives.
-      local wkey = window_key(key, now, q.period)
-      local c = tonumber(redis.call('GET', wkey) or nil)
-      if c then
-        redis.call('SET', wkey, fmt(max(c - cost, 0)), 'KEEPTTL')
-      end
-    elseif alg == SLIDING_COUNTER and v then
-      local last, prev, cur = parse3(v)
-      local ahead = floor(last / q.period) - floor(now / q.period)
-      if ahead == 0 then
-        cur = max(cur - cost, 0)
-      elseif ahead == 1 then
-        prev = max(prev - cost, 0)
-      end
-      redis.call('SET', key, struct_pack('<ddd', last, prev, cur), 'KEEPTTL')
+    if not live then
+      -- Credited already: the units are back.
+    elseif not aux then
+      give(alg, q, key, cost, now)
     elseif alg == SLIDING_LOG then
       local member = redis.call('ZRANGEBYSCORE', key, fmt(now), fmt(now))
       if member[1] then
@@ -831,20 +931,46 @@ local function refund(blob)
   return { now }
 end
 
+-- Checks the request `blob` for a hybrid instance that leases part of its
+-- limits' costs (`leases`, see `run`): first credits back every expired
+-- record of those limits, then checks, and when admitted records what the
+-- holder now holds.
+local function check_leasing(blob, leases)
+  local holder, ttl, list = leases_of(blob, leases)
+  local now = time_of((struct_unpack('<d', blob)))
+  for _, r in ipairs(list) do
+    credit_expired(r.alg, r.q, r.key, r.rkey, now)
+  end
+  local reply = check_request(blob, 0, true)
+  if struct_unpack('<d', reply, 9) == 1 then
+    for _, r in ipairs(list) do
+      record(r.rkey, holder, r.after, now, ttl, keep_of(r.alg, r.q), r.cost > 0)
+    end
+  end
+  return reply
+end
+
 -- The entry point: `run(KEYS, ARGV)`, as a script's last line or a
 -- function's callback (see code.rs).
 -- ARGV[1]  op: "c" check each request (write when every limit of it admits),
 --              "x" the same for requests on several slots of one cluster
 --              node, "d" dry run (never write), "r" refund one committed
---              request, "l" release leases
+--              request, "h" check one request leasing units to a hybrid
+--              instance, "l" release leases
 -- ARGV[2]  extra TTL in milliseconds added to every TTL
 -- then, for "c", "d" and "r", one argument per request (see above); for "x",
 -- the number of requests, one argument per request and every key but the
 -- first (which is KEYS[1]); for "l", one per lease: its member
--- "<cost>|<id>", its keys the lease set and aux.
+-- "<cost>|<id>", its keys the lease set and aux. "h" (and optionally "r")
+-- take a second argument, the request's leases as little-endian doubles:
+-- the holder's id (below 2^52), the records' ttl (us), then per limit the
+-- units the holder holds before and after the call (-1: no record); its
+-- keys are the request's, then each record's key (the limit's aux key), in
+-- the order of the limits that have one.
 -- Reply for "c"/"d": {t, all_allowed, then per limit: allowed, remaining,
 -- reset_after, retry_after (-1: never), delay} for each request in turn,
--- packed as little-endian doubles in one string. For "r": {t}; for "l": {}.
+-- packed as little-endian doubles in one string, and for "h" the same for
+-- its one request. For "r": {t}; for "l": {}.
 local function run(call_keys, args)
   keys, redis_now = call_keys, nil
   if not format then
@@ -888,7 +1014,9 @@ local function run(call_keys, args)
     end
     return table.concat(parts)
   elseif op == 'r' then
-    return refund(args[3])
+    return refund(args[3], args[4])
+  elseif op == 'h' then
+    return check_leasing(args[3], args[4])
   elseif op == 'l' then
     for i = 3, #args do
       local key, aux = keys[2 * i - 5], keys[2 * i - 4]

@@ -29,8 +29,8 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 use tollgate_core::IntoNanos;
 use tollgate_core::{
-    Algorithm, Clock, Decision, Lease, LeaseStore, Limit, Nanos, Outcome, Quota, Stamped, Store,
-    StoreError,
+    Algorithm, Clock, Decision, Holder, Lease, LeaseStore, Leased, Limit, Nanos, Outcome, Quota,
+    Stamped, Store, StoreError,
 };
 
 use crate::FastClock;
@@ -281,6 +281,19 @@ impl<S: LeaseStore> DenyCache<S> {
 
     /// Checks `limits`; see [`LeaseStore::check_stamped`].
     pub async fn check_limits(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
+        self.check_through(limits, || self.inner.check_stamped(limits))
+            .await
+    }
+
+    /// Checks `limits` from the cache, else by `ask`ing the inner store.
+    async fn check_through<F>(
+        &self,
+        limits: &[Limit<'_>],
+        ask: impl FnOnce() -> F,
+    ) -> Result<Stamped, StoreError>
+    where
+        F: Future<Output = Result<Stamped, StoreError>>,
+    {
         let now = self.clock.now();
         if let Some(mut outcome) = self.cached(limits, now) {
             self.hits.fetch_add(1, Ordering::Relaxed);
@@ -291,7 +304,7 @@ impl<S: LeaseStore> DenyCache<S> {
             });
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
-        let stamped = self.inner.check_stamped(limits).await?;
+        let stamped = ask().await?;
         // Only the state's own denies are cached: a fallback's (`decided_at`
         // is `None`) says nothing about when the limit passes again.
         if self.denials.enabled() && !stamped.outcome.allowed() && stamped.decided_at.is_some() {
@@ -348,15 +361,26 @@ impl<S: LeaseStore> LeaseStore for DenyCache<S> {
         self.check_limits(limits)
     }
 
+    async fn check_leasing(
+        &self,
+        limits: &[Limit<'_>],
+        holder: Holder,
+        leased: &[Option<Leased>],
+    ) -> Result<Stamped, StoreError> {
+        self.check_through(limits, || self.inner.check_leasing(limits, holder, leased))
+            .await
+    }
+
     fn give_back(
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
+        holder: Option<Holder>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         if self.denials.enabled() {
             self.denials.forget(limit);
         }
-        self.inner.give_back(limit, taken_at)
+        self.inner.give_back(limit, taken_at, holder)
     }
 }
 

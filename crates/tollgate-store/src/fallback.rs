@@ -52,8 +52,8 @@ use smallvec::SmallVec;
 use tokio::task::JoinHandle;
 use tollgate_core::IntoNanos;
 use tollgate_core::{
-    Algorithm, Clock, Decision, FailurePolicy, Lease, LeaseStore, Limit, Outcome, Quota, Stamped,
-    Store, StoreError,
+    Algorithm, Clock, Decision, FailurePolicy, Holder, Lease, LeaseStore, Leased, Limit, Outcome,
+    Quota, Stamped, Store, StoreError,
 };
 
 use parking_lot::Mutex;
@@ -324,6 +324,20 @@ impl<S: LeaseStore + 'static> Fallback<S> {
     /// caller must see ([`StoreError::Invalid`], [`StoreError::Unsupported`]),
     /// never because the inner store is down.
     pub async fn check_limits(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
+        self.check_through(limits, || self.shared.inner.check_stamped(limits))
+            .await
+    }
+
+    /// Checks `limits` by `ask`ing the inner store, or by the failure
+    /// policies when it cannot answer.
+    async fn check_through<F>(
+        &self,
+        limits: &[Limit<'_>],
+        ask: impl FnOnce() -> F,
+    ) -> Result<Stamped, StoreError>
+    where
+        F: Future<Output = Result<Stamped, StoreError>>,
+    {
         let shared = &self.shared;
         if !shared.breaker.admit() {
             return Ok(self.fallback(limits));
@@ -336,8 +350,7 @@ impl<S: LeaseStore + 'static> Fallback<S> {
                 self.pay(&debts).await;
             }
         }
-        match tokio::time::timeout(shared.config.timeout, shared.inner.check_stamped(limits)).await
-        {
+        match tokio::time::timeout(shared.config.timeout, ask()).await {
             Ok(Ok(mut stamped)) => {
                 shared.breaker.success();
                 bump(&shared.counters.checks);
@@ -587,6 +600,7 @@ impl<S: LeaseStore + 'static> Fallback<S> {
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
+        holder: Option<Holder>,
     ) -> Result<(), StoreError> {
         let shared = &self.shared;
         if !shared.breaker.admit() {
@@ -597,7 +611,7 @@ impl<S: LeaseStore + 'static> Fallback<S> {
         }
         match tokio::time::timeout(
             shared.config.timeout,
-            shared.inner.give_back(limit, taken_at),
+            shared.inner.give_back(limit, taken_at, holder),
         )
         .await
         {
@@ -661,12 +675,25 @@ impl<S: LeaseStore + 'static> LeaseStore for Fallback<S> {
         self.check_limits(limits)
     }
 
+    async fn check_leasing(
+        &self,
+        limits: &[Limit<'_>],
+        holder: Holder,
+        leased: &[Option<Leased>],
+    ) -> Result<Stamped, StoreError> {
+        self.check_through(limits, || {
+            self.shared.inner.check_leasing(limits, holder, leased)
+        })
+        .await
+    }
+
     fn give_back(
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
+        holder: Option<Holder>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.give_back_units(limit, taken_at)
+        self.give_back_units(limit, taken_at, holder)
     }
 }
 

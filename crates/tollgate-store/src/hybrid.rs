@@ -58,8 +58,8 @@ use smallvec::SmallVec;
 use tokio::task::JoinHandle;
 use tollgate_core::IntoNanos;
 use tollgate_core::{
-    Algorithm, Clock, Decision, FailurePolicy, LeaseStore, Limit, Nanos, Outcome, Quota, Stamped,
-    Store, StoreError,
+    Algorithm, Clock, Decision, FailurePolicy, Holder, LeaseStore, Leased, Limit, Nanos, Outcome,
+    Quota, Stamped, Store, StoreError,
 };
 
 use crate::FastClock;
@@ -114,6 +114,9 @@ struct Lease {
     expires: Nanos,
     /// The inner store's time when they were taken (µs).
     taken_at: u64,
+    /// The units the inner store's record of this instance says it holds
+    /// ([`LeaseStore::check_leasing`]), as last told.
+    recorded: u64,
     last: Decision,
 }
 
@@ -160,6 +163,9 @@ struct Asked<'a, S> {
     shared: &'a Shared<S>,
     ids: SmallVec<[String; 4]>,
     extras: SmallVec<[u64; 4]>,
+    /// Per limit, what the instance holds before and after (`None`: no
+    /// extra asked), for the inner store's record.
+    leased: SmallVec<[Option<Leased>; 4]>,
 }
 
 impl<S> Drop for Asked<'_, S> {
@@ -176,6 +182,8 @@ impl<S> Drop for Asked<'_, S> {
 
 struct Shared<S> {
     inner: S,
+    /// This instance's id in the inner store's records of leases.
+    id: u64,
     config: HybridConfig,
     clock: Arc<dyn Clock>,
     leases: Mutex<Book>,
@@ -223,8 +231,11 @@ impl<S: LeaseStore + 'static> Hybrid<S> {
     /// [`Hybrid::new`] with leases timed on `clock` (for tests and
     /// simulations, the clock the inner store was given).
     pub fn with_clock(inner: S, config: HybridConfig, clock: Arc<dyn Clock>) -> Self {
+        // Random per instance: a restarted instance is another holder.
+        let id = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), 0u8) >> 12;
         let shared = Arc::new(Shared {
             inner,
+            id,
             config,
             clock,
             leases: Mutex::new(Book::default()),
@@ -378,7 +389,11 @@ impl<S: LeaseStore> Shared<S> {
                 })
                 .collect();
             bump(&self.counters.inner_checks);
-            let mut stamped = self.inner.check_stamped(&asked).await?;
+            let leased = ask.leased.clone();
+            let mut stamped = self
+                .inner
+                .check_leasing(&asked, self.holder(2 * self.config.lease_ttl), &leased)
+                .await?;
             if stamped.outcome.allowed() {
                 if let Some(times) = &stamped.decided_at {
                     self.keep(limits, ask, times, &mut stamped.outcome, now);
@@ -397,10 +412,12 @@ impl<S: LeaseStore> Shared<S> {
     fn ask(&self, limits: &[Limit<'_>]) -> Asked<'_, S> {
         let ids: SmallVec<[String; 4]> = limits.iter().map(budget).collect();
         let mut book = self.leases.lock();
+        let mut leased = SmallVec::new();
         let extras = limits
             .iter()
             .zip(&ids)
             .map(|(l, id)| {
+                leased.push(None);
                 if !hybrid_leases(l.algorithm) || l.cost == 0 {
                     return 0;
                 }
@@ -414,6 +431,10 @@ impl<S: LeaseStore> Shared<S> {
                     .min(l.capacity().saturating_sub(l.cost));
                 if extra > 0 {
                     *book.asked.entry(id.clone()).or_default() += extra;
+                    *leased.last_mut().expect("pushed") = Some(Leased {
+                        before: held,
+                        after: held.saturating_add(extra),
+                    });
                 }
                 extra
             })
@@ -422,6 +443,7 @@ impl<S: LeaseStore> Shared<S> {
             shared: self,
             ids,
             extras,
+            leased,
         }
     }
 
@@ -437,11 +459,12 @@ impl<S: LeaseStore> Shared<S> {
         let ttl = self.config.lease_ttl.into_nanos();
         let mut book = self.leases.lock();
         let extras = std::mem::take(&mut asked.extras);
-        for (((limit, &extra), &taken_at), decision) in limits
+        for ((((limit, &extra), &taken_at), decision), told) in limits
             .iter()
             .zip(&extras)
             .zip(times)
             .zip(outcome.decisions.iter_mut())
+            .zip(&asked.leased)
         {
             if extra == 0 {
                 continue;
@@ -468,6 +491,7 @@ impl<S: LeaseStore> Shared<S> {
                 size: 1,
                 expires: 0,
                 taken_at,
+                recorded: 0,
                 last: *decision,
             });
             // A live lease that ran short: the key is hot, grow the next one.
@@ -477,6 +501,9 @@ impl<S: LeaseStore> Shared<S> {
                 lease.size.clamp(1, max)
             };
             lease.units = lease.units.saturating_add(extra);
+            if let Some(told) = told {
+                lease.recorded = told.after;
+            }
             lease.expires = now.saturating_add(life);
             lease.taken_at = taken_at;
             lease.quota = limit.quota;
@@ -486,9 +513,65 @@ impl<S: LeaseStore> Shared<S> {
         }
     }
 
+    /// This instance as the inner store's records name it, its record to
+    /// last `ttl` past the store's time of the call.
+    fn holder(&self, ttl: Duration) -> Holder {
+        Holder { id: self.id, ttl }
+    }
+
     async fn return_expired(&self) {
         let now = self.clock.now();
         self.give_back(|_, lease| lease.expires <= now).await;
+        self.report(now).await;
+    }
+
+    /// Tells the inner store's records what this instance holds of each
+    /// live lease spent since it last told, so that if it crashes, what
+    /// comes back is what it held then, not what it held when leasing.
+    async fn report(&self, now: Nanos) {
+        let due: Vec<(String, Lease)> = self
+            .leases
+            .lock()
+            .held
+            .iter()
+            .filter(|(_, l)| l.expires > now && l.units != l.recorded)
+            .map(|(id, l)| {
+                let copy = Lease {
+                    key: l.key.clone(),
+                    ..*l
+                };
+                (id.clone(), copy)
+            })
+            .collect();
+        for (id, lease) in due {
+            let limit = Limit {
+                key: &lease.key,
+                quota: lease.quota,
+                algorithm: lease.algorithm,
+                cost: 0,
+                failure: FailurePolicy::Local,
+            };
+            let told = Leased {
+                before: lease.recorded,
+                after: lease.units,
+            };
+            // The record lasts as the lease does, plus the time a live
+            // instance takes to give it back.
+            let ttl = Duration::from_nanos(lease.expires - now) + self.config.lease_ttl;
+            let holder = self.holder(ttl);
+            match self
+                .inner
+                .check_leasing(&[limit], holder, &[Some(told)])
+                .await
+            {
+                Ok(_) => {
+                    if let Some(held) = self.leases.lock().held.get_mut(&id) {
+                        held.recorded = told.after;
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "leased units held not reported"),
+            }
+        }
     }
 
     async fn give_back(&self, due: impl Fn(&str, &Lease) -> bool) {
@@ -504,7 +587,9 @@ impl<S: LeaseStore> Shared<S> {
                 .collect()
         };
         for lease in taken {
-            if lease.units == 0 {
+            // A record of units since spent goes too, else they would be
+            // credited back.
+            if lease.units == 0 && lease.recorded == 0 {
                 continue;
             }
             let limit = Limit {
@@ -514,7 +599,12 @@ impl<S: LeaseStore> Shared<S> {
                 cost: lease.units,
                 failure: FailurePolicy::Local,
             };
-            match self.inner.give_back(&limit, lease.taken_at).await {
+            let holder = self.holder(self.config.lease_ttl);
+            match self
+                .inner
+                .give_back(&limit, lease.taken_at, Some(holder))
+                .await
+            {
                 Ok(()) => {
                     bump(&self.counters.returns);
                     self.counters
@@ -574,7 +664,8 @@ impl<S: LeaseStore> LeaseStore for Hybrid<S> {
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
+        holder: Option<Holder>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.shared.inner.give_back(limit, taken_at)
+        self.shared.inner.give_back(limit, taken_at, holder)
     }
 }

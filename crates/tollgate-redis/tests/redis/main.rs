@@ -3,6 +3,7 @@
 //! installed (`./scripts/test` installs it); a missing one fails, never skips.
 
 mod cluster;
+mod crashed_leases;
 mod faults;
 mod hybrid;
 mod native;

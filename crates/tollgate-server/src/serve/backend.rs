@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::{
-    Algorithm, Clock, Lease, LeaseStore, Limit, Outcome, Quota, Stamped, Store, StoreError,
+    Algorithm, Clock, Holder, Lease, LeaseStore, Leased, Limit, Outcome, Quota, Stamped, Store,
+    StoreError,
 };
 use tollgate_envoy::{RedisFiles, RedisTlsFlags};
 use tollgate_observe::metrics::StackStats;
@@ -337,8 +338,25 @@ impl LeaseStore for Remote {
         }
     }
 
-    async fn give_back(&self, limit: &Limit<'_>, taken_at: u64) -> Result<(), StoreError> {
-        self.redis().give_back(limit, taken_at).await
+    async fn check_leasing(
+        &self,
+        limits: &[Limit<'_>],
+        holder: Holder,
+        leased: &[Option<Leased>],
+    ) -> Result<Stamped, StoreError> {
+        match self {
+            Remote::Direct(r) => r.check_leasing(limits, holder, leased).await,
+            Remote::Hybrid(h) => h.check_leasing(limits, holder, leased).await,
+        }
+    }
+
+    async fn give_back(
+        &self,
+        limit: &Limit<'_>,
+        taken_at: u64,
+        holder: Option<Holder>,
+    ) -> Result<(), StoreError> {
+        self.redis().give_back(limit, taken_at, holder).await
     }
 }
 
