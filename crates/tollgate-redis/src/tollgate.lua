@@ -807,11 +807,9 @@ end
 -- doubles: the units it holds unspent, the deadline (us) past which any
 -- leasing check credits them back (the holder crashed), and the time (us)
 -- they were taken at (a fixed window's units belong to its window).
--- `units` is what the holder now holds: a record is made by a check that
--- leases (`make`), and only updated otherwise (a holder's report of what it
--- spent must not bring back a record its give back just removed).
-local function record(rkey, holder, units, now, ttl, keep, make)
-  if units > 0 and (make or redis.call('HEXISTS', rkey, holder) == 1) then
+-- Sets (or, at zero units, removes) what `holder` holds.
+local function record(rkey, holder, units, now, ttl, keep)
+  if units > 0 then
     redis.call('HSET', rkey, holder, struct_pack('<ddd', units, now + ttl, now))
     expire_at_least(rkey, ttl + keep)
   else
@@ -901,7 +899,7 @@ local function refund(blob, leases)
     if r then
       live = redis.call('HEXISTS', r.rkey, holder) == 1
       if live then
-        record(r.rkey, holder, r.before, now, ttl, keep_of(alg, q), false)
+        record(r.rkey, holder, r.before, now, ttl, keep_of(alg, q))
       end
     end
     if not live then
@@ -934,7 +932,9 @@ end
 -- Checks the request `blob` for a hybrid instance that leases part of its
 -- limits' costs (`leases`, see `run`): first credits back every expired
 -- record of those limits, then checks, and when admitted records what the
--- holder now holds.
+-- holder now holds. A limit of cost 0 is the holder's report of what it
+-- spent: it applies only to the record it was told of (units `before`),
+-- never to one a lease made since or to one a give back removed.
 local function check_leasing(blob, leases)
   local holder, ttl, list = leases_of(blob, leases)
   local now = time_of((struct_unpack('<d', blob)))
@@ -944,7 +944,14 @@ local function check_leasing(blob, leases)
   local reply = check_request(blob, 0, true)
   if struct_unpack('<d', reply, 9) == 1 then
     for _, r in ipairs(list) do
-      record(r.rkey, holder, r.after, now, ttl, keep_of(r.alg, r.q), r.cost > 0)
+      local apply = r.cost > 0
+      if not apply then
+        local cur = redis.call('HGET', r.rkey, holder)
+        apply = cur and struct_unpack('<d', cur) == r.before
+      end
+      if apply then
+        record(r.rkey, holder, r.after, now, ttl, keep_of(r.alg, r.q))
+      end
     end
   end
   return reply

@@ -22,6 +22,15 @@
 //! units that come back without one (the inner store was down and a fallback
 //! under this wrapper decided) are not kept.
 //!
+//! **A crash strands nothing for long.** Leases are taken with
+//! [`LeaseStore::check_leasing`], which a store that keeps the budget
+//! elsewhere (Redis) uses to record what this instance holds, with a deadline
+//! twice `lease_ttl` past the check; the background task reports what each
+//! live lease holds as it is spent, and a give back removes the record. If the
+//! instance dies, a later leasing check of the key by another credits its
+//! units back once the deadline passes: those it held at its last report, so a
+//! crash adds at most what it spent since (at most `max_lease` a key).
+//!
 //! **Worst-case overshoot.** Leased units are taken from the global state when
 //! leased, so the global accounting never admits more than the limit; what
 //! moves is *when* they are spent. Units leased before an interval and spent in
@@ -565,7 +574,10 @@ impl<S: LeaseStore> Shared<S> {
                 .await
             {
                 Ok(_) => {
-                    if let Some(held) = self.leases.lock().held.get_mut(&id) {
+                    // Unless a new lease told the store since.
+                    if let Some(held) = self.leases.lock().held.get_mut(&id)
+                        && held.recorded == told.before
+                    {
                         held.recorded = told.after;
                     }
                 }
