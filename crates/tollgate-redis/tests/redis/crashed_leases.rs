@@ -14,7 +14,7 @@ use tollgate_redis::RedisStore;
 use tollgate_store::conformance;
 use tollgate_store::{Hybrid, HybridConfig};
 
-use crate::support::{RedisServer, manual_store};
+use crate::support::{RedisCluster, RedisServer, manual_store};
 
 const LIMIT: u64 = 1_000;
 /// 5% of the limit, the default fraction.
@@ -33,7 +33,11 @@ fn limit(algorithm: Algorithm) -> Limit<'static> {
 }
 
 async fn instance(server: &RedisServer, clock: &Arc<ManualClock>) -> Hybrid<RedisStore> {
-    let redis = manual_store(&server.url(), clock).await;
+    instance_on(&server.url(), clock).await
+}
+
+async fn instance_on(url: &str, clock: &Arc<ManualClock>) -> Hybrid<RedisStore> {
+    let redis = manual_store(url, clock).await;
     let config = HybridConfig {
         lease_ttl: LEASE_TTL,
         ..HybridConfig::default()
@@ -43,15 +47,23 @@ async fn instance(server: &RedisServer, clock: &Arc<ManualClock>) -> Hybrid<Redi
 
 /// Checks `n` times, all admitted.
 async fn admit(store: &Hybrid<RedisStore>, limit: Limit<'_>, n: u64) {
+    admit_all(store, &[limit], n).await;
+}
+
+async fn admit_all(store: &Hybrid<RedisStore>, limits: &[Limit<'_>], n: u64) {
     for i in 0..n {
-        assert!(store.check(&[limit]).await.unwrap().allowed(), "check {i}");
+        assert!(store.check(limits).await.unwrap().allowed(), "check {i}");
     }
 }
 
 /// Checks until the first deny; returns how many were admitted.
 async fn drain(store: &Hybrid<RedisStore>, limit: Limit<'_>) -> u64 {
+    drain_all(store, &[limit]).await
+}
+
+async fn drain_all(store: &Hybrid<RedisStore>, limits: &[Limit<'_>]) -> u64 {
     let mut admitted = 0;
-    while store.check(&[limit]).await.unwrap().allowed() {
+    while store.check(limits).await.unwrap().allowed() {
         admitted += 1;
         assert!(admitted <= LIMIT, "more admitted than the limit");
     }
@@ -175,4 +187,31 @@ async fn units_given_back_by_a_live_instance_are_never_credited_twice() {
             "{algorithm:?}: the late give back gave nothing"
         );
     }
+}
+
+#[tokio::test]
+async fn on_a_cluster_a_request_across_slots_gets_its_crashed_units_back() {
+    let cluster = RedisCluster::start();
+    let clock = conformance::clock();
+    // Two keys on two slots: the request's groups go in two calls, each
+    // recording its own limit.
+    let limits = [
+        Limit {
+            key: "{slot-a}crashy",
+            ..limit(Algorithm::Gcra)
+        },
+        Limit {
+            key: "{slot-b}crashy",
+            ..limit(Algorithm::TokenBucket)
+        },
+    ];
+    let crashed = instance_on(&cluster.url(), &clock).await;
+    admit_all(&crashed, &limits, 300).await;
+    crashed.return_expired().await;
+    let held = crashed.held_units();
+    assert!(held > 0);
+    drop(crashed);
+    clock.advance(2 * LEASE_TTL + Duration::from_millis(1));
+    let other = instance_on(&cluster.url(), &clock).await;
+    assert_eq!(300 + drain_all(&other, &limits).await, LIMIT);
 }
