@@ -1,0 +1,127 @@
+//! The commands as Redis runs them: read the key and the clock, decide with
+//! the pure code of `cell` and `gcra`, write the key and reply.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis_module::key::RedisKeyWritable;
+use redis_module::{Context, KeyType, RedisError, RedisResult, RedisString, RedisValue};
+
+/// The time now in nanoseconds since 1970: the clock Redis's `TIME` reads.
+fn clock_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// The decimal integer a key holds, `None` when it is absent; WRONGTYPE for
+/// a key of another type and an error for a string that is not a number,
+/// so that a clash of names is reported rather than taken as no state.
+fn stored_int(key: &RedisKeyWritable, name: &RedisString) -> Result<Option<u64>, RedisError> {
+    match key.key_type() {
+        KeyType::Empty => Ok(None),
+        KeyType::String => {
+            let dma = key.as_string_dma()?;
+            std::str::from_utf8(&dma)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    RedisError::String(format!(
+                        "ERR key {name} does not hold a rate limit's state (a decimal integer)"
+                    ))
+                })
+        }
+        _ => Err(RedisError::WrongType),
+    }
+}
+
+/// Writes `value` with a TTL of `ttl` (whole milliseconds, rounded up, at
+/// least one: never shorter than the state matters) and replicates the write
+/// itself, with its absolute expiry, rather than the command: a replica's
+/// clock would decide the command again differently.
+fn write_int(
+    ctx: &Context,
+    key: &RedisKeyWritable,
+    name: &RedisString,
+    value: u64,
+    ttl: Duration,
+    now_ns: u64,
+) -> RedisResult {
+    let ttl_ms = ttl.as_nanos().div_ceil(1_000_000).max(1);
+    let ttl = Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(u64::MAX));
+    let value = value.to_string();
+    key.write(&value)?;
+    key.set_expire(ttl)?;
+    let expire_at = (now_ns / 1_000_000)
+        .saturating_add(ttl_ms as u64)
+        .to_string();
+    ctx.replicate(
+        "SET",
+        &[
+            name.as_slice(),
+            value.as_bytes(),
+            b"PXAT",
+            expire_at.as_bytes(),
+        ][..],
+    );
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+fn arg_slices(args: &[RedisString]) -> Vec<&[u8]> {
+    args.iter().map(RedisString::as_slice).collect()
+}
+
+fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let Some(name) = args.get(1) else {
+        return Err(RedisError::Str(crate::cell::USAGE));
+    };
+    let throttle = crate::cell::parse(&arg_slices(&args[2..])).map_err(RedisError::String)?;
+    let key = ctx.open_key_writable(name);
+    let now = clock_ns();
+    let (answer, write) = throttle.decide(stored_int(&key, name)?, now);
+    if let Some(w) = write {
+        write_int(ctx, &key, name, w.tat_ns, w.ttl, now)?;
+    }
+    Ok(RedisValue::Array(
+        answer
+            .to_array()
+            .into_iter()
+            .map(RedisValue::Integer)
+            .collect(),
+    ))
+}
+
+fn tollgate_gcra(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let Some(name) = args.get(1) else {
+        return Err(RedisError::Str(crate::gcra::USAGE));
+    };
+    let step = crate::gcra::parse(&arg_slices(&args[2..])).map_err(RedisError::String)?;
+    let key = ctx.open_key_writable(name);
+    let clock = clock_ns();
+    let now_us = step.at(clock / 1000);
+    let (answer, write) = step.decide(stored_int(&key, name)?, now_us);
+    if let Some(w) = write {
+        write_int(ctx, &key, name, w.tat_us, w.ttl, clock)?;
+    }
+    Ok(RedisValue::Array(
+        answer.into_iter().map(RedisValue::Integer).collect(),
+    ))
+}
+
+mod entry {
+    // The binding's macro declares the module's `RedisModule_OnLoad`, an
+    // unmangled `extern "C"` function, and the allocator: unsafe by nature.
+    #![allow(unsafe_code, missing_docs)]
+    use super::{cl_throttle, tollgate_gcra};
+
+    redis_module::redis_module! {
+        name: "tollgate",
+        version: 1,
+        allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
+        data_types: [],
+        commands: [
+            ["cl.throttle", cl_throttle, "write deny-oom fast", 1, 1, 1],
+            ["tollgate.gcra", tollgate_gcra, "write deny-oom fast", 1, 1, 1],
+        ],
+    }
+}
