@@ -109,18 +109,55 @@ fn tollgate_gcra(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 mod entry {
-    // The binding's macro declares the module's `RedisModule_OnLoad`, an
-    // unmangled `extern "C"` function, and the allocator: unsafe by nature.
+    // The binding's macros declare the module's `RedisModule_OnLoad` and each
+    // command's handler, unmangled `extern "C"` functions, and the
+    // allocator: unsafe by nature.
     #![allow(unsafe_code, missing_docs)]
+    use std::ffi::{CString, c_int};
+
+    use redis_module::{Context, RedisString, Status, raw};
+
     use super::{cl_throttle, tollgate_gcra};
+
+    /// The argument that leaves `CL.THROTTLE` out, for a server that loads
+    /// redis-cell too (two modules cannot register one command).
+    const WITHOUT_CL_THROTTLE: &[u8] = b"without-cl-throttle";
+
+    fn init(ctx: &Context, args: &[RedisString]) -> Status {
+        for arg in args {
+            if !arg.as_slice().eq_ignore_ascii_case(WITHOUT_CL_THROTTLE) {
+                ctx.log_warning(&format!(
+                    "tollgate: unknown module argument {arg} (the one argument taken is without-cl-throttle)"
+                ));
+                return Status::Err;
+            }
+        }
+        if args.is_empty() && register_cl_throttle(ctx.get_raw()) != Status::Ok as c_int {
+            return Status::Err;
+        }
+        Status::Ok
+    }
+
+    fn register_cl_throttle(ctx: *mut raw::RedisModuleCtx) -> c_int {
+        redis_module::redis_command!(
+            ctx,
+            "cl.throttle",
+            cl_throttle,
+            "write deny-oom fast",
+            1,
+            1,
+            1
+        );
+        Status::Ok as c_int
+    }
 
     redis_module::redis_module! {
         name: "tollgate",
         version: 1,
         allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
         data_types: [],
+        init: init,
         commands: [
-            ["cl.throttle", cl_throttle, "write deny-oom fast", 1, 1, 1],
             ["tollgate.gcra", tollgate_gcra, "write deny-oom fast", 1, 1, 1],
         ],
     }

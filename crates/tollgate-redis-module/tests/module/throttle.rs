@@ -115,3 +115,24 @@ fn refuses_bad_arguments_as_redis_cell_does() {
     // A bad call changed nothing.
     assert_eq!(server.cli(&["EXISTS", "k"]).trim(), "0");
 }
+
+/// Loaded with `without-cl-throttle`, the module leaves the command to
+/// redis-cell (two modules cannot register one name) and keeps its own.
+#[test]
+fn leaves_the_command_to_redis_cell_when_asked() {
+    let module = crate::module();
+    let server = tollgate_testkit::RedisServer::start_with(&[
+        "--loadmodule",
+        module.to_str().unwrap(),
+        "without-cl-throttle",
+    ]);
+    assert!(
+        server
+            .cli(&["CL.THROTTLE", "k", "1", "1", "1"])
+            .contains("unknown command")
+    );
+    assert_eq!(
+        ints(&server.cli(&["TOLLGATE.GCRA", "g", "1", "1s", "1", "1", "AT", "5"])),
+        [1, 0, 1_000_000, -1, 5]
+    );
+}
