@@ -39,6 +39,10 @@ fn stored_int(key: &RedisKeyWritable, name: &RedisString) -> Result<Option<u64>,
 /// least one: never shorter than the state matters) and replicates the write
 /// itself, with its absolute expiry, rather than the command: a replica's
 /// clock would decide the command again differently.
+///
+/// The digits go into the string in place (`StringDMA`): a key this module
+/// wrote is a raw string of as many digits, rewritten without an allocation
+/// and read without the copy Redis makes to read a shared or embedded one.
 fn write_int(
     ctx: &Context,
     key: &RedisKeyWritable,
@@ -48,34 +52,40 @@ fn write_int(
     now_ns: u64,
 ) -> RedisResult {
     let ttl_ms = ttl.as_nanos().div_ceil(1_000_000).max(1);
-    let ttl = Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(u64::MAX));
-    let value = value.to_string();
-    key.write(&value)?;
-    key.set_expire(ttl)?;
-    let expire_at = (now_ns / 1_000_000)
-        .saturating_add(ttl_ms as u64)
-        .to_string();
+    let ttl_ms = u64::try_from(ttl_ms).unwrap_or(u64::MAX);
+    let mut digits = itoa::Buffer::new();
+    let value = digits.format(value).as_bytes();
+    key.as_string_dma()?.write(value)?;
+    key.set_expire(Duration::from_millis(ttl_ms))?;
+    let mut at = itoa::Buffer::new();
+    let expire_at = at.format((now_ns / 1_000_000).saturating_add(ttl_ms));
     ctx.replicate(
         "SET",
-        &[
-            name.as_slice(),
-            value.as_bytes(),
-            b"PXAT",
-            expire_at.as_bytes(),
-        ][..],
+        &[name.as_slice(), value, b"PXAT", expire_at.as_bytes()][..],
     );
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 
-fn arg_slices(args: &[RedisString]) -> Vec<&[u8]> {
-    args.iter().map(RedisString::as_slice).collect()
+/// The arguments after the key, as byte strings, on the stack: no command
+/// takes more than `N`, and more are a usage error.
+fn arg_slices<const N: usize>(args: &[RedisString]) -> Option<([&[u8]; N], usize)> {
+    let rest = args.get(2..)?;
+    if rest.len() > N {
+        return None;
+    }
+    let mut out = [&[][..]; N];
+    for (slot, arg) in out.iter_mut().zip(rest) {
+        *slot = arg.as_slice();
+    }
+    Some((out, rest.len()))
 }
 
 fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let Some(name) = args.get(1) else {
         return Err(RedisError::Str(crate::cell::USAGE));
     };
-    let throttle = crate::cell::parse(&arg_slices(&args[2..])).map_err(RedisError::String)?;
+    let (rest, n) = arg_slices::<4>(&args).ok_or(RedisError::Str(crate::cell::USAGE))?;
+    let throttle = crate::cell::parse(&rest[..n]).map_err(RedisError::String)?;
     let key = ctx.open_key_writable(name);
     let now = clock_ns();
     let (answer, write) = throttle.decide(stored_int(&key, name)?, now);
@@ -95,7 +105,8 @@ fn tollgate_gcra(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let Some(name) = args.get(1) else {
         return Err(RedisError::Str(crate::gcra::USAGE));
     };
-    let step = crate::gcra::parse(&arg_slices(&args[2..])).map_err(RedisError::String)?;
+    let (rest, n) = arg_slices::<6>(&args).ok_or(RedisError::Str(crate::gcra::USAGE))?;
+    let step = crate::gcra::parse(&rest[..n]).map_err(RedisError::String)?;
     let key = ctx.open_key_writable(name);
     let clock = clock_ns();
     let now_us = step.at(clock / 1000);

@@ -2,32 +2,52 @@
 //! README's example, its end-to-end test and its own table of cases
 //! (`it_rate_limits`), as the five integers it replies with.
 
+use tollgate_testkit::RedisServer;
+
 use crate::{ints, server};
+
+/// A connection of its own to `server`: its calls take microseconds where
+/// a redis-cli process takes milliseconds, and the expected answers hold
+/// while less than a second of real time passes in a table.
+fn connect(server: &RedisServer) -> redis::Connection {
+    redis::Client::open(server.url())
+        .and_then(|c| c.get_connection())
+        .expect("a connection to the test server")
+}
+
+fn throttle(conn: &mut redis::Connection, args: &[&str]) -> Vec<i64> {
+    redis::cmd("CL.THROTTLE").arg(args).query(conn).unwrap()
+}
 
 /// Moves a key's time on by `ms` without waiting: its stored TAT (ns) goes
 /// back by as much, which is what redis-cell's state looks like that much
 /// later. A key that is gone stays gone (it is full either way).
-fn advance(server: &tollgate_testkit::RedisServer, key: &str, ms: u64) {
-    let tat = server.cli(&["GET", key]);
-    if let Ok(tat) = tat.trim().parse::<u64>() {
-        let earlier = (tat - ms * 1_000_000).to_string();
-        assert_eq!(server.cli(&["SET", key, &earlier, "KEEPTTL"]).trim(), "OK");
+fn advance(conn: &mut redis::Connection, key: &str, ms: u64) {
+    let tat: Option<u64> = redis::cmd("GET").arg(key).query(conn).unwrap();
+    if let Some(tat) = tat {
+        let () = redis::cmd("SET")
+            .arg(key)
+            .arg(tat - ms * 1_000_000)
+            .arg("KEEPTTL")
+            .query(conn)
+            .unwrap();
     }
 }
 
 #[test]
 fn answers_readmes_example_and_end_to_end_test() {
     let server = server();
+    let mut conn = connect(&server);
     assert_eq!(
-        ints(&server.cli(&["CL.THROTTLE", "user123", "15", "30", "60"])),
+        throttle(&mut conn, &["user123", "15", "30", "60"]),
         [0, 16, 15, -1, 2]
     );
     // redis-cell's tests/e2e.rs: burst 0, 1 token per 2 s.
-    let throttle = ["CL.THROTTLE", "e2e", "0", "1", "2", "1"];
-    assert_eq!(ints(&server.cli(&throttle)), [0, 1, 0, -1, 2]);
-    assert_eq!(ints(&server.cli(&throttle)), [1, 1, 0, 2, 2]);
-    advance(&server, "e2e", 2000);
-    assert_eq!(ints(&server.cli(&throttle)), [0, 1, 0, -1, 2]);
+    let args = ["e2e", "0", "1", "2", "1"];
+    assert_eq!(throttle(&mut conn, &args), [0, 1, 0, -1, 2]);
+    assert_eq!(throttle(&mut conn, &args), [1, 1, 0, 2, 2]);
+    advance(&mut conn, "e2e", 2000);
+    assert_eq!(throttle(&mut conn, &args), [0, 1, 0, -1, 2]);
 }
 
 /// redis-cell's `it_rate_limits`: limit 5 (max_burst 4), 1 per second;
@@ -36,6 +56,7 @@ fn answers_readmes_example_and_end_to_end_test() {
 #[test]
 fn answers_redis_cells_table() {
     let server = server();
+    let mut conn = connect(&server);
     let rows: [(u64, &str, [i64; 5]); 15] = [
         (0, "6", [1, 5, 5, -1, 0]),
         (0, "1", [0, 5, 4, -1, 1]),
@@ -55,10 +76,10 @@ fn answers_redis_cells_table() {
     ];
     let mut at = 0;
     for (i, (ms, quantity, expected)) in rows.into_iter().enumerate() {
-        advance(&server, "foo", ms - at);
+        advance(&mut conn, "foo", ms - at);
         at = ms;
-        let reply = server.cli(&["CL.THROTTLE", "foo", "4", "1", "1", quantity]);
-        assert_eq!(ints(&reply), expected, "row {i}");
+        let answer = throttle(&mut conn, &["foo", "4", "1", "1", quantity]);
+        assert_eq!(answer, expected, "row {i}");
     }
 }
 
