@@ -6,6 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, KeyType, RedisError, RedisResult, RedisString, RedisValue};
 
+use crate::bucket::{Kind, State, decimal, parse};
+
 /// The time now in nanoseconds since 1970: the clock Redis's `TIME` reads.
 fn clock_ns() -> u64 {
     SystemTime::now()
@@ -13,26 +15,19 @@ fn clock_ns() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-/// The decimal integer a key holds, `None` when it is absent; WRONGTYPE for
-/// a key of another type and an error for a string that is not a number,
-/// so that a clash of names is reported rather than taken as no state.
-fn stored_int(key: &RedisKeyWritable, name: &RedisString) -> Result<Option<u64>, RedisError> {
+/// The string a key holds (`None` when there is none) to `decide` on;
+/// WRONGTYPE for a key of another type. Read in place (`StringDMA`), not
+/// copied.
+fn with_stored<T>(
+    key: &RedisKeyWritable,
+    decide: impl FnOnce(Option<&[u8]>) -> Result<T, String>,
+) -> Result<T, RedisError> {
     match key.key_type() {
-        KeyType::Empty => Ok(None),
-        KeyType::String => {
-            let dma = key.as_string_dma()?;
-            std::str::from_utf8(&dma)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .map(Some)
-                .ok_or_else(|| {
-                    RedisError::String(format!(
-                        "ERR key {name} does not hold a rate limit's state (a decimal integer)"
-                    ))
-                })
-        }
-        _ => Err(RedisError::WrongType),
+        KeyType::Empty => decide(None),
+        KeyType::String => decide(Some(&key.as_string_dma()?)),
+        _ => return Err(RedisError::WrongType),
     }
+    .map_err(RedisError::String)
 }
 
 /// Writes `value` with a TTL of `ttl` (whole milliseconds, rounded up, at
@@ -40,21 +35,24 @@ fn stored_int(key: &RedisKeyWritable, name: &RedisString) -> Result<Option<u64>,
 /// itself, with its absolute expiry, rather than the command: a replica's
 /// clock would decide the command again differently.
 ///
-/// The digits go into the string in place (`StringDMA`): a key this module
-/// wrote is a raw string of as many digits, rewritten without an allocation
+/// The bytes go into the string in place (`StringDMA`): a key this module
+/// wrote is a raw string of as many bytes, rewritten without an allocation
 /// and read without the copy Redis makes to read a shared or embedded one.
-fn write_int(
+fn write_state(
     ctx: &Context,
     key: &RedisKeyWritable,
     name: &RedisString,
-    value: u64,
+    state: State,
     ttl: Duration,
     now_ns: u64,
 ) -> RedisResult {
     let ttl_ms = ttl.as_nanos().div_ceil(1_000_000).max(1);
     let ttl_ms = u64::try_from(ttl_ms).unwrap_or(u64::MAX);
     let mut digits = itoa::Buffer::new();
-    let value = digits.format(value).as_bytes();
+    let value = match &state {
+        State::Int(v) => digits.format(*v).as_bytes(),
+        State::Packed { bytes, len } => &bytes[..*len],
+    };
     key.as_string_dma()?.write(value)?;
     key.set_expire(Duration::from_millis(ttl_ms))?;
     let mut at = itoa::Buffer::new();
@@ -80,43 +78,56 @@ fn arg_slices<const N: usize>(args: &[RedisString]) -> Option<([&[u8]; N], usize
     Some((out, rest.len()))
 }
 
-fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let Some(name) = args.get(1) else {
-        return Err(RedisError::Str(crate::cell::USAGE));
-    };
-    let (rest, n) = arg_slices::<4>(&args).ok_or(RedisError::Str(crate::cell::USAGE))?;
-    let throttle = crate::cell::parse(&rest[..n]).map_err(RedisError::String)?;
-    let key = ctx.open_key_writable(name);
-    let now = clock_ns();
-    let (answer, write) = throttle.decide(stored_int(&key, name)?, now);
-    if let Some(w) = write {
-        write_int(ctx, &key, name, w.tat_ns, w.ttl, now)?;
-    }
-    Ok(RedisValue::Array(
-        answer
-            .to_array()
-            .into_iter()
-            .map(RedisValue::Integer)
-            .collect(),
-    ))
-}
-
-fn tollgate_gcra(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    let Some(name) = args.get(1) else {
-        return Err(RedisError::Str(crate::gcra::USAGE));
-    };
-    let (rest, n) = arg_slices::<6>(&args).ok_or(RedisError::Str(crate::gcra::USAGE))?;
-    let step = crate::gcra::parse(&rest[..n]).map_err(RedisError::String)?;
-    let key = ctx.open_key_writable(name);
-    let clock = clock_ns();
-    let now_us = step.at(clock / 1000);
-    let (answer, write) = step.decide(stored_int(&key, name)?, now_us);
-    if let Some(w) = write {
-        write_int(ctx, &key, name, w.tat_us, w.ttl, clock)?;
-    }
+fn reply(answer: [i64; 5]) -> RedisResult {
     Ok(RedisValue::Array(
         answer.into_iter().map(RedisValue::Integer).collect(),
     ))
+}
+
+fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let usage = || RedisError::Str(crate::cell::USAGE);
+    let name = args.get(1).ok_or_else(usage)?;
+    let (rest, n) = arg_slices::<4>(&args).ok_or_else(usage)?;
+    let throttle = crate::cell::parse(&rest[..n]).map_err(RedisError::String)?;
+    let key = ctx.open_key_writable(name);
+    let now = clock_ns();
+    let (answer, write) = with_stored(&key, |v| {
+        let tat = v
+            .map(|v| {
+                decimal(v).ok_or_else(|| {
+                    format!("Cell error: key {name} does not hold a TAT (a decimal integer)")
+                })
+            })
+            .transpose()?;
+        Ok(throttle.decide(tat, now))
+    })?;
+    if let Some(w) = write {
+        write_state(ctx, &key, name, State::Int(w.tat_ns), w.ttl, now)?;
+    }
+    reply(answer.to_array())
+}
+
+fn bucket(kind: Kind, ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let usage = || RedisError::Str(kind.usage());
+    let name = args.get(1).ok_or_else(usage)?;
+    let (rest, n) = arg_slices::<6>(&args).ok_or_else(usage)?;
+    let step = parse(kind, &rest[..n]).map_err(RedisError::String)?;
+    let key = ctx.open_key_writable(name);
+    let clock = clock_ns();
+    let now_us = step.at(clock / 1000);
+    let (answer, write) = with_stored(&key, |v| step.decide(v, now_us))?;
+    if let Some(w) = write {
+        write_state(ctx, &key, name, w.state, w.ttl, clock)?;
+    }
+    reply(answer)
+}
+
+fn tollgate_gcra(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    bucket(Kind::Gcra, ctx, args)
+}
+
+fn tollgate_token_bucket(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    bucket(Kind::TokenBucket, ctx, args)
 }
 
 mod entry {
@@ -128,7 +139,7 @@ mod entry {
 
     use redis_module::{Context, RedisString, Status, raw};
 
-    use super::{cl_throttle, tollgate_gcra};
+    use super::{cl_throttle, tollgate_gcra, tollgate_token_bucket};
 
     /// The argument that leaves `CL.THROTTLE` out, for a server that loads
     /// redis-cell too (two modules cannot register one command).
@@ -170,6 +181,7 @@ mod entry {
         init: init,
         commands: [
             ["tollgate.gcra", tollgate_gcra, "write deny-oom fast", 1, 1, 1],
+            ["tollgate.tokenbucket", tollgate_token_bucket, "write deny-oom fast", 1, 1, 1],
         ],
     }
 }

@@ -6,16 +6,17 @@
 //! - `CL.THROTTLE`, redis-cell 0.5.0's command with its arguments, answers,
 //!   errors and state, so that redis-cell's users swap modules and keep
 //!   their code and their keys;
-//! - `TOLLGATE.GCRA`, a GCRA step on the state tollgate-redis's Lua code
-//!   keeps, so that instances using the code and the module agree on a key.
+//! - `TOLLGATE.GCRA` and `TOLLGATE.TOKENBUCKET`, a step of either bucket on
+//!   the state tollgate-redis's Lua code keeps, so that instances using the
+//!   code and the module agree on a key.
 //!
 //! Each command's arithmetic is a pure function over the stored value and
 //! the time (tested without Redis); this file only reads and writes keys and
 //! reads the clock, Redis's own, at the edge.
 
+mod bucket;
 mod cell;
 // Not in the unit tests' binary: it sets Redis's allocator as the global
 // one, which exists only inside a server.
 #[cfg(not(test))]
 mod commands;
-mod gcra;

@@ -36,12 +36,28 @@ async fn store(server: &RedisServer, clock: &Arc<ManualClock>) -> RedisStore {
     RedisStore::connect(&server.url(), config).await.unwrap()
 }
 
+/// The module's command for an algorithm, and the segment of the Redis key
+/// the store names its state with.
+fn command(algorithm: Algorithm) -> (&'static str, &'static str) {
+    match algorithm {
+        Algorithm::Gcra => ("TOLLGATE.GCRA", "gcra2"),
+        Algorithm::TokenBucket => ("TOLLGATE.TOKENBUCKET", "tb2"),
+        other => panic!("no command for {other:?}"),
+    }
+}
+
 /// One step through the code.
-async fn by_code(store: &RedisStore, key: &str, quota: Quota, cost: u64) -> Answer {
+async fn by_code(
+    store: &RedisStore,
+    algorithm: Algorithm,
+    key: &str,
+    quota: Quota,
+    cost: u64,
+) -> Answer {
     let limit = Limit {
         key,
         quota,
-        algorithm: Algorithm::Gcra,
+        algorithm,
         cost,
         failure: FailurePolicy::Local,
     };
@@ -50,11 +66,19 @@ async fn by_code(store: &RedisStore, key: &str, quota: Quota, cost: u64) -> Answ
 }
 
 /// One step through the module, on the key the store names
-/// (`tollgate:gcra2:{<key>}`), at the clock's time in µs.
-fn by_module(server: &RedisServer, key: &str, args: &[&str; 3], cost: u64, now_ns: u64) -> Answer {
-    let redis_key = format!("tollgate:gcra2:{{{key}}}");
+/// (`tollgate:<segment>:{<key>}`), at the clock's time in µs.
+fn by_module(
+    server: &RedisServer,
+    algorithm: Algorithm,
+    key: &str,
+    args: &[&str; 3],
+    cost: u64,
+    now_ns: u64,
+) -> Answer {
+    let (command, segment) = command(algorithm);
+    let redis_key = format!("tollgate:{segment}:{{{key}}}");
     let reply = ints(&server.cli(&[
-        "TOLLGATE.GCRA",
+        command,
         &redis_key,
         args[0],
         args[1],
@@ -67,8 +91,10 @@ fn by_module(server: &RedisServer, key: &str, args: &[&str; 3], cost: u64, now_n
     [reply[0], reply[1], reply[2], reply[3]]
 }
 
-#[tokio::test]
-async fn gcra_alternating_with_the_code_answers_as_the_code_alone() {
+/// Steps alternating between the code and the module on one key answer as
+/// the same steps through the code alone on another, and leave the same
+/// state.
+async fn alternating_answers_as_the_code_alone(algorithm: Algorithm) {
     let server = server();
     let clock = tollgate_store::conformance::clock();
     let store = store(&server, &clock).await;
@@ -96,19 +122,29 @@ async fn gcra_alternating_with_the_code_answers_as_the_code_alone() {
     let mut mixed = Vec::new();
     for (i, (advance_us, cost)) in steps.into_iter().enumerate() {
         clock.advance(Duration::from_micros(advance_us));
-        alone.push(by_code(&store, "alone", quota, cost).await);
+        alone.push(by_code(&store, algorithm, "alone", quota, cost).await);
         mixed.push(if i % 2 == 0 {
-            by_code(&store, "mixed", quota, cost).await
+            by_code(&store, algorithm, "mixed", quota, cost).await
         } else {
-            by_module(&server, "mixed", &args, cost, clock.now())
+            by_module(&server, algorithm, "mixed", &args, cost, clock.now())
         });
     }
     assert_eq!(mixed, alone);
     // The sequence admits and denies, so the comparison means something.
     assert!(alone.iter().any(|a| a[0] == 1) && alone.iter().any(|a| a[0] == 0));
-    // Both wrote the same state.
+    let (_, segment) = command(algorithm);
     assert_eq!(
-        server.cli(&["GET", "tollgate:gcra2:{mixed}"]),
-        server.cli(&["GET", "tollgate:gcra2:{alone}"])
+        server.cli(&["GET", &format!("tollgate:{segment}:{{mixed}}")]),
+        server.cli(&["GET", &format!("tollgate:{segment}:{{alone}}")])
     );
+}
+
+#[tokio::test]
+async fn gcra_alternating_with_the_code_answers_as_the_code_alone() {
+    alternating_answers_as_the_code_alone(Algorithm::Gcra).await;
+}
+
+#[tokio::test]
+async fn token_bucket_alternating_with_the_code_answers_as_the_code_alone() {
+    alternating_answers_as_the_code_alone(Algorithm::TokenBucket).await;
 }
