@@ -27,10 +27,10 @@ impl Kind {
     pub(crate) fn usage(self) -> &'static str {
         match self {
             Kind::Gcra => {
-                "ERR usage: TOLLGATE.GCRA <key> <limit> <period> <burst> [<cost>] [AT <unix time in µs>]"
+                "ERR usage: TOLLGATE.GCRA <key> <limit> <period> <burst> [<cost>] [AT <unix time in µs>] [PAD <ms>]"
             }
             Kind::TokenBucket => {
-                "ERR usage: TOLLGATE.TOKENBUCKET <key> <limit> <period> <burst> [<cost>] [AT <unix time in µs>]"
+                "ERR usage: TOLLGATE.TOKENBUCKET <key> <limit> <period> <burst> [<cost>] [AT <unix time in µs>] [PAD <ms>]"
             }
         }
     }
@@ -50,6 +50,8 @@ pub(crate) struct Step {
     cost: u64,
     /// The caller's time in µs, else Redis's clock.
     at_us: Option<u64>,
+    /// Milliseconds added to the TTL of what it writes.
+    pad_ms: u64,
 }
 
 /// The answer: allowed, remaining, reset after (µs), retry after (µs, -1
@@ -121,13 +123,25 @@ pub(crate) fn parse(kind: Kind, args: &[&[u8]]) -> Result<Step, String> {
         [l, p, b, rest @ ..] => ([*l, *p, *b], rest),
         _ => return Err(usage()),
     };
-    let (cost, at) = match rest {
-        [] => (1, None),
-        [c] => (count("cost", c)?, None),
-        [c, at, t] if at.eq_ignore_ascii_case(b"AT") => (count("cost", c)?, Some(*t)),
-        [at, t] if at.eq_ignore_ascii_case(b"AT") => (1, Some(*t)),
-        _ => return Err(usage()),
+    // An optional cost, then options: AT <µs>, PAD <ms>.
+    let (cost, mut options) = match rest {
+        [c, options @ ..] if options.len() % 2 == 0 => (count("cost", c)?, options),
+        options => (1, options),
     };
+    let (mut at, mut pad_ms) = (None, 0);
+    while let [name, value, more @ ..] = options {
+        if name.eq_ignore_ascii_case(b"AT") {
+            at = Some(*value);
+        } else if name.eq_ignore_ascii_case(b"PAD") {
+            pad_ms = count("PAD", value)?;
+        } else {
+            return Err(usage());
+        }
+        options = more;
+    }
+    if !options.is_empty() {
+        return Err(usage());
+    }
     let at_us = at.map(|t| count("AT", t)).transpose()?;
     if at_us.is_some_and(|t| t >= END_US) {
         return Err(format!(
@@ -166,6 +180,7 @@ pub(crate) fn parse(kind: Kind, args: &[&[u8]]) -> Result<Step, String> {
         quota,
         cost,
         at_us,
+        pad_ms,
     })
 }
 
@@ -230,7 +245,7 @@ impl Step {
         ];
         let write = (d.allowed() && self.cost > 0).then(|| Write {
             state,
-            ttl: d.reset_after(),
+            ttl: d.reset_after() + Duration::from_millis(self.pad_ms),
         });
         Ok((answer, write))
     }
@@ -283,13 +298,19 @@ mod tests {
                 .contains("below 2^53")
         );
         assert_eq!(step(&["1", "1s", "1"]).unwrap().at(7), 7);
+        assert_eq!(step(&["1", "1s", "1", "PAD", "9"]).unwrap().pad_ms, 9);
+        assert_eq!(
+            step(&["1", "1s", "1", "PAD", "9", "X", "1"]).unwrap_err(),
+            usage
+        );
         assert_eq!(
             step(&["1", "1s", "1", "2", "at", "5"]).unwrap(),
             Step {
                 kind: Kind::Gcra,
                 quota: Quota::per_second(1).unwrap(),
                 cost: 2,
-                at_us: Some(5)
+                at_us: Some(5),
+                pad_ms: 0,
             }
         );
     }
