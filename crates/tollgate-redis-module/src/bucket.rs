@@ -27,10 +27,10 @@ impl Kind {
     pub(crate) fn usage(self) -> &'static str {
         match self {
             Kind::Gcra => {
-                "ERR usage: TOLLGATE.GCRA <key> <limit> <period> <burst> [<cost>] [AT <unix time in µs>] [PAD <ms>]"
+                "ERR usage: TOLLGATE.GCRA <key> <limit> <period> <burst> [<cost>] [AT <unix time in us>] [PAD <ms>]"
             }
             Kind::TokenBucket => {
-                "ERR usage: TOLLGATE.TOKENBUCKET <key> <limit> <period> <burst> [<cost>] [AT <unix time in µs>] [PAD <ms>]"
+                "ERR usage: TOLLGATE.TOKENBUCKET <key> <limit> <period> <burst> [<cost>] [AT <unix time in us>] [PAD <ms>]"
             }
         }
     }
@@ -145,7 +145,7 @@ pub(crate) fn parse(kind: Kind, args: &[&[u8]]) -> Result<Step, String> {
     let at_us = at.map(|t| count("AT", t)).transpose()?;
     if at_us.is_some_and(|t| t >= END_US) {
         return Err(format!(
-            "ERR AT must be below 2^53 µs, got {}",
+            "ERR AT must be below 2^53 us, got {}",
             at_us.unwrap_or(0)
         ));
     }
@@ -173,7 +173,7 @@ pub(crate) fn parse(kind: Kind, args: &[&[u8]]) -> Result<Step, String> {
         })
         .map_err(|e| format!("ERR {e}"))?;
     if quota.emission_ns() * quota.burst() / 1000 >= END_US {
-        return Err("ERR burst × emission interval must be below 2^53 µs".to_owned());
+        return Err("ERR burst x emission interval must be below 2^53 us".to_owned());
     }
     Ok(Step {
         kind,

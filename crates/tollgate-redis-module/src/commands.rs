@@ -110,7 +110,7 @@ fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 fn bucket(kind: Kind, ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let usage = || RedisError::Str(kind.usage());
     let name = args.get(1).ok_or_else(usage)?;
-    let (rest, n) = arg_slices::<6>(&args).ok_or_else(usage)?;
+    let (rest, n) = arg_slices::<8>(&args).ok_or_else(usage)?;
     let step = parse(kind, &rest[..n]).map_err(RedisError::String)?;
     let key = ctx.open_key_writable(name);
     let clock = clock_ns();

@@ -1,8 +1,9 @@
 //! The module loaded into a real `redis-server`: `CL.THROTTLE` answering as
 //! redis-cell does, and the `TOLLGATE.*` commands agreeing with the store's
-//! Lua code on one key.
+//! Lua code on one key, and the store using the module when it is loaded.
 
 mod mixed;
+mod store;
 mod throttle;
 
 use std::path::PathBuf;

@@ -31,6 +31,8 @@ async fn store(server: &RedisServer, clock: &Arc<ManualClock>) -> RedisStore {
         time: TimeSource::Clock(Arc::clone(clock) as _),
         timeout: Duration::from_secs(5),
         extra_ttl: Duration::from_secs(600),
+        // The code on every check, whatever the server has loaded.
+        module: false,
         ..RedisConfig::default()
     };
     RedisStore::connect(&server.url(), config).await.unwrap()
