@@ -161,7 +161,7 @@ pub(crate) fn parse(kind: Kind, args: &[&[u8]]) -> Result<Step, String> {
         .ok_or_else(|| {
             format!(
                 "ERR period must be a duration such as 1s, 250ms or 100us, got {}",
-                String::from_utf8_lossy(period)
+                period.escape_ascii()
             )
         })?;
     let quota = Quota::new(limit, period)
@@ -191,7 +191,7 @@ fn count(name: &str, arg: &[u8]) -> Result<u64, String> {
         .ok_or_else(|| {
             format!(
                 "ERR {name} must be a whole number of 0 or more, got {}",
-                String::from_utf8_lossy(arg)
+                arg.escape_ascii()
             )
         })
 }

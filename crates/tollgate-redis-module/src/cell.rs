@@ -107,7 +107,7 @@ fn int(arg: &[u8]) -> Result<i64, String> {
         .ok_or_else(|| {
             format!(
                 "Cell error: Couldn't parse as integer: {}",
-                String::from_utf8_lossy(arg)
+                arg.escape_ascii()
             )
         })
 }

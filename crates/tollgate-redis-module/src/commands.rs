@@ -95,7 +95,10 @@ fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let tat = v
             .map(|v| {
                 decimal(v).ok_or_else(|| {
-                    format!("Cell error: key {name} does not hold a TAT (a decimal integer)")
+                    format!(
+                        "Cell error: key {} does not hold a TAT (a decimal integer)",
+                        name.as_slice().escape_ascii()
+                    )
                 })
             })
             .transpose()?;

@@ -10,6 +10,10 @@
 //!   the state tollgate-redis's Lua code keeps, so that instances using the
 //!   code and the module agree on a key.
 //!
+//! Error messages are ASCII, arguments in them escaped (`\xc3\xa9`): the
+//! binding sends an error's characters as single bytes, which mangles any
+//! other character.
+//!
 //! Each command's arithmetic is a pure function over the stored value and
 //! the time (tested without Redis); this file only reads and writes keys and
 //! reads the clock, Redis's own, at the edge.

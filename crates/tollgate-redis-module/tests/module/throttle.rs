@@ -119,6 +119,10 @@ fn refuses_bad_arguments_as_redis_cell_does() {
         "Cell error: Couldn't parse as integer: x"
     );
     assert_eq!(
+        server.cli(&["CL.THROTTLE", "k", "1", "é", "3"]).trim(),
+        "Cell error: Couldn't parse as integer: \\xc3\\xa9"
+    );
+    assert_eq!(
         server.cli(&["CL.THROTTLE", "k", "1", "0", "3"]).trim(),
         "Cell error: Zero rates are not supported"
     );
