@@ -1,5 +1,5 @@
 //! The commands as Redis runs them: read the key and the clock, decide with
-//! the pure code of `cell` and `gcra`, write the key and reply.
+//! the pure code of `cell` and `bucket`, write the key and reply.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -45,7 +45,7 @@ fn write_state(
     state: State,
     ttl: Duration,
     now_ns: u64,
-) -> RedisResult {
+) -> Result<(), RedisError> {
     let ttl_ms = ttl.as_nanos().div_ceil(1_000_000).max(1);
     let ttl_ms = u64::try_from(ttl_ms).unwrap_or(u64::MAX);
     let mut digits = itoa::Buffer::new();
@@ -61,7 +61,7 @@ fn write_state(
         "SET",
         &[name.as_slice(), value, b"PXAT", expire_at.as_bytes()][..],
     );
-    Ok(RedisValue::SimpleStringStatic("OK"))
+    Ok(())
 }
 
 /// The arguments after the key, as byte strings, on the stack: no command
