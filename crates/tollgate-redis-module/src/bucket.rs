@@ -1,12 +1,13 @@
-//! `TOLLGATE.GCRA` and `TOLLGATE.TOKENBUCKET`: one step of a bucket on the
-//! state tollgate-redis's Lua code keeps, so instances calling the code and
-//! the module on one key agree.
+//! `TOLLGATE.GCRA`, `TOLLGATE.TOKENBUCKET` and `TOLLGATE.LEAKYBUCKET`: one
+//! step of a bucket on the state tollgate-redis's Lua code keeps, so
+//! instances calling the code and the module on one key agree.
 //!
 //! The states are the code's: GCRA's theoretical arrival time in whole
 //! microseconds, a decimal integer (`P:gcra2:{T}` when tollgate-redis names
 //! the key); the token bucket's last refill and tokens (µs of refill), packed
 //! little-endian in 12 bytes (7 + 5) while the tokens are below 2^40, else
-//! as two doubles (`P:tb2:{T}`). Times are microseconds because the Lua's
+//! as two doubles (`P:tb2:{T}`); the policing leaky bucket's last leak and
+//! level, packed alike (`P:lb2:{T}`). Times are microseconds because the Lua's
 //! numbers are doubles; the emission interval is rounded up to a whole
 //! microsecond as the store rounds it before calling the code, and the step
 //! is tollgate-core's on those microseconds expressed in nanoseconds, so
@@ -14,13 +15,16 @@
 
 use std::time::Duration;
 
-use tollgate_core::{Gcra, Quota, StateMachine, Tat, TokenBucket, Tokens, parse_duration};
+use tollgate_core::{
+    Gcra, LeakyBucket, Level, Quota, StateMachine, Tat, TokenBucket, Tokens, parse_duration,
+};
 
 /// The bucket a command steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Gcra,
     TokenBucket,
+    LeakyBucket,
 }
 
 impl Kind {
@@ -31,6 +35,9 @@ impl Kind {
             }
             Kind::TokenBucket => {
                 "ERR usage: TOLLGATE.TOKENBUCKET <key> <limit> <period> <burst> [<cost>] [AT <unix time in us>] [PAD <ms>]"
+            }
+            Kind::LeakyBucket => {
+                "ERR usage: TOLLGATE.LEAKYBUCKET <key> <limit> <period> <burst> [<cost>] [AT <unix time in us>] [PAD <ms>]"
             }
         }
     }
@@ -234,6 +241,20 @@ impl Step {
                 let d = TokenBucket.step(&self.quota, &mut tokens, now, self.cost);
                 (d, State::pair(tokens.last / 1000, tokens.tokens / 1000))
             }
+            Kind::LeakyBucket => {
+                let mut level = match stored {
+                    Some(v) => {
+                        let (last, held) = unpack_pair(v).ok_or_else(not_state)?;
+                        Level {
+                            level: held.saturating_mul(1000),
+                            last: last.saturating_mul(1000),
+                        }
+                    }
+                    None => Level::default(),
+                };
+                let d = LeakyBucket.step(&self.quota, &mut level, now, self.cost);
+                (d, State::pair(level.last / 1000, level.level / 1000))
+            }
         };
         let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
         let answer = [
@@ -335,5 +356,20 @@ mod tests {
         let (a, w) = tb.decide(None, 1_000_000).unwrap();
         assert_eq!(a, [1, 1, 500_000, -1, 1_000_000]);
         assert_eq!(w.unwrap().state, State::pair(1_000_000, 500_000));
+    }
+
+    #[test]
+    fn a_leaky_bucket_is_a_pair_that_starts_empty() {
+        let lb = parse(Kind::LeakyBucket, &[b"2", b"1s", b"2"]).unwrap();
+        let (a, w) = lb.decide(None, 1_000_000).unwrap();
+        assert_eq!(a, [1, 1, 500_000, -1, 1_000_000]);
+        // Last leak at the check, level one unit (500 ms of draining).
+        assert_eq!(w.unwrap().state, State::pair(1_000_000, 500_000));
+        let State::Packed { bytes, len } = State::pair(1_000_000, 1_000_000) else {
+            panic!("a pair is packed");
+        };
+        let (a, w) = lb.decide(Some(&bytes[..len]), 1_000_000).unwrap();
+        assert_eq!(a, [0, 0, 1_000_000, 500_000, 1_000_000]);
+        assert!(w.is_none());
     }
 }

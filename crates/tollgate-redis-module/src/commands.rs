@@ -133,6 +133,10 @@ fn tollgate_token_bucket(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     bucket(Kind::TokenBucket, ctx, args)
 }
 
+fn tollgate_leaky_bucket(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    bucket(Kind::LeakyBucket, ctx, args)
+}
+
 mod entry {
     // The binding's macros declare the module's `RedisModule_OnLoad` and each
     // command's handler, unmangled `extern "C"` functions, and the
@@ -142,7 +146,7 @@ mod entry {
 
     use redis_module::{Context, RedisString, Status, raw};
 
-    use super::{cl_throttle, tollgate_gcra, tollgate_token_bucket};
+    use super::{cl_throttle, tollgate_gcra, tollgate_leaky_bucket, tollgate_token_bucket};
 
     /// The argument that leaves `CL.THROTTLE` out, for a server that loads
     /// redis-cell too (two modules cannot register one command).
@@ -185,6 +189,7 @@ mod entry {
         commands: [
             ["tollgate.gcra", tollgate_gcra, "write deny-oom fast", 1, 1, 1],
             ["tollgate.tokenbucket", tollgate_token_bucket, "write deny-oom fast", 1, 1, 1],
+            ["tollgate.leakybucket", tollgate_leaky_bucket, "write deny-oom fast", 1, 1, 1],
         ],
     }
 }

@@ -6,9 +6,9 @@
 //! - `CL.THROTTLE`, redis-cell 0.5.0's command with its arguments, answers,
 //!   errors and state, so that redis-cell's users swap modules and keep
 //!   their code and their keys;
-//! - `TOLLGATE.GCRA` and `TOLLGATE.TOKENBUCKET`, a step of either bucket on
-//!   the state tollgate-redis's Lua code keeps, so that instances using the
-//!   code and the module agree on a key.
+//! - `TOLLGATE.GCRA`, `TOLLGATE.TOKENBUCKET` and `TOLLGATE.LEAKYBUCKET`
+//!   (policing), a step of a bucket on the state tollgate-redis's Lua code
+//!   keeps, so that instances using the code and the module agree on a key.
 //!
 //! Error messages are ASCII, arguments in them escaped (`\xc3\xa9`): the
 //! binding sends an error's characters as single bytes, which mangles any

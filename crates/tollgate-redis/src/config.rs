@@ -58,8 +58,9 @@ pub struct RedisConfig {
     /// failover and a restart with persistence; a script is reloaded by the
     /// first call that misses it. Default true.
     pub functions: bool,
-    /// Check a GCRA or token bucket limit alone with the Tollgate module's
-    /// command (`TOLLGATE.GCRA`, `TOLLGATE.TOKENBUCKET`) when the server has
+    /// Check a GCRA, token bucket or (policing) leaky bucket limit alone
+    /// with the Tollgate module's command (`TOLLGATE.GCRA`,
+    /// `TOLLGATE.TOKENBUCKET`, `TOLLGATE.LEAKYBUCKET`) when the server has
     /// the module loaded (asked at connect, `COMMAND INFO`): one native
     /// command instead of a call of the Lua code, on the same state.
     /// Default true; false always calls the code.

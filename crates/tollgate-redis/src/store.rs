@@ -672,6 +672,9 @@ impl Store for RedisStore {
                 Algorithm::TokenBucket if self.module => {
                     return self.check_module("TOLLGATE.TOKENBUCKET", limit, p).await;
                 }
+                Algorithm::LeakyBucket if self.module => {
+                    return self.check_module("TOLLGATE.LEAKYBUCKET", limit, p).await;
+                }
                 _ => {}
             }
         }
@@ -742,8 +745,9 @@ impl Store for RedisStore {
     }
 }
 
-/// Whether the server has the Tollgate module's bucket commands loaded
-/// (on a cluster, the node asked: load the module on every node).
+/// Whether the server has every bucket command of the Tollgate module
+/// loaded (an older module, without one of them, is not used); on a
+/// cluster, the node asked: load the module on every node.
 async fn has_module(conn: &Conn) -> bool {
     let mut info = redis::cmd("COMMAND");
     info.arg("INFO")

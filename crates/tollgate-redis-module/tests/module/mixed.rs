@@ -44,6 +44,7 @@ fn command(algorithm: Algorithm) -> (&'static str, &'static str) {
     match algorithm {
         Algorithm::Gcra => ("TOLLGATE.GCRA", "gcra2"),
         Algorithm::TokenBucket => ("TOLLGATE.TOKENBUCKET", "tb2"),
+        Algorithm::LeakyBucket => ("TOLLGATE.LEAKYBUCKET", "lb2"),
         other => panic!("no command for {other:?}"),
     }
 }
@@ -149,4 +150,9 @@ async fn gcra_alternating_with_the_code_answers_as_the_code_alone() {
 #[tokio::test]
 async fn token_bucket_alternating_with_the_code_answers_as_the_code_alone() {
     alternating_answers_as_the_code_alone(Algorithm::TokenBucket).await;
+}
+
+#[tokio::test]
+async fn leaky_bucket_alternating_with_the_code_answers_as_the_code_alone() {
+    alternating_answers_as_the_code_alone(Algorithm::LeakyBucket).await;
 }

@@ -1,5 +1,5 @@
 //! The store with the module loaded: it finds the module at connect and
-//! checks a GCRA or token bucket limit alone with its commands, and the
+//! checks a GCRA, token bucket or leaky bucket limit alone with its commands, and the
 //! conformance suite still finds every decision the memory store's, on one
 //! server and on a cluster whose nodes all load the module.
 
@@ -61,7 +61,13 @@ async fn conformance(url: &str, nodes: &[RedisServer], what: &str) {
         assert_eq!((stats.errors, stats.timeouts), (0, 0));
     }
     let used = |c| nodes.iter().map(|n| calls(n, c)).sum::<u64>();
-    assert!(used("tollgate.gcra") > 0 && used("tollgate.tokenbucket") > 0);
+    for command in [
+        "tollgate.gcra",
+        "tollgate.tokenbucket",
+        "tollgate.leakybucket",
+    ] {
+        assert!(used(command) > 0, "{what}: {command} was not called");
+    }
 }
 
 #[tokio::test]
