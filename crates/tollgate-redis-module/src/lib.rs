@@ -15,8 +15,8 @@
 //! other character.
 //!
 //! Each command's arithmetic is a pure function over the stored value and
-//! the time (tested without Redis); this file only reads and writes keys and
-//! reads the clock, Redis's own, at the edge.
+//! the time (`cell`, `bucket`: tested without Redis); `commands` only reads
+//! and writes keys and reads the clock, Redis's own, at the edge.
 
 mod bucket;
 mod cell;
