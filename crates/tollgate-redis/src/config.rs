@@ -58,6 +58,13 @@ pub struct RedisConfig {
     /// failover and a restart with persistence; a script is reloaded by the
     /// first call that misses it. Default true.
     pub functions: bool,
+    /// Check a GCRA, token bucket or (policing) leaky bucket limit alone
+    /// with the Tollgate module's command (`TOLLGATE.GCRA`,
+    /// `TOLLGATE.TOKENBUCKET`, `TOLLGATE.LEAKYBUCKET`) when the server has
+    /// the module loaded (asked at connect, `COMMAND INFO`): one native
+    /// command instead of a call of the Lua code, on the same state.
+    /// Default true; false always calls the code.
+    pub module: bool,
     /// The CA, client certificate and hostname check of a `rediss://` or
     /// `rediss+cluster://` URL's TLS. Default: the system's roots, no client
     /// certificate, hostnames checked. Refused with a URL without TLS.
@@ -122,6 +129,7 @@ impl Default for RedisConfig {
             extra_ttl: Duration::ZERO,
             max_batch: 64,
             functions: true,
+            module: true,
             tls: RedisTls::default(),
         }
     }

@@ -38,6 +38,8 @@ pub struct RedisStore {
     time: Time,
     /// Whether the server takes `PEXPIRE … NX` (Redis ≥ 7.0).
     pexpire_nx: bool,
+    /// Whether single bucket checks go to the Tollgate module's commands.
+    module: bool,
     counters: Counters,
     /// Lease ids: a counter, and a keyed hash (SipHash, a pseudo-random
     /// function) of it under this key, random per store, so that no id can
@@ -155,6 +157,7 @@ impl RedisStore {
             .arg(1)
             .arg("NX");
         let pexpire_nx = conn.query::<i64>(&probe).await.is_ok();
+        let module = config.module && has_module(&conn).await;
         let extra_ms = u64::try_from(config.extra_ttl.as_millis()).unwrap_or(u64::MAX);
         let (max, timeout) = (config.max_batch, config.timeout);
         let start = {
@@ -189,6 +192,7 @@ impl RedisStore {
             counters: Counters::default(),
             time,
             pexpire_nx,
+            module,
             lease_secret: RandomState::new(),
             next_lease: AtomicU64::new(0),
             config,
@@ -321,6 +325,51 @@ impl RedisStore {
             outcome: Outcome::new(decisions.into()),
             decided_at: Some(smallvec![now_us]),
         })
+    }
+
+    /// A GCRA or token bucket limit checked alone, with the module loaded:
+    /// its command on the state the code keeps (`tollgate-redis-module`).
+    async fn check_module(
+        &self,
+        command: &str,
+        limit: &Limit<'_>,
+        prepared: &ScriptLimit,
+    ) -> Result<Stamped, StoreError> {
+        let mut cmd = redis::cmd(command);
+        // The period in ns, so that the module rounds the emission interval
+        // up to a whole µs from the same nanoseconds as `Params` does.
+        cmd.arg(&prepared.key)
+            .arg(limit.quota.limit())
+            .arg(format!("{}ns", limit.quota.period_ns()))
+            .arg(prepared.params.burst)
+            .arg(prepared.params.cost);
+        if let Some(now_us) = self.now_us()? {
+            cmd.arg("AT").arg(now_us);
+        }
+        let extra = self.extra_ms();
+        if extra > 0 {
+            cmd.arg("PAD").arg(extra);
+        }
+        let answer: Vec<i64> = self.timed(self.conn.query(&cmd)).await?;
+        let [allowed, remaining, reset, retry, now_us] = answer[..] else {
+            return Err(StoreError::Backend {
+                source: format!("{command} answered {} numbers, not 5", answer.len()).into(),
+                retryable: false,
+            });
+        };
+        let reply = [now_us, allowed, allowed, remaining, reset, retry, 0];
+        let (now_us, _, decisions) = parse_check(&reply, &[limit.capacity()])?;
+        bump(&self.counters.redis_checks);
+        Ok(Stamped {
+            outcome: Outcome::new(decisions.into()),
+            decided_at: Some(smallvec![now_us]),
+        })
+    }
+
+    /// Whether single bucket checks go to the Tollgate module's commands
+    /// ([`RedisConfig::module`]).
+    pub fn uses_module(&self) -> bool {
+        self.module
     }
 
     /// The keys of `members` in the script's order: each limit's state key,
@@ -751,6 +800,15 @@ impl LeaseStore for RedisStore {
             match limit.algorithm {
                 Algorithm::FixedWindow => return self.check_native(limit, p, false).await,
                 Algorithm::HitCounter => return self.check_native(limit, p, true).await,
+                Algorithm::Gcra if self.module => {
+                    return self.check_module("TOLLGATE.GCRA", limit, p).await;
+                }
+                Algorithm::TokenBucket if self.module => {
+                    return self.check_module("TOLLGATE.TOKENBUCKET", limit, p).await;
+                }
+                Algorithm::LeakyBucket if self.module => {
+                    return self.check_module("TOLLGATE.LEAKYBUCKET", limit, p).await;
+                }
                 _ => {}
             }
         }
@@ -809,4 +867,19 @@ impl LeaseStore for RedisStore {
             .await?;
         Ok(())
     }
+}
+
+/// Whether the server has every bucket command of the Tollgate module
+/// loaded (an older module, without one of them, is not used); on a
+/// cluster, the node asked: load the module on every node.
+async fn has_module(conn: &Conn) -> bool {
+    let mut info = redis::cmd("COMMAND");
+    info.arg("INFO")
+        .arg("TOLLGATE.GCRA")
+        .arg("TOLLGATE.TOKENBUCKET")
+        .arg("TOLLGATE.LEAKYBUCKET");
+    matches!(
+        conn.query::<Vec<redis::Value>>(&info).await.as_deref(),
+        Ok(commands) if commands.len() == 3 && !commands.contains(&redis::Value::Nil)
+    )
 }

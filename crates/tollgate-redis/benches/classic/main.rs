@@ -1,8 +1,10 @@
 //! Tollgate's Redis store against its peers, in one run, on the same Redis:
 //! the classic token bucket script, a minimal GCRA script, redis-cell's
 //! `CL.THROTTLE` (a native module, when `TOLLGATE_REDIS_CELL_MODULE` names its
-//! built `libredis_cell.so`; skipped with a note otherwise) and Tollgate
-//! (`sides.rs` describes each).
+//! built `libredis_cell.so`; skipped with a note otherwise), Tollgate's own
+//! module's `TOLLGATE.GCRA` (when `TOLLGATE_REDIS_MODULE` names its built
+//! `libtollgate_redis_module.so`; likewise) and Tollgate's store (`sides.rs`
+//! describes each).
 //!
 //! Cells: 50 concurrent callers (tokio tasks, 2 worker threads) on 1 hot key,
 //! on 100,000 keys and on 10,000,000 keys (each check picks its key uniformly
@@ -59,7 +61,7 @@ use tollgate_redis::{RedisConfig, RedisStore};
 use tollgate_store::{DenyCache, Hybrid, HybridConfig};
 
 use measure::{CommandStats, latencies, median, own_cpu, redis_cpu};
-use servers::Deployment;
+use servers::{Deployment, Modules};
 use sides::{Checker, Side};
 
 const CALLERS: usize = 50;
@@ -460,7 +462,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let module = std::env::var_os("TOLLGATE_REDIS_CELL_MODULE").map(PathBuf::from);
+    let modules = Modules {
+        cell: std::env::var_os("TOLLGATE_REDIS_CELL_MODULE").map(PathBuf::from),
+        tollgate: std::env::var_os("TOLLGATE_REDIS_MODULE").map(PathBuf::from),
+    };
     let only_keys: Option<u64> = std::env::var("TOLLGATE_BENCH_KEYS")
         .ok()
         .map(|v| v.parse().expect("TOLLGATE_BENCH_KEYS: a number of keys"));
@@ -472,10 +477,17 @@ fn main() {
         Some("counting") => (false, true),
         Some(other) => panic!("TOLLGATE_BENCH_PART: classic or counting, not {other:?}"),
     };
-    let sides: Vec<Side> = [Side::Classic, Side::Gcra, Side::Cell, Side::Tollgate]
-        .into_iter()
-        .filter(|s| *s != Side::Cell || module.is_some())
-        .collect();
+    let sides: Vec<Side> = [
+        Side::Classic,
+        Side::Gcra,
+        Side::Cell,
+        Side::Module,
+        Side::Tollgate,
+    ]
+    .into_iter()
+    .filter(|s| *s != Side::Cell || modules.cell.is_some())
+    .filter(|s| *s != Side::Module || modules.tollgate.is_some())
+    .collect();
     let key_counts: Vec<u64> = KEY_COUNTS
         .into_iter()
         .filter(|k| only_keys.is_none_or(|o| o == *k))
@@ -484,9 +496,14 @@ fn main() {
         println!(
             "{CALLERS} callers, 100/s bursts of 100, {WARMUP} s warm-up then {SECONDS} s per run, sides alternating, median of {REPETITIONS}"
         );
-        if module.is_none() {
+        if modules.cell.is_none() {
             println!(
                 "CL.THROTTLE skipped: TOLLGATE_REDIS_CELL_MODULE does not name redis-cell's module (scripts/bench-redis builds it)"
+            );
+        }
+        if modules.tollgate.is_none() {
+            println!(
+                "tollgate module GCRA skipped: TOLLGATE_REDIS_MODULE does not name Tollgate's module (scripts/bench-redis builds it)"
             );
         }
         println!();
@@ -501,9 +518,9 @@ fn main() {
             }
             eprintln!("== starting Redis ({name})");
             let deployment = if cluster {
-                Deployment::cluster(module.as_deref())
+                Deployment::cluster(&modules)
             } else {
-                Deployment::single(module.as_deref())
+                Deployment::single(&modules)
             };
             let store = tollgate(&deployment.store_url()).await;
             if cluster {
@@ -532,7 +549,7 @@ fn main() {
         }
         if counting {
             eprintln!("== starting Redis (single, counting)");
-            let deployment = Deployment::single(None);
+            let deployment = Deployment::single(&Modules::default());
             let store = tollgate(&deployment.store_url()).await;
             let client = redis::Client::open(deployment.store_url()).unwrap();
             let conn = client.get_multiplexed_async_connection().await.unwrap();

@@ -1,8 +1,8 @@
 //! The Redis servers a run measures: one `redis-server`, or a Redis Cluster of
 //! three masters (no replicas), from `tollgate-testkit` as the tests' are,
-//! with the module to load when it is measured.
+//! with the modules to load when they are measured.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use redis::aio::MultiplexedConnection;
 use tollgate_testkit::{RedisCluster, RedisServer};
@@ -14,26 +14,42 @@ pub(crate) enum Deployment {
     Cluster(RedisCluster),
 }
 
+/// The modules measured: redis-cell's and Tollgate's, each when built.
+#[derive(Default)]
+pub(crate) struct Modules {
+    pub(crate) cell: Option<PathBuf>,
+    pub(crate) tollgate: Option<PathBuf>,
+}
+
 /// Each node's command line: `DEBUG POPULATE` fills the large cells'
-/// keyspaces (main.rs); the module, when measured, is loaded.
-fn args(module: Option<&Path>) -> Vec<&str> {
+/// keyspaces (main.rs); the modules measured are loaded, Tollgate's without
+/// its `CL.THROTTLE` when redis-cell's is there (one name, one module).
+fn args(modules: &Modules) -> Vec<&str> {
+    fn path(p: &Path) -> &str {
+        p.to_str().expect("a UTF-8 module path")
+    }
     let mut args = vec!["--enable-debug-command", "local"];
-    if let Some(module) = module {
-        args.push("--loadmodule");
-        args.push(module.to_str().expect("a UTF-8 module path"));
+    if let Some(cell) = &modules.cell {
+        args.extend(["--loadmodule", path(cell)]);
+    }
+    if let Some(tollgate) = &modules.tollgate {
+        args.extend(["--loadmodule", path(tollgate)]);
+        if modules.cell.is_some() {
+            args.push("without-cl-throttle");
+        }
     }
     args
 }
 
 impl Deployment {
     /// One `redis-server`.
-    pub(crate) fn single(module: Option<&Path>) -> Self {
-        Self::Single(RedisServer::start_with(&args(module)))
+    pub(crate) fn single(modules: &Modules) -> Self {
+        Self::Single(RedisServer::start_with(&args(modules)))
     }
 
     /// Three masters with every slot assigned, once each says the cluster is ok.
-    pub(crate) fn cluster(module: Option<&Path>) -> Self {
-        Self::Cluster(RedisCluster::start_with(&args(module)))
+    pub(crate) fn cluster(modules: &Modules) -> Self {
+        Self::Cluster(RedisCluster::start_with(&args(modules)))
     }
 
     fn nodes(&self) -> &[RedisServer] {

@@ -10,6 +10,10 @@
 //!   Redis: `CL.THROTTLE key 99 100 1 1`, i.e. a limit of `max_burst + 1` =
 //!   100, 100 per 1 s, one unit; the server's clock; the TAT stored as a
 //!   decimal string of nanoseconds).
+//! - **tollgate module GCRA**: Tollgate's own module (when
+//!   `TOLLGATE_REDIS_MODULE` names its built `libtollgate_redis_module.so`):
+//!   `TOLLGATE.GCRA key 100 1s 100 1`, the same quota as CL.THROTTLE's, the
+//!   server's clock, the TAT stored as the store's Lua code stores it.
 //! - **tollgate**: `DenyCache<RedisStore>`, token bucket, Redis's `TIME`, its
 //!   defaults (batching on one server, the deny cache over it).
 //!
@@ -76,6 +80,7 @@ pub(crate) enum Side {
     Classic,
     Gcra,
     Cell,
+    Module,
     Tollgate,
     Envoy,
     HitCounter,
@@ -88,6 +93,7 @@ impl Side {
             Side::Classic => "classic script",
             Side::Gcra => "GCRA script",
             Side::Cell => "CL.THROTTLE",
+            Side::Module => "tollgate module GCRA",
             Side::Tollgate => "tollgate",
             Side::Envoy => "envoyproxy pipeline",
             Side::HitCounter => "tollgate hit counter",
@@ -102,6 +108,7 @@ impl Side {
             Side::Classic => format!("c:{subject}"),
             Side::Gcra => format!("g:{subject}"),
             Side::Cell => format!("cl:{subject}"),
+            Side::Module => format!("m:{subject}"),
             Side::Envoy => format!("ratelimit_bench_user_{subject}"),
             Side::Tollgate | Side::HitCounter | Side::FixedWindow => subject.to_owned(),
         }
@@ -172,6 +179,18 @@ impl<C: ConnectionLike + Clone + Send + Sync> Checker<C> {
                     .await
                     .unwrap();
                 reply[0] == 0
+            }
+            Side::Module => {
+                let reply: Vec<i64> = redis::cmd("TOLLGATE.GCRA")
+                    .arg(key)
+                    .arg(RATE)
+                    .arg(format!("{period_s}s"))
+                    .arg(RATE)
+                    .arg(1)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                reply[0] == 1
             }
             Side::Envoy => {
                 let now = std::time::SystemTime::now()

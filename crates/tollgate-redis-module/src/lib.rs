@@ -1,0 +1,26 @@
+//! Tollgate's Redis module: rate limiting steps as native Redis commands.
+//!
+//! Load it with `redis-server --loadmodule libtollgate_redis_module.so` (or
+//! `MODULE LOAD`). It adds:
+//!
+//! - `CL.THROTTLE`, redis-cell 0.5.0's command with its arguments, answers,
+//!   errors and state, so that redis-cell's users swap modules and keep
+//!   their code and their keys;
+//! - `TOLLGATE.GCRA`, `TOLLGATE.TOKENBUCKET` and `TOLLGATE.LEAKYBUCKET`
+//!   (policing), a step of a bucket on the state tollgate-redis's Lua code
+//!   keeps, so that instances using the code and the module agree on a key.
+//!
+//! Error messages are ASCII, arguments in them escaped (`\xc3\xa9`): the
+//! binding sends an error's characters as single bytes, which mangles any
+//! other character.
+//!
+//! Each command's arithmetic is a pure function over the stored value and
+//! the time (`cell`, `bucket`: tested without Redis); `commands` only reads
+//! and writes keys and reads the clock, Redis's own, at the edge.
+
+mod bucket;
+mod cell;
+// Not in the unit tests' binary: it sets Redis's allocator as the global
+// one, which exists only inside a server.
+#[cfg(not(test))]
+mod commands;
