@@ -46,8 +46,8 @@ mod tree;
 pub use config::parse_yaml;
 pub use descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 pub use enforcer::{
-    AdHoc, Check, Counting, Decided, DescriptorVerdict, Enforcer, InvalidToken, NoObserver,
-    Observer, Permit, Prepared, RequestLimits, State, Verdict,
+    AdHoc, Check, Counting, Decided, DescriptorVerdict, Enforcer, NoObserver, Observer, Permit,
+    Prepared, RequestLimits, State, Verdict,
 };
 pub use error::{ConfigError, RequestError, ResetError, Unsupported};
 pub use kill_switch::KillSwitch;

@@ -57,7 +57,7 @@ use tollgate_core::{
 };
 
 pub use observer::{Decided, NoObserver, Observer};
-pub use permit::{InvalidToken, Permit};
+pub use permit::Permit;
 use plan::{Call, Mode, Plan, Settings, Step};
 pub use request::{AdHoc, Check, Prepared, RequestLimits};
 pub use verdict::{DescriptorVerdict, State, Verdict};
