@@ -875,12 +875,10 @@ rules:
         enforce(&observed(in_flight), &both).await;
         let json = serde_json::to_value(live.snapshot(&enforcer.policy(), Vec::new(), None))
             .expect("serializable");
+        // Every series of the label set, so a rule counted in two shows.
         let totals = |rule: &str, result: &str| {
-            json["decisions"]
-                .as_array()
-                .expect("a list")
-                .iter()
-                .filter(|s| s["rule"] == rule && s["result"] == result)
+            let all = json["decisions"].as_array().expect("a list").iter();
+            all.filter(|s| s["rule"] == rule && s["result"] == result)
                 .map(|s| s["total"].as_u64().unwrap())
                 .collect::<Vec<_>>()
         };

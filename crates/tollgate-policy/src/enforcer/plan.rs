@@ -177,29 +177,23 @@ impl Step {
 
 #[cfg(test)]
 mod tests {
+    use super::Call::{Alone, Peek, Together};
+    use super::Mode::{Enforce, GlobalShadow, Shadow};
     use super::*;
     use crate::{Descriptor, Entry, Policy, Request};
 
+    /// One descriptor a line: blocked, shadow and quota-mode rules beside
+    /// plain ones.
     const POLICY: &str = "
 domain: d
 descriptors:
-  - key: banned
-    rate_limit: { unit: minute, requests_per_unit: 0 }
-  - key: dark_banned
-    shadow_mode: true
-    rate_limit: { unit: minute, requests_per_unit: 0 }
-  - key: user
-    rate_limit: { unit: hour, requests_per_unit: 10 }
-  - key: team
-    rate_limit: { unit: hour, requests_per_unit: 10 }
-  - key: dark
-    shadow_mode: true
-    rate_limit: { unit: hour, requests_per_unit: 10 }
-  - key: quota
-    quota_mode: true
-    rate_limit: { unit: hour, requests_per_unit: 10 }
-  - key: open
-    rate_limit: { unlimited: true }
+  - { key: banned, rate_limit: { unit: minute, requests_per_unit: 0 } }
+  - { key: dark_banned, shadow_mode: true, rate_limit: { unit: minute, requests_per_unit: 0 } }
+  - { key: user, rate_limit: { unit: hour, requests_per_unit: 10 } }
+  - { key: team, rate_limit: { unit: hour, requests_per_unit: 10 } }
+  - { key: dark, shadow_mode: true, rate_limit: { unit: hour, requests_per_unit: 10 } }
+  - { key: quota, quota_mode: true, rate_limit: { unit: hour, requests_per_unit: 10 } }
+  - { key: open, rate_limit: { unlimited: true } }
 ";
 
     const ENFORCE: Settings = Settings {
@@ -233,14 +227,18 @@ descriptors:
         Step::Check { call, mode, quota }
     }
 
+    const fn blocked(mode: Mode, quota: bool) -> Step {
+        Step::Blocked { mode, quota }
+    }
+
     #[test]
     fn enforcing_limits_are_checked_together_and_shadow_ones_after() {
         assert_eq!(
             plan(&["user", "team", "dark", "nothing", "open"], ENFORCE, &[]),
             [
-                check(Call::Together, Mode::Enforce, false),
-                check(Call::Together, Mode::Enforce, false),
-                check(Call::Together, Mode::Shadow, false),
+                check(Together, Enforce, false),
+                check(Together, Enforce, false),
+                check(Together, Shadow, false),
                 Step::NoRule,
                 Step::Unlimited,
             ]
@@ -252,76 +250,62 @@ descriptors:
         assert_eq!(
             plan(&["banned", "user", "quota", "dark"], ENFORCE, &[]),
             [
-                Step::Blocked {
-                    mode: Mode::Enforce,
-                    quota: false
-                },
-                check(Call::Peek, Mode::Enforce, false),
-                check(Call::Alone, Mode::Enforce, true),
-                check(Call::Together, Mode::Shadow, false),
+                blocked(Enforce, false),
+                check(Peek, Enforce, false),
+                check(Alone, Enforce, true),
+                check(Together, Shadow, false),
             ]
         );
         // A shadowed or switched-off blocked rule denies nothing.
         let steps = plan(&["dark_banned", "user"], ENFORCE, &[]);
-        assert_eq!(steps[1], check(Call::Together, Mode::Enforce, false));
+        assert_eq!(steps[1], check(Together, Enforce, false));
         let steps = plan(&["banned", "user"], ENFORCE, &["banned"]);
-        assert_eq!(
-            steps,
-            [Step::Disabled, check(Call::Together, Mode::Enforce, false)]
-        );
+        assert_eq!(steps, [Step::Disabled, check(Together, Enforce, false)]);
     }
 
+    /// The enforcer's global settings, each on its own, for a blocked, an
+    /// enforcing and a shadow rule.
     #[test]
-    fn quota_mode_checks_each_limit_alone() {
-        let quota = Settings {
-            quota_mode: true,
-            ..ENFORCE
+    fn global_settings_change_each_step() {
+        let set = |quota_mode, shadow_mode, each| Settings {
+            shadow_mode,
+            quota_mode,
+            each,
         };
-        assert_eq!(
-            plan(&["banned", "user", "dark"], quota, &[]),
-            [
-                Step::Blocked {
-                    mode: Mode::Enforce,
-                    quota: true
-                },
-                check(Call::Alone, Mode::Enforce, true),
-                check(Call::Together, Mode::Shadow, true),
-            ]
-        );
-    }
-
-    #[test]
-    fn global_shadow_mode_shadows_every_rule_as_its_own() {
-        let shadow = Settings {
-            shadow_mode: true,
-            ..ENFORCE
-        };
-        assert_eq!(
-            plan(&["banned", "user", "dark"], shadow, &[]),
-            [
-                Step::Blocked {
-                    mode: Mode::GlobalShadow,
-                    quota: false
-                },
-                check(Call::Together, Mode::GlobalShadow, false),
-                check(Call::Together, Mode::Shadow, false),
-            ]
-        );
-    }
-
-    #[test]
-    fn each_hit_counting_checks_every_limit_alone() {
-        let each = Settings {
-            each: true,
-            ..ENFORCE
-        };
-        assert_eq!(
-            plan(&["user", "team", "dark"], each, &[]),
-            [
-                check(Call::Alone, Mode::Enforce, false),
-                check(Call::Alone, Mode::Enforce, false),
-                check(Call::Alone, Mode::Shadow, false),
-            ]
-        );
+        let cases = [
+            // Quota mode: every enforcing limit alone, and a blocked rule's
+            // deny no longer denies the others.
+            (
+                set(true, false, false),
+                [
+                    blocked(Enforce, true),
+                    check(Alone, Enforce, true),
+                    check(Together, Shadow, true),
+                ],
+            ),
+            // Global shadow mode: every rule a shadow one, the rules' own
+            // shadow told apart.
+            (
+                set(false, true, false),
+                [
+                    blocked(GlobalShadow, false),
+                    check(Together, GlobalShadow, false),
+                    check(Together, Shadow, false),
+                ],
+            ),
+            // envoyproxy/ratelimit's each-hit counting: every limit alone.
+            (
+                set(false, false, true),
+                [
+                    blocked(Enforce, false),
+                    check(Alone, Enforce, false),
+                    check(Alone, Shadow, false),
+                ],
+            ),
+        ];
+        for (settings, steps) in cases {
+            let keys = ["banned", "user", "dark"];
+            assert_eq!(plan(&keys, settings, &[]), steps, "{settings:?}");
+        }
     }
 }

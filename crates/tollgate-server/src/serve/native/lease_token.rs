@@ -88,13 +88,9 @@ mod tests {
 
     use super::*;
 
-    const POLICY: &str = "
-domain: api
-rules:
-  - name: pool
-    match: [{ key: pool }]
-    algorithm: concurrency
-    limit: { requests: 2, per: 1h }
+    /// Two requests in flight at once.
+    const POLICY: &str = "domain: api
+rules: [{ name: pool, match: [{ key: pool }], algorithm: concurrency, limit: { requests: 2, per: 1h } }]
 ";
 
     async fn run(enforcer: &Enforcer<MemoryStore<ManualClock>>) -> Verdict {
