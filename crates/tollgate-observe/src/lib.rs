@@ -4,10 +4,11 @@
 //! live page with its data ([`live`], with what the store says of its health
 //! in [`store_health`]).
 //!
-//! Each observer keeps a rule's series with the rule (its memo), so a
-//! decision counts with one atomic add once its series exist.
+//! Each observer keeps a rule's series in a slot of its own, found by the
+//! rule's index in its policy (`per_rule`), so a decision counts with one
+//! atomic add once its series exist.
 
-mod kept;
 pub mod live;
 pub mod metrics;
+mod per_rule;
 pub mod store_health;

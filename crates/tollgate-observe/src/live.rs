@@ -32,8 +32,8 @@ use tokio::sync::watch;
 use tollgate_core::{Clock, Nanos};
 use tollgate_policy::{Decided, Observer, Policy, Reload};
 
-use crate::kept::kept;
 use crate::metrics;
+use crate::per_rule::{PerResult, PerRule};
 use crate::store_health::StoreHealth;
 
 pub(crate) mod series;
@@ -175,10 +175,8 @@ struct ReloadSeen {
 /// What the live page shows, gathered as the service runs; see the module
 /// docs.
 pub struct Live {
-    /// Which page this is, among those of the process: what a rule's kept
-    /// series are checked against (a number never reused, where an address
-    /// could be).
-    id: u64,
+    /// Each rule's series, by result, once a decision has needed them.
+    rules: PerRule<PerResult<Arc<Series>>>,
     clock: Arc<dyn Clock>,
     index: ArcSwap<Index>,
     /// Held while a new series is added, so two adders do not lose one.
@@ -210,10 +208,8 @@ impl Live {
             at: loaded_at,
             totals: Vec::new(),
         });
-        /// The next page's id.
-        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Self {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            rules: PerRule::default(),
             clock,
             index: ArcSwap::default(),
             grow: Mutex::new(()),
@@ -448,24 +444,24 @@ impl Observer for Observe {
     /// labelled as the metrics label it; offers a denied one to the top-K.
     fn decided(&self, decided: &Decided<'_>) {
         let live = &self.0;
+        let mut slots = None;
         for (index, verdict) in decided.verdict.descriptors.iter().enumerate() {
             let (rule, kept) = match (decided.domain, &verdict.rule) {
-                (Some(_), Some(rule)) => (Some(metrics::rule_label(rule)), kept(rule)),
+                (Some(_), Some(rule)) => (
+                    Some(metrics::rule_label(rule)),
+                    slots.get_or_insert_with(|| live.rules.slots()).get(rule),
+                ),
                 (Some(_), None) => continue,
                 (None, _) => (None, None),
             };
             let result = verdict.result();
-            // The rule keeps its series, made by this page.
-            let series = kept.and_then(|kept| {
-                kept.live.get(result, || {
-                    (live.id, live.series(decided.domain, rule, result))
-                })
-            });
+            let series = kept
+                .and_then(|kept| kept.get(result, || live.series(decided.domain, rule, result)));
             match series {
-                Some((page, series)) if *page == live.id => {
+                Some(series) => {
                     series.count.fetch_add(1, Ordering::Relaxed);
                 }
-                _ => live.count(decided.domain, rule, result),
+                None => live.count(decided.domain, rule, result),
             }
             let top = match result {
                 OVER_LIMIT => &live.denied,
@@ -835,6 +831,62 @@ rules:
         };
         assert_eq!(ok(&first), Some(3));
         assert_eq!(ok(&second), Some(1));
+    }
+
+    /// A reload numbers the rules anew (here in the other order): each rule
+    /// still counts in its own series, as does a decision of the old policy
+    /// made after the reload (a request in flight across it).
+    #[tokio::test]
+    async fn a_reload_keeps_each_rule_counting_in_its_own_series() {
+        const REVERSED: &str = "
+domain: api
+rules:
+  - name: trial
+    match: [{key: plan}]
+    algorithm: token-bucket
+    limit: {requests: 1, per: 1h}
+    shadow: true
+  - name: per-user
+    match: [{key: user}]
+    algorithm: token-bucket
+    limit: {requests: 2, per: 1h}
+";
+        let clock: Arc<dyn Clock> = Arc::new(Manual::default());
+        let live = Arc::new(Live::new(Arc::clone(&clock), "test".into()));
+        let parse = |text| Policy::parse("api.yaml", text).expect("a valid policy");
+        let old = parse(POLICY);
+        // Read before the reload's policy: what a request in flight holds.
+        let in_flight = parse(POLICY);
+        let new = parse(REVERSED);
+        let index = |policy: &Policy, name: &str| {
+            let rule = policy.rules("api").iter().find(|r| r.id() == name);
+            rule.and_then(|r| r.index()).expect("numbered").index()
+        };
+        assert_ne!(index(&old, "per-user"), index(&new, "per-user"));
+        let observed = |policy| {
+            let store = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
+            Enforcer::new(policy, store).with_observer(Arc::new(Observe(Arc::clone(&live))))
+        };
+        let enforcer = observed(old);
+        let both = [descriptor("user", "alice"), descriptor("plan", "trial")];
+        enforce(&enforcer, &both).await;
+        enforcer.policy_handle().store(new);
+        enforce(&enforcer, &both).await;
+        enforce(&observed(in_flight), &both).await;
+        let json = serde_json::to_value(live.snapshot(&enforcer.policy(), Vec::new(), None))
+            .expect("serializable");
+        // Every series of the label set, so a rule counted in two shows.
+        let totals = |rule: &str, result: &str| {
+            let all = json["decisions"].as_array().expect("a list").iter();
+            all.filter(|s| s["rule"] == rule && s["result"] == result)
+                .map(|s| s["total"].as_u64().unwrap())
+                .collect::<Vec<_>>()
+        };
+        // The in-flight request has a store of its own: admitted by both.
+        assert_eq!(totals("per-user", "ok"), [3]);
+        assert_eq!(totals("trial", "ok"), [2]);
+        assert_eq!(totals("trial", "shadow_over_limit"), [1]);
+        assert!(totals("per-user", "over_limit").is_empty());
     }
 
     #[test]

@@ -11,6 +11,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use metrics::{counter, describe_counter, describe_gauge, gauge, histogram};
@@ -22,7 +23,7 @@ use tollgate_policy::{
 use tollgate_redis::RedisStats;
 use tollgate_store::{BreakerState, DenyCacheStats, FallbackStats, HybridStats, MemoryStats};
 
-use crate::kept::kept;
+use crate::per_rule::{PerResult, PerRule};
 
 mod bounded;
 pub(crate) mod envoy_stats;
@@ -272,7 +273,24 @@ pub fn render(handle: &PrometheusHandle) -> String {
 /// The service's [`Observer`]: every decision of the enforcer, whatever the
 /// door (gRPC, `/json`, `/v1/check`, the gateway), counted the same way, and
 /// store failures logged.
-pub struct Observe;
+#[derive(Default)]
+pub struct Observe {
+    /// Each rule's series, once a decision has needed them.
+    rules: PerRule<RuleSeries>,
+}
+
+/// The series of one rule's own label set (a `detailed_metric` rule's
+/// labels carry the request's values, and are not kept here).
+#[derive(Default)]
+struct RuleSeries {
+    /// `tollgate_decisions_total`'s counters, by result.
+    decisions: PerResult<metrics::Counter>,
+    /// `tollgate_shadow_denials_total`'s counter.
+    shadow_denials: OnceLock<metrics::Counter>,
+    /// envoyproxy/ratelimit's series of a rule of its format, when its stats
+    /// key is the rule's own (it carries no request values).
+    envoy_stats: OnceLock<envoy_stats::Series>,
+}
 
 impl Observer for Observe {
     /// Counts each matched descriptor's decision (unmatched ones carry no
@@ -283,6 +301,7 @@ impl Observer for Observe {
     /// label set. Rules of envoyproxy/ratelimit's format are counted in its
     /// series too ([`envoy_stats`]).
     fn decided(&self, decided: &Decided<'_>) {
+        let mut slots = None;
         for (index, descriptor) in decided.verdict.descriptors.iter().enumerate() {
             if let State::StoreFailed(failure) = descriptor.state {
                 store_fallback(failure);
@@ -290,17 +309,18 @@ impl Observer for Observe {
             let (Some(domain), Some(rule)) = (decided.domain, &descriptor.rule) else {
                 continue;
             };
+            let kept = slots.get_or_insert_with(|| self.rules.slots()).get(rule);
             let detailed = rule
                 .detailed_metric()
                 .then(|| decided.descriptors.get(index).map(detailed_label))
                 .flatten()
                 .map(|label| bounded(DECISIONS, domain, rule.id(), label));
-            envoy_stats::record(decided, index, domain, rule);
+            envoy_stats::record(decided, index, domain, rule, kept.map(|k| &k.envoy_stats));
             let result = descriptor.result();
             let shadow_denied = descriptor.shadow_denied();
-            // A rule's own label set: its counters are kept with it.
+            // A rule's own label set: its counters are kept in its slot.
             if detailed.is_none()
-                && let Some(kept) = kept(rule)
+                && let Some(kept) = kept
                 && let Some(counter) = kept.decisions.get(result, || {
                     decision_counter(domain, rule_label(rule), result)
                 })

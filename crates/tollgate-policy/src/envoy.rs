@@ -18,7 +18,7 @@ use tollgate_core::{Algorithm, Quota, QuotaError};
 use crate::config::{ConfigErrors, File, Found};
 use crate::domain::Domain;
 use crate::metadata::MetadataField;
-use crate::rule::{Action, Limited, Memo, envoy_limit};
+use crate::rule::{Action, Limited, Numbered, envoy_limit};
 use crate::tree::Pattern;
 use crate::{ConfigError, FailurePolicy, Rule, Unit};
 
@@ -684,6 +684,6 @@ fn rule(
         },
         action,
         source: file.source(spanned.referenced),
-        memo: Memo::kept(),
+        index: Numbered::default(),
     }))
 }

@@ -46,8 +46,8 @@ mod tree;
 pub use config::parse_yaml;
 pub use descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 pub use enforcer::{
-    AdHoc, Check, Counting, Decided, DescriptorVerdict, Enforcer, InvalidToken, NoObserver,
-    Observer, Permit, Prepared, RequestLimits, State, Verdict,
+    AdHoc, Check, Counting, Decided, DescriptorVerdict, Enforcer, NoObserver, Observer, Permit,
+    Prepared, RequestLimits, State, Verdict,
 };
 pub use error::{ConfigError, RequestError, ResetError, Unsupported};
 pub use kill_switch::KillSwitch;
@@ -55,7 +55,7 @@ pub use metadata::{Metadata, MetadataValue};
 pub use policy::{Applied, ConfigFiles, Policy, Resolved};
 pub use policy_handle::PolicyHandle;
 pub use reload::{Fingerprint, Refusal, Reload, ReloadError, Reloader, Safeguards, Trigger};
-pub use rule::Rule;
+pub use rule::{Rule, RuleIndex};
 pub use store_settings::StoreSettings;
 pub use tollgate_core::FailurePolicy;
 pub use tollgate_core::{ParseDurationError, parse_duration};

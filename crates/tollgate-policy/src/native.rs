@@ -20,7 +20,7 @@ use tollgate_core::{Algorithm, Quota};
 
 use crate::config::{ConfigErrors, File, Found};
 use crate::domain::Domain;
-use crate::rule::{Action, Limited, Memo, Priority, Tiers, envoy_limit};
+use crate::rule::{Action, Limited, Numbered, Priority, Tiers, envoy_limit};
 use crate::tree::Pattern;
 use crate::{FailurePolicy, Rule, parse_duration};
 
@@ -332,7 +332,7 @@ fn rule(
         action,
         envoy_window: None,
         source: file.source(spanned.referenced),
-        memo: Memo::kept(),
+        index: Numbered::default(),
     }))
 }
 

@@ -1,12 +1,13 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tollgate_core::{Algorithm, Limit, Quota, QuotaError};
 
 use crate::config::ConfigErrors;
 use crate::domain::Domain;
-use crate::rule::{Action, Limited, Memo, envoy_limit};
+use crate::rule::{Action, Limited, Numbered, RuleIndex, envoy_limit};
 use crate::{
     ConfigError, Descriptor, Entry, FailurePolicy, Request, RequestError, Rule, StoreSettings,
 };
@@ -62,6 +63,9 @@ pub enum Resolved {
     Limit(Applied),
 }
 
+/// The number the next policy read whole takes ([`RuleIndex::policy`]).
+static POLICIES: AtomicU64 = AtomicU64::new(0);
+
 /// A validated, immutable set of domains and their rules.
 #[derive(Debug, Default)]
 pub struct Policy {
@@ -87,7 +91,7 @@ impl Policy {
                 .add_file(Path::new(name), text, false)
                 .expect("the built-in policy is valid");
         }
-        policy
+        policy.numbered()
     }
 
     /// Reads a config file, or every `.yaml`/`.yml` file of a directory (in
@@ -112,7 +116,7 @@ impl Policy {
             let text = std::fs::read_to_string(&file).map_err(|e| io_error(&file, e))?;
             policy.add_file(&file, &text, merge).map_err(|e| e.first)?;
         }
-        Ok(policy)
+        Ok(policy.numbered())
     }
 
     /// Every error [`Policy::load_files`] can find in `path`, rather than
@@ -172,7 +176,7 @@ impl Policy {
         policy
             .add_file(name.as_ref(), text, false)
             .map_err(|e| e.first)?;
-        Ok(policy)
+        Ok(policy.numbered())
     }
 
     /// Reads several config files' texts, each with its name, as the files
@@ -186,7 +190,23 @@ impl Policy {
                 .add_file(name.as_ref(), text.as_ref(), false)
                 .map_err(|e| e.first)?;
         }
-        Ok(policy)
+        Ok(policy.numbered())
+    }
+
+    /// The policy read whole, its rules numbered 0 to n under a number of
+    /// its own (see [`RuleIndex`]).
+    fn numbered(self) -> Self {
+        let policy = POLICIES.fetch_add(1, Ordering::Relaxed);
+        let rules = self.domains.values().map(|d| d.rules.len()).sum();
+        let all = self.domains.values().flat_map(|d| &d.rules);
+        for (index, rule) in all.enumerate() {
+            rule.index.set(RuleIndex {
+                policy,
+                index,
+                rules,
+            });
+        }
+        self
     }
 
     /// Adds one file's domain; with `merge`, a domain in envoyproxy/ratelimit's
@@ -485,7 +505,7 @@ fn override_limit(
             action,
             envoy_window: Some(o.unit),
             source: "request".into(),
-            memo: Memo::none(),
+            index: Numbered::default(),
         })
     };
     let Some(quota) = quota else {

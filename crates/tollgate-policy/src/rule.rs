@@ -1,4 +1,3 @@
-use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -77,64 +76,77 @@ pub struct Rule {
     /// See [`Rule::envoy_window`].
     pub(crate) envoy_window: Option<Unit>,
     pub(crate) source: String,
-    /// See [`Rule::memo`].
-    pub(crate) memo: Memo,
+    /// See [`Rule::index`].
+    pub(crate) index: Numbered,
 }
 
-/// What an observer keeps with a rule ([`Rule::memo`]): nothing for a rule
-/// made for one request. A clone starts empty: what was kept belongs to the
-/// rule it was made for.
-pub(crate) struct Memo(Option<OnceLock<Box<dyn Any + Send + Sync>>>);
+/// Where a rule stands in the policy that loaded it: rule
+/// [`index`](RuleIndex::index) of the [`rules`](RuleIndex::rules) its policy
+/// numbers densely from 0, in the policy numbered
+/// [`policy`](RuleIndex::policy). An observer keeps its state per rule in a
+/// slice of `rules()` entries, one slice per policy: a reload loads a new
+/// policy, numbered anew, where the same rule may stand elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleIndex {
+    pub(crate) policy: u64,
+    pub(crate) index: usize,
+    pub(crate) rules: usize,
+}
 
-impl Memo {
-    /// The memo of a rule that lives as long as its policy.
-    pub(crate) fn kept() -> Self {
-        Self(Some(OnceLock::new()))
+impl RuleIndex {
+    /// The policy's number: unique in the process, and larger for a policy
+    /// loaded later.
+    pub fn policy(self) -> u64 {
+        self.policy
     }
 
-    /// The memo of a rule made for one request (a limit override), which
-    /// keeps nothing: what it kept would serve that request alone.
-    pub(crate) fn none() -> Self {
-        Self(None)
+    /// The rule's place in its policy, below [`RuleIndex::rules`].
+    pub fn index(self) -> usize {
+        self.index
+    }
+
+    /// How many rules the policy numbers.
+    pub fn rules(self) -> usize {
+        self.rules
     }
 }
 
-impl Clone for Memo {
+/// A rule's [`RuleIndex`], set once its policy is read whole. A clone is
+/// another rule, outside any policy's numbering.
+#[derive(Default)]
+pub(crate) struct Numbered(OnceLock<RuleIndex>);
+
+impl Numbered {
+    pub(crate) fn set(&self, index: RuleIndex) {
+        // A rule belongs to one policy: numbered once, when it is read.
+        let _ = self.0.set(index);
+    }
+}
+
+impl Clone for Numbered {
     fn clone(&self) -> Self {
-        match self.0 {
-            Some(_) => Self::kept(),
-            None => Self::none(),
+        Self::default()
+    }
+}
+
+impl fmt::Debug for Numbered {
+    /// The rule's place alone: the same rules read twice print alike,
+    /// whatever number each policy took.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.get() {
+            Some(at) => write!(f, "Numbered({} of {})", at.index, at.rules),
+            None => f.write_str("Numbered(none)"),
         }
     }
 }
 
-impl fmt::Debug for Memo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match &self.0 {
-            Some(kept) if kept.get().is_some() => "Memo(kept)",
-            Some(_) => "Memo",
-            None => "Memo(none)",
-        })
-    }
-}
-
 impl Rule {
-    /// What an observer keeps with this rule, made by `make` the first time
-    /// it is asked for: the series it counts the rule's decisions in, say,
-    /// so that a decision finds them without a lookup by domain and rule
-    /// name. It lives as long as the rule, i.e. until the policy the rule
-    /// belongs to is replaced, and the next policy's rules start empty.
-    ///
-    /// A rule keeps one value: `None` when it already keeps one of another
-    /// type than `T`, and for a rule made from a request's limit override,
-    /// which lives as long as that request (a caller looks such a rule's
-    /// series up as it would without a memo).
-    pub fn memo<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
-        self.memo
-            .0
-            .as_ref()?
-            .get_or_init(|| Box::new(make()))
-            .downcast_ref::<T>()
+    /// Where the rule stands in the policy that loaded it, for an observer
+    /// to find its own state for the rule with a bounds check rather than a
+    /// lookup by domain and rule name. `None` for a rule made from a
+    /// request's limit override, which lives as long as that request.
+    pub fn index(&self) -> Option<RuleIndex> {
+        self.index.0.get().copied()
     }
 
     /// The rule's identity within its domain: the native rule's name, or the
@@ -298,41 +310,41 @@ pub(crate) fn envoy_limit(quota: &Quota) -> (u64, Unit) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     use crate::{Descriptor, Entry, LimitOverride, Policy, Request, Resolved, Unit};
 
+    const NATIVE: &str = "domain: d\nrules:\n  - name: r\n    match: [{ key: k }]\n    limit: { requests: 1, per: 1s }\n  - name: s\n    match: [{ key: l }]\n    limit: { requests: 2, per: 1s }\n";
+    const ENVOY: &str = "domain: e\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: 1 }\n    descriptors:\n      - key: b\n        rate_limit: { unit: minute, requests_per_unit: 2 }\n";
+
     #[test]
-    fn a_rule_keeps_one_memo_made_once() {
-        let policy = Policy::parse(
-            "memo.yaml",
-            "domain: d\nrules:\n  - name: r\n    match: [{ key: k }]\n    limit: { requests: 1, per: 1s }\n",
-        )
-        .expect("a valid policy");
-        let rule = &policy.rules("d")[0];
-        let made = AtomicUsize::new(0);
-        let make = || {
-            made.fetch_add(1, Ordering::Relaxed);
-            7_u32
-        };
-        assert_eq!(rule.memo(make), Some(&7));
-        assert_eq!(rule.memo(make), Some(&7));
-        assert_eq!(made.load(Ordering::Relaxed), 1);
-        // Another type finds the memo taken.
-        assert_eq!(rule.memo(|| "other"), None);
-        // A copy of the rule is another rule: it keeps its own.
-        let copy = (**rule).clone();
-        assert_eq!(copy.memo(|| 8_u32), Some(&8));
-        assert_eq!(rule.memo(|| 9_u32), Some(&7));
+    fn a_policy_numbers_its_rules_densely_and_a_reload_anew() {
+        let load =
+            || Policy::parse_all([("d.yaml", NATIVE), ("e.yaml", ENVOY)]).expect("a valid policy");
+        let policy = load();
+        let rules: Vec<_> = ["d", "e"]
+            .into_iter()
+            .flat_map(|domain| policy.rules(domain))
+            .collect();
+        assert_eq!(rules.len(), 4);
+        let indexes: Vec<_> = rules
+            .iter()
+            .map(|rule| rule.index().expect("a policy's rule is numbered"))
+            .collect();
+        let mut places: Vec<_> = indexes.iter().map(|i| i.index()).collect();
+        places.sort_unstable();
+        assert_eq!(places, [0, 1, 2, 3]);
+        assert!(indexes.iter().all(|i| i.rules() == 4));
+        assert!(indexes.iter().all(|i| i.policy() == indexes[0].policy()));
+        // The same files loaded again are another policy, numbered later.
+        let again = load();
+        let later = again.rules("d")[0].index().expect("numbered");
+        assert!(later.policy() > indexes[0].policy());
+        // A copy of a rule is another rule, in no policy.
+        assert_eq!((**rules[0]).clone().index(), None);
     }
 
     #[test]
-    fn a_rule_made_for_one_request_keeps_nothing() {
-        let policy = Policy::parse(
-            "memo.yaml",
-            "domain: d\nrules:\n  - name: r\n    match: [{ key: k }]\n    limit: { requests: 1, per: 1s }\n",
-        )
-        .expect("a valid policy");
+    fn a_rule_made_for_one_request_has_no_index() {
+        let policy = Policy::parse("d.yaml", NATIVE).expect("a valid policy");
         let descriptors = [Descriptor {
             entries: vec![Entry::new("k", "v")],
             limit: Some(LimitOverride {
@@ -351,6 +363,6 @@ mod tests {
             panic!("the override applies: {resolved:?}");
         };
         assert!(applied.rule.id().starts_with("override:"));
-        assert_eq!(applied.rule.memo(|| 7_u32), None);
+        assert_eq!(applied.rule.index(), None);
     }
 }

@@ -294,7 +294,10 @@ async fn launch(
             .with_clock(Arc::clone(&clock))
             .with_timer(Arc::new(FastClock::new()))
             .with_observer(record::observer(
-                (metrics::Observe, live::Observe(Arc::clone(&live))),
+                (
+                    metrics::Observe::default(),
+                    live::Observe(Arc::clone(&live)),
+                ),
                 &args.record,
             )?),
     );

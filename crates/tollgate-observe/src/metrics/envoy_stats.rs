@@ -13,18 +13,18 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use tollgate_policy::{Decided, DescriptorVerdict, Rule, State};
 
 use super::bounded::bounded;
-use crate::kept::kept;
 
 pub(crate) mod series;
 
 use series::Counts;
 pub(crate) use series::NAMES;
-use series::Series;
+pub(crate) use series::Series;
 
 /// Their help texts, as envoyproxy/ratelimit's README describes the stats.
 pub(crate) const HELP: [&str; 5] = [
@@ -116,8 +116,15 @@ fn descriptor_counts(verdict: &DescriptorVerdict, rule: &Rule, cost: u64) -> Opt
 }
 
 /// Counts the descriptor at `index` of `decided`, matched by `rule` of
-/// `domain`, in envoyproxy/ratelimit's series.
-pub(crate) fn record(decided: &Decided<'_>, index: usize, domain: &str, rule: &Rule) {
+/// `domain`, in envoyproxy/ratelimit's series; `kept` is where the rule's
+/// own series is kept, when its observer has a slot for the rule.
+pub(crate) fn record(
+    decided: &Decided<'_>,
+    index: usize,
+    domain: &str,
+    rule: &Rule,
+    kept: Option<&OnceLock<Series>>,
+) {
     let (Some(verdict), Some(descriptor)) = (
         decided.verdict.descriptors.get(index),
         decided.descriptors.get(index),
@@ -135,12 +142,10 @@ pub(crate) fn record(decided: &Decided<'_>, index: usize, domain: &str, rule: &R
         // Keys that carry the request's values are bounded per rule, as the
         // detailed `tollgate_decisions_total` labels are.
         Cow::Owned(key) => Cow::Owned(bounded(FAMILY, domain, rule.id(), key)),
-        // The rule's own key: its series is kept with it.
+        // The rule's own key: its series is kept in the rule's slot.
         Cow::Borrowed(key) => {
-            if let Some(kept) = kept(rule) {
-                kept.envoy_stats
-                    .get_or_init(|| Series::new(domain, key))
-                    .add(counts);
+            if let Some(kept) = kept {
+                kept.get_or_init(|| Series::new(domain, key)).add(counts);
                 return;
             }
             Cow::Borrowed(key)

@@ -40,6 +40,7 @@
 
 mod observer;
 mod permit;
+mod plan;
 mod request;
 mod verdict;
 
@@ -56,7 +57,8 @@ use tollgate_core::{
 };
 
 pub use observer::{Decided, NoObserver, Observer};
-pub use permit::{InvalidToken, Permit};
+pub use permit::Permit;
+use plan::{Call, Mode, Plan, Settings, Step};
 pub use request::{AdHoc, Check, Prepared, RequestLimits};
 pub use verdict::{DescriptorVerdict, State, Verdict};
 
@@ -417,7 +419,9 @@ impl<S: Store> Enforcer<S> {
         Ok((resolved, each))
     }
 
-    /// Decides `request`, whose limits are `resolved` ([`Enforcer::resolve`]).
+    /// Decides `request`, whose limits are `resolved` ([`Enforcer::resolve`]):
+    /// plans each descriptor's step ([`Plan`]), then makes the plan's store
+    /// calls.
     async fn decide_resolved(
         &self,
         request: &Request<'_>,
@@ -426,63 +430,47 @@ impl<S: Store> Enforcer<S> {
     ) -> Result<Verdict, RequestError> {
         let started_at = self.clock.now();
         let domain = request.domain;
-        let quota_mode = |rule: &Rule| self.quota_mode || rule.quota_mode();
+        let settings = Settings {
+            shadow_mode: self.shadow_mode,
+            quota_mode: self.quota_mode,
+            each,
+        };
+        let plan = Plan::new(resolved, settings, |rule| {
+            self.kill_switch.enforced(domain, rule.id())
+        });
+        let mut descriptors: Vec<DescriptorVerdict> = Vec::with_capacity(resolved.len());
         let mut enforce = Batched::new();
         let mut alone = Batched::new();
         let mut shadow = Batched::new();
-        let mut descriptors: Vec<DescriptorVerdict> = Vec::with_capacity(resolved.len());
-        for (index, resolved) in resolved.iter().enumerate() {
-            let verdict = match resolved {
-                Resolved::NoRule => DescriptorVerdict::new(State::NoRule, None),
-                Resolved::Unlimited(rule) => DescriptorVerdict::new(State::Unlimited, Some(rule)),
-                Resolved::Replaced(rule) => DescriptorVerdict::new(State::Replaced, Some(rule)),
-                Resolved::Blocked(rule, _) | Resolved::Limit(Applied { rule, .. })
-                    if !self.kill_switch.enforced(domain, rule.id()) =>
-                {
-                    DescriptorVerdict::new(State::Disabled, Some(rule))
-                }
-                Resolved::Blocked(rule, unit) => {
-                    let state = if rule.shadow() || self.shadow_mode {
-                        State::Shadow
-                    } else {
-                        State::Blocked
-                    };
-                    DescriptorVerdict {
-                        envoy_limit: Some((0, *unit)),
-                        decision: Some(blocked(*unit, started_at)),
-                        quota: quota_mode(rule),
-                        global_shadow: self.shadow_mode && !rule.shadow(),
-                        ..DescriptorVerdict::new(state, Some(rule))
-                    }
-                }
-                Resolved::Limit(applied) => {
-                    let quota = quota_mode(&applied.rule);
-                    let state = if applied.shadow || self.shadow_mode {
-                        shadow.push((index, applied));
-                        State::Shadow
-                    } else {
-                        if quota || each {
-                            alone.push((index, applied));
-                        } else {
-                            enforce.push((index, applied));
-                        }
-                        State::Limited
-                    };
-                    DescriptorVerdict {
-                        envoy_limit: Some(applied.envoy_limit),
-                        applied: Some((applied.quota, applied.algorithm)),
-                        quota,
-                        global_shadow: self.shadow_mode && !applied.shadow,
-                        ..DescriptorVerdict::new(state, Some(&applied.rule))
-                    }
-                }
+        let mut shadow_alone = Batched::new();
+        let mut peek = false;
+        for (index, (resolved, step)) in resolved.iter().zip(&plan.0).enumerate() {
+            descriptors.push(step.verdict(resolved, started_at));
+            let (Resolved::Limit(applied), Step::Check { call, mode, .. }) = (resolved, step)
+            else {
+                continue;
             };
-            descriptors.push(verdict);
+            let batch = match (mode, call) {
+                (Mode::Enforce, Call::Together) => &mut enforce,
+                (Mode::Enforce, Call::Peek) => {
+                    peek = true;
+                    &mut enforce
+                }
+                (Mode::Enforce, Call::Alone) => &mut alone,
+                (_, Call::Alone) => &mut shadow_alone,
+                (_, Call::Together | Call::Peek) => &mut shadow,
+            };
+            batch.push((index, applied));
         }
 
         // Config rules were checked when their config loaded (see
         // `Enforcer::unsupported`); a request's own override was not.
-        for (index, applied) in enforce.iter().chain(&alone).chain(&shadow) {
+        for (index, applied) in enforce
+            .iter()
+            .chain(&alone)
+            .chain(&shadow)
+            .chain(&shadow_alone)
+        {
             self.store
                 .supports(applied.algorithm, &applied.quota)
                 .map_err(|e| RequestError::UnsupportedLimit {
@@ -491,15 +479,10 @@ impl<S: Store> Enforcer<S> {
                 })?;
         }
 
-        // A blocked rule denies without a store call, so the all-or-nothing
-        // limits beside it are not charged.
-        let blocked = descriptors
-            .iter()
-            .any(|d| d.state == State::Blocked && !d.quota && !d.allowed());
         // Each batch's future is made only when it has limits: most
         // requests have one batch.
         let mut permit = Permit::default();
-        if blocked {
+        if peek {
             self.peek(&mut descriptors, &enforce).await;
         } else if !enforce.is_empty() {
             permit = self
@@ -513,12 +496,13 @@ impl<S: Store> Enforcer<S> {
             );
         }
         if !shadow.is_empty() {
-            permit.extend(if each {
-                self.decide_each(&mut descriptors, &shadow, Batch::Shadow)
-                    .await
-            } else {
-                self.decide(&mut descriptors, &shadow, Batch::Shadow).await
-            });
+            permit.extend(self.decide(&mut descriptors, &shadow, Batch::Shadow).await);
+        }
+        if !shadow_alone.is_empty() {
+            permit.extend(
+                self.decide_each(&mut descriptors, &shadow_alone, Batch::Shadow)
+                    .await,
+            );
         }
         let mut verdict = Verdict {
             descriptors,
@@ -659,9 +643,6 @@ impl<S: Store> Enforcer<S> {
     /// Reads the limits of `batch` at cost 0: what each has left, for the
     /// answer of a request that a blocked rule denied.
     async fn peek(&self, descriptors: &mut [DescriptorVerdict], batch: &[(usize, &Applied)]) {
-        if batch.is_empty() {
-            return;
-        }
         let limits: Limits<'_> = batch.iter().map(|(_, a)| a.limit().with_cost(0)).collect();
         if let Ok(outcome) = self.timed_check(&limits).await {
             for ((index, _), decision) in batch.iter().zip(outcome.decisions) {

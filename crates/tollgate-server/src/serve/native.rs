@@ -29,6 +29,8 @@
 //! `X-RateLimit-Reset` (epoch seconds), the IETF draft's `RateLimit-Policy`
 //! and `RateLimit`, and, on 429, `Retry-After` (delta-seconds, at least 1).
 
+mod lease_token;
+
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
@@ -48,7 +50,7 @@ use tollgate_policy::{Descriptor, Entry, LimitOverride, Request, Unit, parse_dur
 use super::state::{ApiError, AppState};
 use tollgate_http::headers::ceil_millis;
 use tollgate_observe::metrics::{self, Api, CheckResult};
-use tollgate_policy::{AdHoc, Check, DescriptorVerdict, Enforcer, Permit, Verdict};
+use tollgate_policy::{AdHoc, Check, DescriptorVerdict, Enforcer, Verdict};
 
 /// A check against the policy.
 #[derive(Debug, Deserialize)]
@@ -542,9 +544,7 @@ pub(crate) async fn release<S: Store + 'static>(
     let permit = Json::<ReleaseRequest>::from_bytes(&body)
         .map_err(|r| ApiError::bad_request(r.body_text()))
         .and_then(|Json(request)| {
-            request
-                .lease
-                .parse::<Permit>()
+            lease_token::permit(&request.lease)
                 .map_err(|e| ApiError::bad_request(format!("lease: {e}")))
         });
     match permit {
@@ -560,7 +560,7 @@ fn render(verdict: &Verdict, style: HeaderStyle) -> Response {
     let allowed = verdict.allowed();
     let top: Option<Decision> = verdict.most_restrictive().and_then(|d| d.decision);
     let delay = verdict.delay();
-    let lease = (!verdict.permit.is_empty()).then(|| verdict.permit.to_string());
+    let lease = (!verdict.permit.is_empty()).then(|| lease_token::token(&verdict.permit));
     let body = CheckResponse {
         allowed,
         limit: top.map(|d| d.limit()),
