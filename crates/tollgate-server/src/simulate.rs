@@ -238,6 +238,7 @@ pub(crate) struct Args {
         value_name = "N,...",
         value_delimiter = ',',
         requires = "trace",
+        conflicts_with_all = ["generate", "policy"],
         value_parser = clap::value_parser!(u16).range(1..=1024)
     )]
     instances: Vec<u16>,
