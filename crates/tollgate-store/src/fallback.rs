@@ -468,7 +468,13 @@ impl<S: Store + 'static> Fallback<S> {
                         report.remaining
                     }
                     Some(report) => {
-                        *report = fresh;
+                        // What was admitted locally stays owed: a report
+                        // lapses on its own clock, not at the window's
+                        // edge, so some of it was admitted in this window.
+                        *report = Report {
+                            debt: report.debt,
+                            ..fresh
+                        };
                         fresh.remaining
                     }
                     None => {
@@ -890,6 +896,44 @@ mod tests {
             assert!(store.check(&[limit]).await.unwrap().allowed());
             assert_eq!(admitted(&store, limit).await, 3, "{algorithm:?}: 10 in all");
         }
+    }
+
+    /// Regression: a report lapses on its own clock (a fresh one holds for a
+    /// period from the first local decision), not at a window's edge, and
+    /// lapsing it dropped what was owed, some of it admitted in the current
+    /// window: `tollgate simulate --instances` found one instance admitting
+    /// 1,003 of a window of 1,000 after an outage.
+    #[tokio::test(start_paused = true)]
+    async fn what_was_admitted_stays_owed_when_a_report_lapses_mid_window() {
+        const HOUR: u64 = 3_600_000_000_000;
+        let (store, clock) = store();
+        let limit = hourly("k", Algorithm::FixedWindow);
+        let admit = |n: u64| {
+            let store = &store;
+            async move {
+                for _ in 0..n {
+                    assert!(store.check(&[limit]).await.unwrap().allowed());
+                }
+            }
+        };
+        admit(1).await;
+        store.inner().set(ERRS);
+        // Into the next window: the report has lapsed, and a fresh one
+        // holds for an hour from here, into the window after.
+        clock.set(HOUR + 1_000_000_000);
+        admit(2).await;
+        // That window: 3 admitted locally under the fresh report, which
+        // then lapses, and 1 more.
+        clock.set(2 * HOUR + 500_000_000);
+        admit(3).await;
+        clock.set(2 * HOUR + 2_000_000_000);
+        admit(1).await;
+        store.inner().set(UP);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // 4 admitted in this window locally: the store is paid at least
+        // those before it decides, so 6 more at most.
+        let more = admitted(&store, limit).await;
+        assert!(more <= 6, "{more} more after 4 admitted locally");
     }
 
     #[tokio::test(start_paused = true)]
