@@ -453,11 +453,23 @@ impl<S: Store + 'static> Fallback<S> {
         let shared = &self.shared;
         let now = shared.clock.now();
         for limit in limits {
+            // A window's fresh report lapses at the local window's edge:
+            // lapsing drops what is owed, which must then be the past
+            // window's only (a period from now, the admissions of the next
+            // window before it lapsed were dropped too: 1,003 of 1,000
+            // after an outage, found by `tollgate simulate --instances`).
+            let period = limit.quota.period_ns();
+            let until = match limit.algorithm {
+                Algorithm::FixedWindow | Algorithm::HitCounter => {
+                    (now / period).saturating_add(1).saturating_mul(period)
+                }
+                _ => now.saturating_add(period),
+            };
             let base = {
                 let mut reports = shared.reports.lock();
                 let fresh = Report {
                     remaining: limit.capacity(),
-                    until: now.saturating_add(limit.quota.period().into_nanos()),
+                    until,
                     seeded: true,
                     debt: 0,
                 };
@@ -468,13 +480,7 @@ impl<S: Store + 'static> Fallback<S> {
                         report.remaining
                     }
                     Some(report) => {
-                        // What was admitted locally stays owed: a report
-                        // lapses on its own clock, not at the window's
-                        // edge, so some of it was admitted in this window.
-                        *report = Report {
-                            debt: report.debt,
-                            ..fresh
-                        };
+                        *report = fresh;
                         fresh.remaining
                     }
                     None => {
@@ -898,11 +904,11 @@ mod tests {
         }
     }
 
-    /// Regression: a report lapses on its own clock (a fresh one holds for a
-    /// period from the first local decision), not at a window's edge, and
-    /// lapsing it dropped what was owed, some of it admitted in the current
-    /// window: `tollgate simulate --instances` found one instance admitting
-    /// 1,003 of a window of 1,000 after an outage.
+    /// Regression: a fresh report held for a period from the first local
+    /// decision, so it lapsed after the next window's edge, and lapsing it
+    /// dropped what was owed, some of it admitted in that window:
+    /// `tollgate simulate --instances` found one instance admitting 1,003
+    /// of a window of 1,000 after an outage.
     #[tokio::test(start_paused = true)]
     async fn what_was_admitted_stays_owed_when_a_report_lapses_mid_window() {
         const HOUR: u64 = 3_600_000_000_000;
@@ -918,12 +924,10 @@ mod tests {
         };
         admit(1).await;
         store.inner().set(ERRS);
-        // Into the next window: the report has lapsed, and a fresh one
-        // holds for an hour from here, into the window after.
+        // Into the next window: the report has lapsed; a fresh one.
         clock.set(HOUR + 1_000_000_000);
         admit(2).await;
-        // That window: 3 admitted locally under the fresh report, which
-        // then lapses, and 1 more.
+        // The window after: 3 admitted locally, a second later 1 more.
         clock.set(2 * HOUR + 500_000_000);
         admit(3).await;
         clock.set(2 * HOUR + 2_000_000_000);
