@@ -10,7 +10,10 @@ use anyhow::{Context, anyhow};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use tollgate_core::{Algorithm, Quota, parse_duration};
 use tollgate_policy::Counting;
-use tollgate_sim::{Generator, Replay, Simulation, Trace, Workload, draw_chart, format_table};
+use tollgate_sim::{
+    FleetReport, Generator, Mode, Replay, Simulation, Split, Timing, Trace, Workload, draw_chart,
+    format_fleet_table, format_table, outage, simulate_fleet,
+};
 
 mod access_log;
 mod preview;
@@ -35,6 +38,30 @@ Replaying a trace:
 
 Durations:
   An integer and a unit: ns, us, ms, s, m, h or d (250ms, 1s, 1m, 1h).
+
+One quota across instances (--instances 1,2,4,8, one --algorithm):
+  The trace's requests are spread over N instances (--split even: any
+  instance with equal odds; skewed: three in four to the first, the rest
+  evenly over the others; drawn from --split-seed) that enforce one global
+  quota of --limit per --period together, each --mode in turn, on a
+  simulated clock:
+  exact         every instance asks one shared store (the Rate Limit Service
+                on Redis): the reference;
+  rlqs          each instance is an Envoy enforcing what the Rate Limit Quota
+                Service assigns it (the service's own share-out), reporting
+                every --report-interval, each assignment arriving
+                --assignment-delay after the report;
+  hybrid        each instance leases slices of the shared store's budget
+                (--hybrid, default settings);
+  fallback-1    the shared store is down through the middle third of the
+  fallback-1/n  trace and each instance falls back to its local store with
+                --fallback-share 1 or 1/N;
+  deny-cache    each instance denies what the shared store just denied;
+  local         each instance has the whole quota of its own.
+  Reported per mode: the cost admitted, against the exact mode's; the most
+  admitted for one key in one aligned window of --period, against the limit;
+  the windows above the limit; and (rlqs) the requests Envoys admitted before
+  their first assignment arrived.
 
 Generating a trace (written to stdout):
   poisson          Poisson arrivals at --rate (exponential gaps), each to one
@@ -91,6 +118,8 @@ Examples:
   tollgate simulate --trace bursty.trace --algorithm all --limit 100 --period 1s
   tollgate simulate --generate boundary-attack | tollgate simulate --trace - \\
       --algorithm all --limit 100 --period 1s --format json --chart attack.svg
+  tollgate simulate --trace bursty.trace --algorithm fixed-window --limit 1000 \\
+      --period 1m --instances 1,2,4,8 --mode exact,rlqs,local --split even
   tollgate simulate --policy new.yaml --baseline old.yaml --requests recorded.ndjson
   tollgate simulate --policy edge.yaml --requests access.log \\
       --access-log-domain edge --access-log-entry remote_address=client";
@@ -197,9 +226,56 @@ pub(crate) struct Args {
         long,
         value_name = "FILE.svg",
         requires = "trace",
-        conflicts_with = "generate"
+        conflicts_with_all = ["generate", "instances"]
     )]
     chart: Option<PathBuf>,
+
+    /// Replay the trace over these numbers of instances enforcing one global
+    /// quota (comma-separated, e.g. 1,2,4,8), in each --mode, instead of
+    /// comparing algorithms; needs one --algorithm.
+    #[arg(
+        long,
+        value_name = "N,...",
+        value_delimiter = ',',
+        requires = "trace",
+        conflicts_with_all = ["generate", "policy"],
+        value_parser = clap::value_parser!(u16).range(1..=1024)
+    )]
+    instances: Vec<u16>,
+
+    /// How requests are spread over the instances: even, skewed (three in
+    /// four to one instance), or both [default: even,skewed].
+    #[arg(
+        long,
+        value_name = "SPLIT,...",
+        value_delimiter = ',',
+        requires = "instances"
+    )]
+    split: Vec<Split>,
+
+    /// How the instances enforce the quota: exact, rlqs, hybrid,
+    /// fallback-1, fallback-1/n, deny-cache, local [default: all].
+    #[arg(
+        long,
+        value_name = "MODE,...",
+        value_delimiter = ',',
+        requires = "instances"
+    )]
+    mode: Vec<Mode>,
+
+    /// How often each Envoy reports usage in rlqs mode [default: 5s, as
+    /// Envoy 1.40 does].
+    #[arg(long, value_name = "DURATION", requires = "instances", value_parser = parse_duration)]
+    report_interval: Option<Duration>,
+
+    /// How long after a report its assignment reaches the Envoy in rlqs mode
+    /// [default: 100ms].
+    #[arg(long, value_name = "DURATION", requires = "instances", value_parser = parse_duration)]
+    assignment_delay: Option<Duration>,
+
+    /// Seed of the random split of requests over instances [default: 1].
+    #[arg(long, value_name = "S", requires = "instances")]
+    split_seed: Option<u64>,
 
     /// Write a synthetic trace to stdout instead of replaying one.
     #[arg(
@@ -392,6 +468,16 @@ fn replay(args: &Args) -> anyhow::Result<()> {
             .with_context(|| format!("trace {}", path.display()))?
     };
 
+    if !args.instances.is_empty() {
+        let [algorithm] = algorithms[..] else {
+            return Err(anyhow!(
+                "--instances replays one --algorithm, not {}",
+                algorithms.len()
+            ));
+        };
+        return fleet(args, &trace, quota, algorithm);
+    }
+
     let simulation = Simulation::new(&trace, quota);
     let replays: Vec<Replay> = algorithms.iter().map(|&a| simulation.run(a)).collect();
     let mut out = BufWriter::new(io::stdout().lock());
@@ -423,6 +509,70 @@ fn replay(args: &Args) -> anyhow::Result<()> {
         std::fs::write(chart, svg)
             .with_context(|| format!("cannot write chart {}", chart.display()))?;
     }
+    Ok(())
+}
+
+/// `--instances`: every mode, split and number of instances in turn.
+fn fleet(args: &Args, trace: &Trace, quota: Quota, algorithm: Algorithm) -> anyhow::Result<()> {
+    let splits = if args.split.is_empty() {
+        Split::ALL.to_vec()
+    } else {
+        args.split.clone()
+    };
+    let modes = if args.mode.is_empty() {
+        Mode::ALL.to_vec()
+    } else {
+        args.mode.clone()
+    };
+    let defaults = Timing::default();
+    let mut timing = Timing::default();
+    timing.report_interval = args.report_interval.unwrap_or(defaults.report_interval);
+    timing.assignment_delay = args.assignment_delay.unwrap_or(defaults.assignment_delay);
+    timing.seed = args.split_seed.unwrap_or(defaults.seed);
+    let mut reports: Vec<FleetReport> = Vec::new();
+    for &split in &splits {
+        for &mode in &modes {
+            for &n in &args.instances {
+                reports.push(
+                    simulate_fleet(trace, quota, algorithm, mode, split, n.into(), &timing)
+                        .with_context(|| format!("{mode} over {n} instances, {split}"))?,
+                );
+            }
+        }
+    }
+    let mut out = BufWriter::new(io::stdout().lock());
+    match args.format.unwrap_or(Format::Table) {
+        Format::Json => {
+            for report in &reports {
+                writeln!(out, "{}", serde_json::to_string(report)?)?;
+            }
+        }
+        Format::Table => {
+            let down = outage(trace);
+            let start = trace.requests().first().map_or(0, |r| r.time);
+            writeln!(
+                out,
+                "{}, {}; {} limit {} per {:?}, burst {}; admitted per key and aligned window against the limit",
+                counted(trace.len(), "request"),
+                counted(trace.key_count(), "key"),
+                algorithm.name(),
+                quota.limit(),
+                quota.period(),
+                quota.burst(),
+            )?;
+            writeln!(
+                out,
+                "rlqs: reports every {:?}, assignments {:?} later; fallback: store down from {:?} to {:?}; split seed {}",
+                timing.report_interval,
+                timing.assignment_delay,
+                Duration::from_nanos(down.start - start),
+                Duration::from_nanos(down.end - start),
+                timing.seed,
+            )?;
+            write!(out, "{}", format_fleet_table(&reports, quota.limit()))?;
+        }
+    }
+    out.flush()?;
     Ok(())
 }
 
@@ -465,6 +615,29 @@ mod tests {
         assert!(args("--trace x --algorithm gcra --limit 1").is_err());
         assert!(args("--trace x --algorithm gcra --limit 1 --period 1").is_err());
         assert!(args("--generate poison").is_err());
+    }
+
+    #[test]
+    fn instances_take_their_own_options_and_a_trace() {
+        let a = args(
+            "--trace x --algorithm fixed-window --limit 1 --period 1m --instances 1,2,4,8 \
+             --split skewed --mode rlqs,fallback-1/n --report-interval 1s",
+        )
+        .unwrap();
+        assert_eq!(a.instances, [1, 2, 4, 8]);
+        assert_eq!(a.split, [Split::Skewed]);
+        assert_eq!(a.mode, [Mode::Rlqs, Mode::FallbackShare]);
+        assert!(args("--trace x --algorithm gcra --limit 1 --period 1s --instances 0").is_err());
+        assert!(args("--trace x --algorithm gcra --limit 1 --period 1s --mode rlqs").is_err());
+        assert!(
+            args("--trace x --algorithm gcra --limit 1 --period 1s --instances 2 --mode up")
+                .is_err()
+        );
+        assert!(
+            args("--trace x --algorithm gcra --limit 1 --period 1s --instances 2 --chart c.svg")
+                .is_err()
+        );
+        assert!(args("--generate poisson --instances 2").is_err());
     }
 
     #[test]

@@ -15,6 +15,11 @@
 //! admits and false denies of a [`Report`]. [`draw_chart`] draws the admitted
 //! rate over time of several replays as an SVG.
 //!
+//! [`simulate_fleet`] replays a trace over N instances that enforce one
+//! global quota together, in each [`Mode`] (one shared store, the Rate Limit
+//! Quota Service, hybrid leases, the fallback, the deny cache, local
+//! limits), with the library's own parts on the simulated clock.
+//!
 //! ```
 //! use std::time::Duration;
 //! use tollgate_core::{Algorithm, Quota};
@@ -33,12 +38,17 @@
 //! [`Algorithm::SlidingLog`]: tollgate_core::Algorithm::SlidingLog
 
 mod chart;
+mod fleet;
 mod generate;
 mod replay;
 mod report;
 mod trace;
 
 pub use chart::{ChartError, draw_chart};
+pub use fleet::{
+    FleetError, FleetReport, Mode, ParseNameError, Split, Timing, format_fleet_table, outage,
+    simulate_fleet,
+};
 pub use generate::{GenerateError, Generator, ParseWorkloadError, Workload};
 pub use replay::{Replay, Simulation, Timeline};
 pub use report::{Report, format_table};

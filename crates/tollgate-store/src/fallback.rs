@@ -466,11 +466,23 @@ impl<S: LeaseStore + 'static> Fallback<S> {
         let shared = &self.shared;
         let now = shared.clock.now();
         for limit in limits {
+            // A window's fresh report lapses at the local window's edge:
+            // lapsing drops what is owed, which must then be the past
+            // window's only (a period from now, the admissions of the next
+            // window before it lapsed were dropped too: 1,003 of 1,000
+            // after an outage, found by `tollgate simulate --instances`).
+            let period = limit.quota.period_ns();
+            let until = match limit.algorithm {
+                Algorithm::FixedWindow | Algorithm::HitCounter => {
+                    (now / period).saturating_add(1).saturating_mul(period)
+                }
+                _ => now.saturating_add(period),
+            };
             let base = {
                 let mut reports = shared.reports.lock();
                 let fresh = Report {
                     remaining: limit.capacity(),
-                    until: now.saturating_add(limit.quota.period().into_nanos()),
+                    until,
                     seeded: true,
                     debt: 0,
                 };
@@ -921,6 +933,42 @@ mod tests {
             assert!(store.check(&[limit]).await.unwrap().allowed());
             assert_eq!(admitted(&store, limit).await, 3, "{algorithm:?}: 10 in all");
         }
+    }
+
+    /// Regression: a fresh report held for a period from the first local
+    /// decision, so it lapsed after the next window's edge, and lapsing it
+    /// dropped what was owed, some of it admitted in that window:
+    /// `tollgate simulate --instances` found one instance admitting 1,003
+    /// of a window of 1,000 after an outage.
+    #[tokio::test(start_paused = true)]
+    async fn what_was_admitted_stays_owed_when_a_report_lapses_mid_window() {
+        const HOUR: u64 = 3_600_000_000_000;
+        let (store, clock) = store();
+        let limit = hourly("k", Algorithm::FixedWindow);
+        let admit = |n: u64| {
+            let store = &store;
+            async move {
+                for _ in 0..n {
+                    assert!(store.check(&[limit]).await.unwrap().allowed());
+                }
+            }
+        };
+        admit(1).await;
+        store.inner().set(ERRS);
+        // Into the next window: the report has lapsed; a fresh one.
+        clock.set(HOUR + 1_000_000_000);
+        admit(2).await;
+        // The window after: 3 admitted locally, a second later 1 more.
+        clock.set(2 * HOUR + 500_000_000);
+        admit(3).await;
+        clock.set(2 * HOUR + 2_000_000_000);
+        admit(1).await;
+        store.inner().set(UP);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // 4 admitted in this window locally: the store is paid at least
+        // those before it decides, so 6 more at most.
+        let more = admitted(&store, limit).await;
+        assert!(more <= 6, "{more} more after 4 admitted locally");
     }
 
     #[tokio::test(start_paused = true)]

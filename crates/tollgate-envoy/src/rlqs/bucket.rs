@@ -6,7 +6,6 @@
 
 use std::collections::{HashMap, HashSet};
 
-use tollgate_core::Algorithm;
 use tollgate_policy::{Descriptor, Entry, Policy, Request, Resolved};
 
 use super::fleet::Plan;
@@ -76,26 +75,7 @@ pub fn target(policy: &Policy, domain: &str, bucket: &HashMap<String, String>) -
                 rule: applied.rule.id().to_owned(),
             },
             Some(Resolved::Limit(applied)) => {
-                let quota = applied.quota;
-                let (limit, period) = (quota.limit(), quota.period_ns());
-                let plan = match applied.algorithm {
-                    Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => {
-                        Plan::Rate {
-                            limit,
-                            period,
-                            burst: quota.burst(),
-                        }
-                    }
-                    // Envoy can neither hold a request back nor release a
-                    // permit: these are refused in Envoy's format, and a
-                    // native rule of them is split as a count per window.
-                    Algorithm::LeakyBucketShaping { .. }
-                    | Algorithm::Concurrency
-                    | Algorithm::FixedWindow
-                    | Algorithm::HitCounter
-                    | Algorithm::SlidingLog
-                    | Algorithm::SlidingCounter => Plan::Window { limit, period },
-                };
+                let plan = Plan::of(applied.algorithm, &applied.quota);
                 Target::Quota {
                     key: applied.key,
                     rule: applied.rule.id().to_owned(),

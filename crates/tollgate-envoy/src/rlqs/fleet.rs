@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::Nanos;
+use tollgate_core::{Algorithm, Nanos, Quota};
 
 /// One Envoy's stream, as the service numbers them.
 pub type StreamId = u64;
@@ -71,6 +71,27 @@ pub enum Plan {
 }
 
 impl Plan {
+    /// How a rule of `algorithm` at `quota` is split. Envoy can neither hold
+    /// a request back nor release a permit: the shaping leaky bucket and
+    /// concurrency are refused in Envoy's format, and a native rule of them
+    /// is split as a count per window, as are the windowed algorithms.
+    pub fn of(algorithm: Algorithm, quota: &Quota) -> Self {
+        let (limit, period) = (quota.limit(), quota.period_ns());
+        match algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => Plan::Rate {
+                limit,
+                period,
+                burst: quota.burst(),
+            },
+            Algorithm::LeakyBucketShaping { .. }
+            | Algorithm::Concurrency
+            | Algorithm::FixedWindow
+            | Algorithm::HitCounter
+            | Algorithm::SlidingLog
+            | Algorithm::SlidingCounter => Plan::Window { limit, period },
+        }
+    }
+
     fn period(self) -> Nanos {
         match self {
             Plan::Window { period, .. } | Plan::Rate { period, .. } => period.max(1),

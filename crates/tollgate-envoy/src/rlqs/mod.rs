@@ -4,12 +4,15 @@
 //! A bucket id is mapped onto the policy as a descriptor ([`bucket`]); each
 //! rule's quota is split among the Envoys that report for the bucket
 //! ([`fleet`], pure logic over injected time); [`service`] serves the
-//! streams.
+//! streams. [`EnvoyBucket`] is the other end, a bucket as Envoy applies its
+//! grants, for tests and the simulator.
 
 mod bucket;
+mod envoy;
 mod fleet;
 mod service;
 
 pub use bucket::{Target, target};
-pub use fleet::{BucketStats, Fleet, Grant, Plan, StreamId, TokenBucket, Usage};
+pub use envoy::{Admission, EnvoyBucket};
+pub use fleet::{Answer, BucketStats, Fleet, Grant, Plan, Rule, StreamId, TokenBucket, Usage};
 pub use service::QuotaService;

@@ -2,6 +2,7 @@ use proptest::prelude::*;
 use tollgate_core::{Clock, ManualClock};
 
 use super::*;
+use crate::rlqs::envoy::EnvoyBucket;
 
 const MINUTE: Nanos = 60 * SECOND;
 
@@ -24,79 +25,6 @@ fn tokens(grant: Grant) -> u32 {
     }
 }
 
-/// One Envoy's bucket as Envoy 1.40 keeps it: a grant equal to the one in
-/// force keeps its tokens, any other starts a full bucket; before the first
-/// grant everything is admitted (`no_assignment_behavior: ALLOW_ALL`).
-#[derive(Debug, Default)]
-struct EnvoyBucket {
-    grant: Option<Grant>,
-    tokens: f64,
-    last: Nanos,
-    allowed: u64,
-    denied: u64,
-}
-
-impl EnvoyBucket {
-    fn apply(&mut self, answer: Answer, now: Nanos) {
-        self.refill(now);
-        let grant = answer.grant;
-        if self.grant == Some(grant) {
-            return;
-        }
-        let new = f64::from(tokens(grant));
-        self.tokens = match self.grant {
-            // A token bucket replacing one keeps its fill ratio, unless
-            // a blanket rule came between (a fresh answer).
-            Some(Grant::Tokens(old)) if !answer.fresh => {
-                new * (self.tokens / f64::from(old.max_tokens))
-            }
-            _ => new,
-        };
-        self.grant = Some(grant);
-    }
-
-    fn refill(&mut self, now: Nanos) {
-        if let Some(Grant::Tokens(t)) = self.grant {
-            let rate = f64::from(t.tokens_per_fill) / t.fill_secs as f64;
-            let elapsed = now.saturating_sub(self.last) as f64 / SECOND as f64;
-            self.tokens = (self.tokens + rate * elapsed).min(f64::from(t.max_tokens));
-        }
-        self.last = now;
-    }
-
-    /// Whether a request at `now` is admitted, and whether it was admitted
-    /// before any grant.
-    fn admit(&mut self, now: Nanos) -> (bool, bool) {
-        self.refill(now);
-        let admitted = match self.grant {
-            None => return self.count(true, true),
-            Some(Grant::DenyAll) => false,
-            Some(Grant::Tokens(_)) if self.tokens >= 1.0 => {
-                self.tokens -= 1.0;
-                true
-            }
-            Some(Grant::Tokens(_)) => false,
-        };
-        self.count(admitted, false)
-    }
-
-    fn count(&mut self, admitted: bool, before: bool) -> (bool, bool) {
-        if admitted {
-            self.allowed += 1;
-        } else {
-            self.denied += 1;
-        }
-        (admitted, before)
-    }
-
-    fn take_usage(&mut self) -> Usage {
-        let u = usage(self.allowed, self.denied);
-        self.allowed = 0;
-        self.denied = 0;
-        u
-    }
-}
-
 #[test]
 fn a_window_is_shared_and_deny_all_once_spent() {
     let mut fleet = Fleet::new();
@@ -112,8 +40,8 @@ fn a_window_is_shared_and_deny_all_once_spent() {
         let now = second * SECOND;
         for (i, envoy) in envoys.iter_mut().enumerate() {
             for _ in 0..10 {
-                admitted += u64::from(envoy.admit(now).0);
-                if envoy.grant.is_none() {
+                admitted += u64::from(envoy.admit(now).admitted);
+                if envoy.grant().is_none() {
                     // Envoy reports a new bucket at once.
                     let grant = fleet.report(i as u64, "k", &rule(plan), envoy.take_usage(), now);
                     envoy.apply(grant, now);
@@ -124,7 +52,7 @@ fn a_window_is_shared_and_deny_all_once_spent() {
         }
     }
     assert_eq!(admitted, 10, "the window's limit, no more and no less");
-    assert!(envoys.iter().all(|e| e.grant == Some(Grant::DenyAll)));
+    assert!(envoys.iter().all(|e| e.grant() == Some(Grant::DenyAll)));
     // The next window starts new leases.
     let a = fleet
         .report(0, "k", &rule(plan), usage(0, 10), MINUTE)
@@ -283,12 +211,13 @@ proptest! {
                 let live = step >= t.start && step < t.stop;
                 if live {
                     for _ in 0..t.per_step {
-                        let (ok, early) = envoy.admit(now);
+                        let a = envoy.admit(now);
+                        let (ok, early) = (a.admitted, a.before_grant);
                         admitted[w] += u64::from(ok);
                         before[w] += u64::from(ok && early);
                     }
                 }
-                let first = live && !subscribed[i] && envoy.allowed + envoy.denied > 0;
+                let first = live && !subscribed[i] && envoy.unreported() != Usage::default();
                 let timer = subscribed[i] && step % 100 == t.phase;
                 if first || (timer && live) {
                     subscribed[i] = true;
