@@ -58,6 +58,9 @@ use tollgate_store::FastClock;
 /// How long requests in flight may take to finish once a shutdown starts.
 pub const GRACE: Duration = Duration::from_secs(10);
 
+/// How long one Redis round trip of the quota service may take.
+const RLQS_REDIS_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// How often histograms are folded for `/metrics`.
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 
@@ -324,7 +327,17 @@ async fn launch(
         health.config(xds.healthy_at_start()).await;
     }
     let bodies = Arc::new(args.requests.bodies());
-    let quota = QuotaService::new(handle.clone(), Arc::clone(&clock));
+    let quota = match enforcer.store().redis() {
+        // Replicas behind one Service keep one quota: an RLQS report is no
+        // request, so it needs no more than a second, whatever
+        // `--redis-timeout` allows a check.
+        Some(redis) => QuotaService::replicated(
+            handle.clone(),
+            Arc::clone(&clock),
+            redis.cells("rlqs", RLQS_REDIS_TIMEOUT),
+        ),
+        None => QuotaService::new(handle.clone(), Arc::clone(&clock)),
+    };
     let grpc_service = GrpcService::new(
         RateLimitGrpc::new(
             Arc::clone(&enforcer),

@@ -8,6 +8,7 @@
 
 mod bucket;
 mod fleet;
+mod replicas;
 mod service;
 
 pub use bucket::{Target, target};

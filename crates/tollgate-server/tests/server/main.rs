@@ -23,6 +23,7 @@ mod redis;
 mod redis_tls;
 mod reliability;
 mod reload;
+mod rlqs_replicas;
 mod shed;
 mod simulate;
 mod tls;
