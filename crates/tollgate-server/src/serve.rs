@@ -288,6 +288,10 @@ async fn launch(
         "store ready"
     );
     let live = Arc::new(live::Live::new(Arc::clone(&clock), source));
+    let (observer, recorder) = record::observer(
+        (metrics::Observe, live::Observe(Arc::clone(&live))),
+        &args.record,
+    )?;
     let enforcer: Arc<Enforcer<Backend>> = Arc::new(
         Enforcer::new(handle.clone(), store)
             .with_shadow_mode(args.envoy.as_ref().is_some_and(|e| e.shadow_mode))
@@ -296,10 +300,7 @@ async fn launch(
             .with_request_limits(args.requests.request_limits())
             .with_clock(Arc::clone(&clock))
             .with_timer(Arc::new(FastClock::new()))
-            .with_observer(record::observer(
-                (metrics::Observe, live::Observe(Arc::clone(&live))),
-                &args.record,
-            )?),
+            .with_observer(observer),
     );
     // Only now is the store known: a rule it cannot enforce exactly would
     // otherwise fail every check, by its failure policy.
@@ -338,6 +339,9 @@ async fn launch(
         ),
         None => QuotaService::new(handle.clone(), Arc::clone(&clock)),
     };
+    if let Some(recorder) = &recorder {
+        quota.record_usage(recorder.quota_usage());
+    }
     let grpc_service = GrpcService::new(
         RateLimitGrpc::new(
             Arc::clone(&enforcer),

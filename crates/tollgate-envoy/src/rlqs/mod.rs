@@ -11,6 +11,6 @@ mod fleet;
 mod replicas;
 mod service;
 
-pub use bucket::{Target, target};
+pub use bucket::{Target, matched, target};
 pub use fleet::{BucketStats, Fleet, Grant, Plan, StreamId, TokenBucket, Usage};
-pub use service::QuotaService;
+pub use service::{QuotaService, Reported, RuleQuota, UsageSink};

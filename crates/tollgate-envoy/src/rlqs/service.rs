@@ -3,8 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
@@ -24,12 +24,12 @@ use metrics::{counter, describe_counter, describe_gauge, gauge};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tollgate_core::Clock;
-use tollgate_policy::PolicyHandle;
+use tollgate_core::{Clock, Nanos};
+use tollgate_policy::{Descriptor, PolicyHandle};
 use tollgate_redis::Cells;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::bucket::{Target, target};
+use super::bucket::{Target, matched};
 use super::fleet::{Answer, BucketStats, Fleet, Grant, Rule, StreamId, Usage};
 use super::replicas::Replicated;
 
@@ -52,6 +52,49 @@ struct Inner {
     pruned: AtomicU64,
     /// The rules whose gauges were set, to zero those no bucket has now.
     gauged: Mutex<HashSet<RuleLabels>>,
+    /// Where reported usage goes besides the fleet: the recording.
+    sink: OnceLock<UsageSink>,
+}
+
+/// One bucket's usage as an Envoy reported it: real traffic, counted by
+/// Envoy since its previous report.
+#[derive(Debug)]
+pub struct Reported<'a> {
+    /// When the report came, on the service's clock.
+    pub at: Nanos,
+    /// The policy's domain.
+    pub domain: &'a str,
+    /// The bucket as a descriptor of the policy.
+    pub descriptor: &'a Descriptor,
+    /// What Envoy admitted and denied.
+    pub usage: Usage,
+}
+
+/// Takes each non-empty [`Reported`] usage; called on the stream's task,
+/// so it must not block.
+pub type UsageSink = Arc<dyn Fn(&Reported<'_>) + Send + Sync>;
+
+/// A rule's quota as the Envoys hold it, summed over its buckets: what
+/// `/metrics` and the live page show.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleQuota {
+    /// The policy's domain.
+    pub domain: Arc<str>,
+    /// The rule's id.
+    pub rule: Arc<str>,
+    /// Buckets some Envoy holds a share of.
+    pub buckets: usize,
+    /// Envoys holding a share, summed over the buckets.
+    pub envoys: usize,
+    /// Requests reported admitted: in the current window (windowed
+    /// quotas) or since each bucket was first reported (rates).
+    pub allowed: u64,
+    /// Requests reported denied, likewise.
+    pub denied: u64,
+    /// Tokens of the assignments in force.
+    pub assigned: u64,
+    /// A rate rule's assigned refill, tokens a second.
+    pub assigned_rate: f64,
 }
 
 /// Where the buckets' share-out is kept.
@@ -73,9 +116,6 @@ struct Subscriber {
 
 /// A rule's `domain` and `rule` labels.
 type RuleLabels = (Arc<str>, Arc<str>);
-
-/// A rule's subscriptions, assigned tokens and assigned rate.
-type RuleSums = (usize, u64, f64);
 
 const REPORTED: &str = "tollgate_rlqs_reported_requests_total";
 const STREAMS: &str = "tollgate_rlqs_streams";
@@ -140,28 +180,61 @@ impl QuotaService {
                 open: AtomicI64::new(0),
                 pruned: AtomicU64::new(0),
                 gauged: Mutex::new(HashSet::new()),
+                sink: OnceLock::new(),
             }),
         }
     }
 
+    /// Hands every bucket's reported usage to `sink` too (once: a later
+    /// sink is ignored).
+    pub fn record_usage(&self, sink: UsageSink) {
+        let _ = self.inner.sink.set(sink);
+    }
+
+    /// Each rule's quota as the Envoys hold it now, by domain and rule.
+    pub fn rules(&self) -> Vec<RuleQuota> {
+        let mut rules: HashMap<RuleLabels, RuleQuota> = HashMap::new();
+        for stats in self.inner.shares.stats(self.inner.clock.now()) {
+            let sum = rules
+                .entry((Arc::clone(&stats.domain), Arc::clone(&stats.rule)))
+                .or_insert_with(|| RuleQuota {
+                    domain: stats.domain,
+                    rule: stats.rule,
+                    buckets: 0,
+                    envoys: 0,
+                    allowed: 0,
+                    denied: 0,
+                    assigned: 0,
+                    assigned_rate: 0.0,
+                });
+            sum.buckets += 1;
+            sum.envoys += stats.envoys;
+            sum.allowed = sum.allowed.saturating_add(stats.allowed);
+            sum.denied = sum.denied.saturating_add(stats.denied);
+            sum.assigned = sum.assigned.saturating_add(stats.assigned);
+            sum.assigned_rate += stats.assigned_rate;
+        }
+        let mut rules: Vec<RuleQuota> = rules.into_values().collect();
+        rules.sort_by(|a, b| (&a.domain, &a.rule).cmp(&(&b.domain, &b.rule)));
+        rules
+    }
+
     /// Sets the gauges from the buckets' state, per rule: for a scrape.
     pub fn record_metrics(&self) {
-        let mut rules: HashMap<RuleLabels, RuleSums> = HashMap::new();
-        for stats in self.inner.shares.stats(self.inner.clock.now()) {
-            let sum = rules.entry((stats.domain, stats.rule)).or_default();
-            sum.0 += stats.envoys;
-            sum.1 = sum.1.saturating_add(stats.assigned);
-            sum.2 += stats.assigned_rate;
-        }
+        let rules = self.rules();
         gauge!(STREAMS).set(self.inner.open.load(Ordering::Relaxed) as f64);
         let mut gauged = self.inner.gauged.lock();
-        for gone in gauged.iter().filter(|k| !rules.contains_key(*k)) {
-            set_rule(gone, (0, 0, 0.0));
+        let now: HashSet<RuleLabels> = rules
+            .iter()
+            .map(|r| (Arc::clone(&r.domain), Arc::clone(&r.rule)))
+            .collect();
+        for (domain, rule) in gauged.iter().filter(|k| !now.contains(*k)) {
+            set_rule(domain, rule, (0, 0, 0.0));
         }
-        for (key, sum) in &rules {
-            set_rule(key, *sum);
+        for r in &rules {
+            set_rule(&r.domain, &r.rule, (r.envoys, r.assigned, r.assigned_rate));
         }
-        *gauged = rules.into_keys().collect();
+        *gauged = now;
     }
 
     /// The tonic service to route to.
@@ -207,7 +280,21 @@ impl QuotaService {
                 allowed: usage.num_requests_allowed,
                 denied: usage.num_requests_denied,
             };
-            let action = match target(&policy, domain, &id.bucket) {
+            let (target, descriptor) = match matched(&policy, domain, &id.bucket) {
+                Some((target, descriptor)) => (target, Some(descriptor)),
+                None => (Target::NoRule, None),
+            };
+            if let (Some(sink), Some(descriptor)) = (self.inner.sink.get(), &descriptor)
+                && used.allowed.saturating_add(used.denied) > 0
+            {
+                sink(&Reported {
+                    at: now,
+                    domain,
+                    descriptor,
+                    usage: used,
+                });
+            }
+            let action = match target {
                 Target::Quota { key, plan, rule } => {
                     count(domain, &rule, used);
                     let rule = Rule {
@@ -311,7 +398,7 @@ impl Shares {
     }
 }
 
-fn set_rule((domain, rule): &RuleLabels, (envoys, assigned, rate): RuleSums) {
+fn set_rule(domain: &str, rule: &str, (envoys, assigned, rate): (usize, u64, f64)) {
     let labels = [("domain", domain.to_string()), ("rule", rule.to_string())];
     gauge!(SUBSCRIPTIONS, &labels).set(envoys as f64);
     gauge!(ASSIGNED, &labels).set(assigned as f64);

@@ -1,15 +1,16 @@
-//! Several Tollgates behind one Service keep one quota for the Rate Limit
-//! Quota Service: replicas (real `tollgate serve` processes) on one real
-//! redis-server, with Envoys on different replicas. The logic tests speak
-//! the RLQS stream through tonic, as an Envoy that applies assignments as
-//! Envoy 1.40 does; one test runs real Envoys.
+//! The Rate Limit Quota Service's state: shared by several Tollgates behind
+//! one Service (replicas, real `tollgate serve` processes, on one real
+//! redis-server, with Envoys on different replicas), and seen on the live
+//! page and in the recording. The logic tests speak the RLQS stream through
+//! tonic, as an Envoy that applies assignments as Envoy 1.40 does; one test
+//! runs real Envoys.
 
 use crate::common;
 use crate::real_envoy;
 
 use std::net::SocketAddr;
 
-use common::{Redis, Server};
+use common::{Redis, Server, tollgate};
 use envoy_types::pb::envoy::r#type::v3::RateLimitStrategy;
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
@@ -278,5 +279,68 @@ async fn real_envoys_on_two_replicas_share_one_quota() {
         reached + more <= 12,
         "alice had {} requests through two Envoys on two replicas for a quota of 10",
         reached + more
+    );
+}
+
+/// Each report of a bucket is recorded as one line of its descriptor with
+/// the requests Envoy saw, and `simulate` replays them against the policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reported_usage_is_recorded_and_replays() {
+    let recording = tempfile::tempdir().expect("a temp dir");
+    let path = recording.path().join("requests.ndjson");
+    let record = path.to_str().expect("UTF-8");
+    let server = Server::with_config(&[("edge.yaml", real_envoy::POLICY)], &["--record", record]);
+    let mut a = SimEnvoy::connect(server.grpc).await;
+    for _ in 0..5 {
+        round(&mut [&mut a]).await;
+    }
+    // The first report (one request, at once), the rest of the first
+    // round's, then four rounds of three.
+    let deadline = std::time::Instant::now() + common::STARTUP;
+    let lines = loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON"))
+            .collect();
+        if lines.len() >= 6 || std::time::Instant::now() > deadline {
+            break lines;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    assert_eq!(lines.len(), 6, "{}", server.log());
+    let entries = serde_json::json!([{"entries": [
+        {"key": "name", "value": "per-user"},
+        {"key": "user", "value": "alice"}
+    ]}]);
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["domain"] == "edge" && l["descriptors"] == entries)
+    );
+    let hits: u64 = lines
+        .iter()
+        .map(|l| l["hits_addend"].as_u64().expect("hits"))
+        .sum();
+    assert_eq!(hits, 5 * 3, "every request Envoy saw, admitted or denied");
+
+    let config = server.config.as_ref().expect("a config dir").path();
+    let output = tollgate()
+        .arg("simulate")
+        .arg("--policy")
+        .arg(config)
+        .args(["--requests", record, "--format", "json"])
+        .output()
+        .expect("simulate runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let rule = &report["rules"][0];
+    assert_eq!(
+        (rule["rule"].as_str(), rule["requests"].as_u64()),
+        (Some(RULE), Some(6))
     );
 }
