@@ -363,6 +363,25 @@ async fn launch(
         grpc_service.clone()
     });
 
+    let quotas: Option<Box<dyn Fn() -> Vec<live::QuotaView> + Send + Sync>> = {
+        let quota = quota.clone();
+        Some(Box::new(move || {
+            quota
+                .rules()
+                .into_iter()
+                .map(|r| live::QuotaView {
+                    domain: r.domain.to_string(),
+                    rule: r.rule.to_string(),
+                    buckets: r.buckets,
+                    envoys: r.envoys,
+                    allowed: r.allowed,
+                    denied: r.denied,
+                    assigned: r.assigned,
+                    assigned_per_second: r.assigned_rate,
+                })
+                .collect()
+        }))
+    };
     let store_metrics: Option<Box<dyn Fn() + Send + Sync>> = {
         let enforcer = Arc::clone(&enforcer);
         let shedder = gateway.as_ref().and_then(Gateway::shedder).cloned();
@@ -383,6 +402,7 @@ async fn launch(
         metrics: metrics_handle.clone(),
         store_metrics,
         store_health,
+        quotas,
         live: Arc::clone(&live),
         admin_token: args.admin_token,
         api_tokens: args.api_token.clone(),

@@ -6,6 +6,7 @@
 //! runs real Envoys.
 
 use crate::common;
+use crate::live_page;
 use crate::real_envoy;
 
 use std::net::SocketAddr;
@@ -46,6 +47,8 @@ struct SimEnvoy {
     tokens: u32,
     allowed: u64,
     denied: u64,
+    /// Everything reported so far: admitted, denied.
+    reported: (u64, u64),
 }
 
 impl SimEnvoy {
@@ -58,6 +61,7 @@ impl SimEnvoy {
             tokens: 0,
             allowed: 0,
             denied: 0,
+            reported: (0, 0),
         }
     }
 
@@ -86,6 +90,8 @@ impl SimEnvoy {
 
     /// Sends the usage since the last report and applies the answer.
     async fn report(&mut self) {
+        self.reported.0 += self.allowed;
+        self.reported.1 += self.denied;
         let report = RateLimitQuotaUsageReports {
             domain: "edge".into(),
             bucket_quota_usages: vec![BucketQuotaUsage {
@@ -199,6 +205,17 @@ async fn gauge(server: &Server, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The quotas of `server`'s `/live.json`.
+async fn quotas(server: &Server) -> Vec<serde_json::Value> {
+    let live: serde_json::Value = reqwest::get(server.url("/live.json"))
+        .await
+        .expect("live.json answers")
+        .json()
+        .await
+        .expect("JSON");
+    live["quotas"].as_array().expect("a list of quotas").clone()
+}
+
 /// Each replica alone would grant its Envoy the whole 10; together they
 /// grant 10 in all, plus the one request each Envoy admits before its
 /// first assignment, and each replica sees both Envoys.
@@ -225,6 +242,8 @@ async fn envoys_on_two_replicas_share_one_quota() {
             Some(2.0),
             "each replica sees both Envoys"
         );
+        let live = quotas(replica).await;
+        assert_eq!(live[0]["envoys"], 2, "{live:?}");
     }
 }
 
@@ -342,5 +361,41 @@ async fn reported_usage_is_recorded_and_replays() {
     assert_eq!(
         (rule["rule"].as_str(), rule["requests"].as_u64()),
         (Some(RULE), Some(6))
+    );
+}
+
+/// The live page shows each rule's reported usage, its assignment and the
+/// Envoys subscribed, in `/live.json` and rendered by a real browser.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_page_shows_what_envoys_report_and_hold() {
+    let server = Server::with_config(&[("edge.yaml", real_envoy::POLICY)], &[]);
+    let mut a = SimEnvoy::connect(server.grpc).await;
+    let mut b = SimEnvoy::connect(server.grpc).await;
+    for _ in 0..6 {
+        round(&mut [&mut a, &mut b]).await;
+    }
+    let (allowed, denied) = (a.reported.0 + b.reported.0, a.reported.1 + b.reported.1);
+    assert!(denied > 0, "the window is spent: some were denied");
+    let live = quotas(&server).await;
+    assert_eq!(live.len(), 1, "{live:?}");
+    let q = &live[0];
+    assert_eq!(
+        (&q["domain"], &q["rule"], &q["buckets"], &q["envoys"]),
+        (&"edge".into(), &RULE.into(), &1.into(), &2.into())
+    );
+    assert_eq!(
+        (&q["allowed"], &q["denied"]),
+        (&allowed.into(), &denied.into())
+    );
+    // Spent: both Envoys hold DENY_ALL, no tokens.
+    assert_eq!(q["assigned"], 0);
+
+    let dom = live_page::rendered_dom(&server.url("/"));
+    let table = live_page::rows(&dom, "quotas");
+    let cells = live_page::row(&table, &["edge", RULE]);
+    assert_eq!(
+        cells[2..7],
+        ["1", "2", &allowed.to_string(), &denied.to_string(), "0"],
+        "{table:?}"
     );
 }
