@@ -10,6 +10,8 @@
 //! do, and what they held counts as spent ([`Shared::prune`]).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use tollgate_core::{Nanos, StoreError};
@@ -17,10 +19,13 @@ use tollgate_redis::Cells;
 
 use super::fleet::{Answer, BucketStats, Rule, Shared, StreamId, Usage};
 
-/// Writes that lose to another replica's are tried again this many times:
-/// reports of one bucket come a few a second at most, so losing this often
-/// means Redis answers wrong, not contention.
-const ATTEMPTS: usize = 16;
+/// Writes that lose to another replica's are tried again this many times,
+/// each after a random pause of up to twice the one before (from
+/// [`FIRST_PAUSE`] to [`LONGEST_PAUSE`]), so that writers that collided
+/// spread out: at most about a second in all, and a report is no request.
+const ATTEMPTS: u32 = 16;
+const FIRST_PAUSE: Duration = Duration::from_micros(200);
+const LONGEST_PAUSE: Duration = Duration::from_millis(100);
 
 /// The share-out of every bucket, in Redis.
 pub(crate) struct Replicated {
@@ -99,7 +104,10 @@ impl Replicated {
         now: Nanos,
         mut change: impl FnMut(&mut Option<Shared>) -> Option<T>,
     ) -> Result<Option<(T, Shared)>, StoreError> {
-        for _ in 0..ATTEMPTS {
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(pause(attempt)).await;
+            }
             let cell = self.cells.get(key).await?;
             let mut shared = match &cell {
                 Some(cell) => Some(serde_json::from_slice(&cell.value).map_err(|e| {
@@ -124,5 +132,78 @@ impl Replicated {
                 .into(),
             retryable: true,
         })
+    }
+}
+
+/// A random pause before the `attempt`th try (from 1).
+fn pause(attempt: u32) -> Duration {
+    let most = FIRST_PAUSE
+        .saturating_mul(1 << attempt.min(16))
+        .min(LONGEST_PAUSE);
+    let most_us = u64::try_from(most.as_micros()).unwrap_or(u64::MAX).max(1);
+    // A fresh `RandomState` has fresh keys: a random number, no crate needed.
+    Duration::from_micros(RandomState::new().hash_one(attempt) % most_us)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tollgate_redis::{RedisConfig, RedisStore};
+    use tollgate_testkit::RedisServer;
+
+    use super::*;
+    use crate::rlqs::Plan;
+
+    async fn replica(url: &str) -> Arc<Replicated> {
+        let store = RedisStore::connect(url, RedisConfig::default())
+            .await
+            .expect("the test Redis");
+        Arc::new(Replicated::new(store.cells("rlqs", Duration::from_secs(5))))
+    }
+
+    /// Reports racing on one bucket from two replicas, each a read and a
+    /// compare-and-set: every one of them lands in the shared state.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_reports_from_two_replicas_are_all_counted() {
+        let redis = RedisServer::start();
+        let replicas = [replica(&redis.url()).await, replica(&redis.url()).await];
+        let rule = Arc::new(Rule {
+            domain: Arc::from("edge"),
+            name: Arc::from("user"),
+            plan: Plan::Window {
+                limit: 1_000_000,
+                period: 3_600_000_000_000,
+            },
+        });
+        let mut tasks = Vec::new();
+        for stream in 0..8u64 {
+            let replica = Arc::clone(&replicas[(stream % 2) as usize]);
+            let rule = Arc::clone(&rule);
+            tasks.push(tokio::spawn(async move {
+                for i in 0..25 {
+                    let usage = Usage {
+                        allowed: 1,
+                        denied: 2,
+                    };
+                    replica
+                        .report(stream, "k", &rule, usage, i)
+                        .await
+                        .expect("Redis answers");
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.expect("no panic");
+        }
+        replicas[0]
+            .report(8, "k", &rule, Usage::default(), 100)
+            .await
+            .expect("Redis answers");
+        let stats = replicas[0].stats(100);
+        assert_eq!(stats.len(), 1);
+        let s = &stats[0];
+        assert_eq!((s.allowed, s.denied, s.envoys), (8 * 25, 8 * 25 * 2, 9));
     }
 }
