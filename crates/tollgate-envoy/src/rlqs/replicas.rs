@@ -22,8 +22,8 @@ use super::fleet::{Answer, BucketStats, Rule, Shared, StreamId, Usage};
 /// Writes that lose to another replica's are tried again this many times,
 /// each after a random pause of up to twice the one before (from
 /// [`FIRST_PAUSE`] to [`LONGEST_PAUSE`]), so that writers that collided
-/// spread out: at most about a second in all, and a report is no request.
-const ATTEMPTS: u32 = 16;
+/// spread out: at most about 2 s in all, and a report is no request.
+const ATTEMPTS: u32 = 24;
 const FIRST_PAUSE: Duration = Duration::from_micros(200);
 const LONGEST_PAUSE: Duration = Duration::from_millis(100);
 
@@ -32,14 +32,34 @@ pub(crate) struct Replicated {
     cells: Cells,
     /// Each bucket's state as this replica last wrote it with a report:
     /// what its metrics show.
-    seen: Mutex<HashMap<String, Shared>>,
+    seen: Mutex<Seen>,
+}
+
+struct Seen {
+    buckets: HashMap<String, Shared>,
+    /// When buckets nobody holds a share of were last dropped.
+    pruned: Nanos,
+}
+
+impl Seen {
+    /// Drops the grants expired at `now`, and the buckets left without any.
+    fn prune(&mut self, now: Nanos) {
+        self.pruned = now;
+        self.buckets.retain(|_, shared| {
+            shared.prune(now);
+            shared.has_members()
+        });
+    }
 }
 
 impl Replicated {
     pub(crate) fn new(cells: Cells) -> Self {
         Self {
             cells,
-            seen: Mutex::new(HashMap::new()),
+            seen: Mutex::new(Seen {
+                buckets: HashMap::new(),
+                pruned: 0,
+            }),
         }
     }
 
@@ -62,7 +82,13 @@ impl Replicated {
             })
             .await?
             .expect("a report always writes");
-        self.seen.lock().insert(key.to_owned(), shared);
+        let mut seen = self.seen.lock();
+        seen.buckets.insert(key.to_owned(), shared);
+        // Without scrapes, buckets nobody reports for any more would stay;
+        // looked for at most once a second, since it visits every bucket.
+        if now.saturating_sub(seen.pruned) >= 1_000_000_000 {
+            seen.prune(now);
+        }
         Ok(answer)
     }
 
@@ -89,11 +115,8 @@ impl Replicated {
     /// the grants expired at `now` left out.
     pub(crate) fn stats(&self, now: Nanos) -> Vec<BucketStats> {
         let mut seen = self.seen.lock();
-        seen.retain(|_, shared| {
-            shared.prune(now);
-            shared.has_members()
-        });
-        seen.values().map(Shared::stats).collect()
+        seen.prune(now);
+        seen.buckets.values().map(Shared::stats).collect()
     }
 
     /// Applies `change` to the bucket `key`'s state (`None` if it has
