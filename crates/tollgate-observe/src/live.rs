@@ -1,8 +1,9 @@
 //! The live page: `GET /` serves one self-contained HTML page (inline CSS and
 //! JS, no other asset) that polls `GET /live.json` every second and shows
 //! decisions per second by rule and result, the most denied keys, shadow
-//! rules' would-be denials, the store's health, and the config in force with
-//! its last reload error.
+//! rules' would-be denials, the quotas Envoys enforce themselves (the Rate
+//! Limit Quota Service's, per rule: [`QuotaView`]), the store's health, and
+//! the config in force with its last reload error.
 //!
 //! [`Live`] gathers what the JSON reports. It watches the enforcer as an
 //! [`Observer`] beside the metrics one: per decided descriptor, one atomic
@@ -305,6 +306,7 @@ impl Live {
         policy: &Policy,
         disabled: Vec<Disabled>,
         store: Option<StoreHealth>,
+        quotas: Vec<QuotaView>,
     ) -> Snapshot {
         let now = self.clock.now();
         let index = self.index.load_full();
@@ -340,6 +342,7 @@ impl Live {
             history,
             top_denied: TopView::of(&lock(&self.denied)),
             top_shadow_denied: TopView::of(&lock(&self.shadow_denied)),
+            quotas,
             store: StoreView {
                 errors: self.store_errors.load(Ordering::Relaxed),
                 health: store,
@@ -545,8 +548,33 @@ struct Snapshot {
     history: History,
     top_denied: TopView,
     top_shadow_denied: TopView,
+    quotas: Vec<QuotaView>,
     store: StoreView,
     config: ConfigView,
+}
+
+/// One rule's quota as the Envoys of the Rate Limit Quota Service hold it,
+/// summed over its buckets (the service makes it).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QuotaView {
+    /// The policy's domain.
+    pub domain: String,
+    /// The rule's id.
+    pub rule: String,
+    /// Buckets some Envoy holds a share of.
+    pub buckets: usize,
+    /// Envoys holding a share, summed over the buckets.
+    pub envoys: usize,
+    /// Requests Envoys reported admitted: real traffic, in the current
+    /// window (windowed quotas) or since each bucket was first reported
+    /// (rates).
+    pub allowed: u64,
+    /// Requests Envoys reported denied, likewise.
+    pub denied: u64,
+    /// Tokens of the assignments in force.
+    pub assigned: u64,
+    /// A rate rule's assigned refill, tokens a second.
+    pub assigned_per_second: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -655,19 +683,20 @@ pub async fn page() -> Response {
 }
 
 /// `GET /live.json`'s answer: what `live` shows of `policy`, with the rules
-/// and domains the kill switch turned off and what the store says of
-/// itself.
+/// and domains the kill switch turned off, what the store says of itself
+/// and the quotas Envoys hold.
 pub fn json(
     live: &Live,
     policy: &Policy,
     disabled: impl IntoIterator<Item = (String, Option<String>)>,
     store: Option<StoreHealth>,
+    quotas: Vec<QuotaView>,
 ) -> Response {
     let disabled = disabled
         .into_iter()
         .map(|(domain, rule)| Disabled { domain, rule })
         .collect();
-    let snapshot = live.snapshot(policy, disabled, store);
+    let snapshot = live.snapshot(policy, disabled, store, quotas);
     (
         [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))],
         Json(snapshot),
@@ -751,7 +780,7 @@ rules:
                 .await;
             }
         }
-        let snapshot = live.snapshot(&enforcer.policy(), Vec::new(), None);
+        let snapshot = live.snapshot(&enforcer.policy(), Vec::new(), None, Vec::new());
         let json = serde_json::to_value(&snapshot).expect("serializable");
         let series = |rule: &str, result: &str| {
             json["decisions"]
@@ -782,8 +811,9 @@ rules:
         assert_eq!(json["config"]["rules"], 2);
         // A second sample makes one point of history.
         live.sample();
-        let json = serde_json::to_value(live.snapshot(&enforcer.policy(), Vec::new(), None))
-            .expect("serializable");
+        let json =
+            serde_json::to_value(live.snapshot(&enforcer.policy(), Vec::new(), None, Vec::new()))
+                .expect("serializable");
         assert_eq!(
             json["history"]["decisions_per_second"],
             serde_json::json!([8.0])
@@ -820,8 +850,9 @@ rules:
             }
         }
         let ok = |live: &Live| {
-            let json = serde_json::to_value(live.snapshot(&handle.guard(), Vec::new(), None))
-                .expect("serializable");
+            let json =
+                serde_json::to_value(live.snapshot(&handle.guard(), Vec::new(), None, Vec::new()))
+                    .expect("serializable");
             json["decisions"]
                 .as_array()
                 .expect("a list")

@@ -59,6 +59,18 @@ impl Conn {
         }
     }
 
+    /// Runs a script (`EVALSHA`, loading it when Redis misses it), routed
+    /// by its first key on a cluster.
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        call: &redis::ScriptInvocation<'_>,
+    ) -> RedisResult<T> {
+        match self {
+            Conn::Single(c) => call.invoke_async(&mut c.clone()).await,
+            Conn::Cluster(c) => call.invoke_async(&mut c.clone()).await,
+        }
+    }
+
     /// Runs a pipeline (on a cluster, routed by its first key: every
     /// command of one must be on that key's slot).
     pub(crate) async fn query_pipe<T: FromRedisValue>(

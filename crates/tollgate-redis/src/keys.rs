@@ -68,23 +68,32 @@ pub(crate) fn split_tag(key: &str) -> (&str, Option<&str>) {
 /// The Redis keys (state, auxiliary) of a caller key under an algorithm.
 pub(crate) fn redis_keys(prefix: &str, algorithm: Algorithm, key: &str) -> (String, String) {
     let (main, aux) = segment(algorithm);
-    let (tag, rest) = split_tag(key);
-    let mut tail = String::with_capacity(key.len() + 8);
-    tail.push('{');
-    if tag.is_empty() {
-        tail.push('%');
-    } else {
-        escape_into(&mut tail, tag);
-    }
-    tail.push('}');
-    if let Some(rest) = rest {
-        tail.push(':');
-        escape_into(&mut tail, rest);
-    }
     (
-        format!("{prefix}:{main}:{tail}"),
-        format!("{prefix}:{aux}:{tail}"),
+        redis_keys_in(prefix, main, key),
+        redis_keys_in(prefix, aux, key),
     )
+}
+
+/// The Redis key of a caller key in the segment `segment`:
+/// `<prefix>:<segment>:{<tag>}[:<rest>]`.
+pub(crate) fn redis_keys_in(prefix: &str, segment: &str, key: &str) -> String {
+    let (tag, rest) = split_tag(key);
+    let mut out = String::with_capacity(prefix.len() + segment.len() + key.len() + 8);
+    out.push_str(prefix);
+    out.push(':');
+    out.push_str(segment);
+    out.push_str(":{");
+    if tag.is_empty() {
+        out.push('%');
+    } else {
+        escape_into(&mut out, tag);
+    }
+    out.push('}');
+    if let Some(rest) = rest {
+        out.push(':');
+        escape_into(&mut out, rest);
+    }
+    out
 }
 
 /// The key of a fixed window's or hit counter's count for window `window`

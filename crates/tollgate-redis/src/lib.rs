@@ -74,6 +74,7 @@
 //! that differs from the memory store.
 
 mod batch;
+mod cells;
 mod code;
 mod config;
 mod conn;
@@ -84,6 +85,7 @@ mod script;
 mod stats;
 mod store;
 
+pub use cells::{Cell, Cells};
 pub use config::{ClientIdentity, RedisConfig, RedisTls, TimeSource};
 pub use conn::ConnectError;
 pub use stats::RedisStats;

@@ -10,6 +10,7 @@ use tollgate_core::{
     Quota, Stamped, Store, StoreError,
 };
 
+use crate::Cells;
 use crate::batch::{BatchError, Batcher, Job};
 use crate::code::{Code, Kind};
 use crate::conn::{Conn, ConnectError, connect};
@@ -197,6 +198,17 @@ impl RedisStore {
             next_lease: AtomicU64::new(0),
             config,
         })
+    }
+
+    /// Compare-and-set cells in the namespace `namespace` under the store's
+    /// key prefix, on its connection; each round trip waits at most
+    /// `timeout`.
+    pub fn cells(&self, namespace: &str, timeout: Duration) -> Cells {
+        Cells::new(
+            self.conn.clone(),
+            format!("{}:{namespace}", self.config.prefix),
+            timeout,
+        )
     }
 
     /// The store's counters, for metrics.

@@ -58,6 +58,9 @@ use tollgate_store::FastClock;
 /// How long requests in flight may take to finish once a shutdown starts.
 pub const GRACE: Duration = Duration::from_secs(10);
 
+/// How long one Redis round trip of the quota service may take.
+const RLQS_REDIS_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// How often histograms are folded for `/metrics`.
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 
@@ -285,6 +288,13 @@ async fn launch(
         "store ready"
     );
     let live = Arc::new(live::Live::new(Arc::clone(&clock), source));
+    let (observer, recorder) = record::observer(
+        (
+            metrics::Observe::default(),
+            live::Observe(Arc::clone(&live)),
+        ),
+        &args.record,
+    )?;
     let enforcer: Arc<Enforcer<Backend>> = Arc::new(
         Enforcer::new(handle.clone(), store)
             .with_shadow_mode(args.envoy.as_ref().is_some_and(|e| e.shadow_mode))
@@ -293,13 +303,7 @@ async fn launch(
             .with_request_limits(args.requests.request_limits())
             .with_clock(Arc::clone(&clock))
             .with_timer(Arc::new(FastClock::new()))
-            .with_observer(record::observer(
-                (
-                    metrics::Observe::default(),
-                    live::Observe(Arc::clone(&live)),
-                ),
-                &args.record,
-            )?),
+            .with_observer(observer),
     );
     // Only now is the store known: a rule it cannot enforce exactly would
     // otherwise fail every check, by its failure policy.
@@ -327,7 +331,20 @@ async fn launch(
         health.config(xds.healthy_at_start()).await;
     }
     let bodies = Arc::new(args.requests.bodies());
-    let quota = QuotaService::new(handle.clone(), Arc::clone(&clock));
+    let quota = match enforcer.store().redis() {
+        // Replicas behind one Service keep one quota: an RLQS report is no
+        // request, so it needs no more than a second, whatever
+        // `--redis-timeout` allows a check.
+        Some(redis) => QuotaService::replicated(
+            handle.clone(),
+            Arc::clone(&clock),
+            redis.cells("rlqs", RLQS_REDIS_TIMEOUT),
+        ),
+        None => QuotaService::new(handle.clone(), Arc::clone(&clock)),
+    };
+    if let Some(recorder) = &recorder {
+        quota.record_usage(recorder.quota_usage());
+    }
     let grpc_service = GrpcService::new(
         RateLimitGrpc::new(
             Arc::clone(&enforcer),
@@ -349,6 +366,25 @@ async fn launch(
         grpc_service.clone()
     });
 
+    let quotas: Option<Box<dyn Fn() -> Vec<live::QuotaView> + Send + Sync>> = {
+        let quota = quota.clone();
+        Some(Box::new(move || {
+            quota
+                .rules()
+                .into_iter()
+                .map(|r| live::QuotaView {
+                    domain: r.domain.to_string(),
+                    rule: r.rule.to_string(),
+                    buckets: r.buckets,
+                    envoys: r.envoys,
+                    allowed: r.allowed,
+                    denied: r.denied,
+                    assigned: r.assigned,
+                    assigned_per_second: r.assigned_rate,
+                })
+                .collect()
+        }))
+    };
     let store_metrics: Option<Box<dyn Fn() + Send + Sync>> = {
         let enforcer = Arc::clone(&enforcer);
         let shedder = gateway.as_ref().and_then(Gateway::shedder).cloned();
@@ -369,6 +405,7 @@ async fn launch(
         metrics: metrics_handle.clone(),
         store_metrics,
         store_health,
+        quotas,
         live: Arc::clone(&live),
         admin_token: args.admin_token,
         api_tokens: args.api_token.clone(),

@@ -22,8 +22,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tollgate_core::{
-    Algorithm, Clock, IntoNanos, Lease, Limit, ManualClock, Nanos, Outcome, Quota, Stamped, Store,
-    StoreError, at_first_poll,
+    Algorithm, Clock, IntoNanos, Lease, LeaseStore, Limit, ManualClock, Nanos, Outcome, Quota,
+    Stamped, Store, StoreError, at_first_poll,
 };
 use tollgate_envoy::rlqs::{Admission, Answer, EnvoyBucket, Fleet, Plan, Rule};
 use tollgate_store::{
@@ -287,16 +287,6 @@ impl Store for Shared {
         })
     }
 
-    fn check_stamped(
-        &self,
-        limits: &[Limit<'_>],
-    ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
-        ready(match self.down() {
-            Some(e) => Err(e),
-            None => at_first_poll(self.0.store.check_stamped(limits)),
-        })
-    }
-
     fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.0.store.release_now(leases);
         ready(Ok(()))
@@ -308,6 +298,18 @@ impl Store for Shared {
 
     fn ready(&self) -> impl Future<Output = bool> + Send {
         ready(self.down().is_none())
+    }
+}
+
+impl LeaseStore for Shared {
+    fn check_stamped(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
+        ready(match self.down() {
+            Some(e) => Err(e),
+            None => at_first_poll(self.0.store.check_stamped(limits)),
+        })
     }
 }
 

@@ -45,6 +45,16 @@ pub enum Target {
 /// the descriptor in that rule's order would (exact values before
 /// wildcards before any value, as every door matches).
 pub fn target(policy: &Policy, domain: &str, bucket: &HashMap<String, String>) -> Target {
+    matched(policy, domain, bucket).map_or(Target::NoRule, |(target, _)| target)
+}
+
+/// As [`target`], with the descriptor the bucket is: `None` when no rule
+/// matches.
+pub fn matched(
+    policy: &Policy,
+    domain: &str,
+    bucket: &HashMap<String, String>,
+) -> Option<(Target, Descriptor)> {
     let mut tried: HashSet<Vec<&str>> = HashSet::new();
     for rule in policy.rules(domain) {
         let order: Vec<&str> = rule.matches().map(|(key, _)| key).collect();
@@ -90,9 +100,9 @@ pub fn target(policy: &Policy, domain: &str, bucket: &HashMap<String, String>) -
             },
             Some(Resolved::NoRule) | None => continue,
         };
-        return target;
+        return Some((target, descriptor));
     }
-    Target::NoRule
+    None
 }
 
 #[cfg(test)]

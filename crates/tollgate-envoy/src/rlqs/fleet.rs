@@ -32,6 +32,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use tollgate_core::{Algorithm, Nanos, Quota};
 
 /// One Envoy's stream, as the service numbers them.
@@ -48,7 +49,7 @@ const LEASE_FILL_SECS: u64 = 365 * 24 * 3600;
 const REBALANCE_EVERY: Nanos = 10 * SECOND;
 
 /// A quota as the fleet splits it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Plan {
     /// `limit` per aligned window of `period` nanoseconds: fixed window, hit
     /// counter, sliding log and sliding counter.
@@ -100,7 +101,7 @@ impl Plan {
 }
 
 /// A token bucket as Envoy's `envoy.type.v3.TokenBucket` carries it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenBucket {
     /// The capacity, and the tokens a new bucket starts with.
     pub max_tokens: u32,
@@ -115,7 +116,7 @@ pub struct TokenBucket {
 }
 
 /// What one Envoy is told to enforce for one bucket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Grant {
     /// Admit what the token bucket admits.
     Tokens(TokenBucket),
@@ -195,7 +196,7 @@ pub struct BucketStats {
     pub assigned_rate: f64,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Member {
     /// Allowed + denied in the latest report, at least 1: its weight.
     demand: u64,
@@ -226,9 +227,13 @@ struct Member {
     gone: bool,
 }
 
-#[derive(Debug)]
-struct Shared {
-    /// The rule's domain and name, as [`BucketStats`] gives them.
+/// One bucket's share-out: what replicas sharing a fleet through Redis
+/// keep there, whole, per bucket.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Shared {
+    /// The rule's domain and name, as [`BucketStats`] gives them: set by
+    /// every report, so not kept.
+    #[serde(skip)]
     rule: (Arc<str>, Arc<str>),
     plan: Plan,
     members: HashMap<StreamId, Member>,
@@ -270,33 +275,21 @@ impl Fleet {
         usage: Usage,
         now: Nanos,
     ) -> Answer {
-        let plan = rule.plan;
         let shared = match self.buckets.get_mut(key) {
             Some(shared) => shared,
-            None => self.buckets.entry(key.to_owned()).or_insert(Shared {
-                rule: (Arc::clone(&rule.domain), Arc::clone(&rule.name)),
-                plan,
-                members: HashMap::new(),
-                window: now / plan.period(),
-                spent: 0,
-                allowed: 0,
-                denied: 0,
-                epoch: 0,
-                rebalanced: now,
-                planned: None,
-            }),
+            None => self
+                .buckets
+                .entry(key.to_owned())
+                .or_insert(Shared::new(rule, now)),
         };
-        let labels = (Arc::clone(&rule.domain), Arc::clone(&rule.name));
-        shared.report(stream, labels, plan, usage, now)
+        shared.report(stream, rule, usage, now)
     }
 
     /// `stream` has ended: its Envoys keep enforcing their grants until
     /// they expire, and their shares stay held until then.
     pub fn leave(&mut self, stream: StreamId) {
         for shared in self.buckets.values_mut() {
-            if let Some(member) = shared.members.get_mut(&stream) {
-                member.gone = true;
-            }
+            shared.leave(stream);
         }
     }
 
@@ -305,7 +298,7 @@ impl Fleet {
     pub fn prune(&mut self, now: Nanos) {
         self.buckets.retain(|_, shared| {
             shared.prune(now);
-            !shared.members.is_empty()
+            shared.has_members()
         });
     }
 
@@ -321,7 +314,57 @@ impl Fleet {
 }
 
 impl Shared {
-    fn stats(&self) -> BucketStats {
+    /// A bucket nobody has reported for yet.
+    pub(crate) fn new(rule: &Rule, now: Nanos) -> Self {
+        Self {
+            rule: (Arc::clone(&rule.domain), Arc::clone(&rule.name)),
+            plan: rule.plan,
+            members: HashMap::new(),
+            window: now / rule.plan.period(),
+            spent: 0,
+            allowed: 0,
+            denied: 0,
+            epoch: 0,
+            rebalanced: now,
+            planned: None,
+        }
+    }
+
+    /// See [`Fleet::leave`]; whether `stream` was a member.
+    pub(crate) fn leave(&mut self, stream: StreamId) -> bool {
+        let member = self.members.get_mut(&stream);
+        let found = member.is_some();
+        if let Some(member) = member {
+            member.gone = true;
+        }
+        found
+    }
+
+    /// How long after `now` the bucket's state still matters: until its
+    /// last grant expires and, for a windowed quota, until its window ends
+    /// (what the window has spent outlives the Envoys that spent it).
+    pub(crate) fn keep(&self, now: Nanos) -> Duration {
+        let expires = self
+            .members
+            .values()
+            .map(|m| m.expires)
+            .max()
+            .unwrap_or(now);
+        let until = match self.plan {
+            Plan::Window { period, .. } => {
+                expires.max(self.window.saturating_add(1).saturating_mul(period.max(1)))
+            }
+            Plan::Rate { .. } => expires,
+        };
+        Duration::from_nanos(until.saturating_sub(now)).max(Duration::from_secs(1))
+    }
+
+    /// Whether any Envoy holds a share.
+    pub(crate) fn has_members(&self) -> bool {
+        !self.members.is_empty()
+    }
+
+    pub(crate) fn stats(&self) -> BucketStats {
         let grants = || self.members.values().filter_map(|m| m.grant);
         BucketStats {
             domain: Arc::clone(&self.rule.0),
@@ -337,7 +380,7 @@ impl Shared {
         }
     }
 
-    fn prune(&mut self, now: Nanos) {
+    pub(crate) fn prune(&mut self, now: Nanos) {
         let before = self.members.len();
         let mut lost = 0u64;
         self.members.retain(|_, m| {
@@ -361,23 +404,27 @@ impl Shared {
         self.rebalanced = now;
     }
 
-    fn report(
+    /// See [`Fleet::report`].
+    pub(crate) fn report(
         &mut self,
         stream: StreamId,
-        rule: (Arc<str>, Arc<str>),
-        plan: Plan,
+        rule: &Rule,
         usage: Usage,
         now: Nanos,
     ) -> Answer {
         self.prune(now);
-        if rule != self.rule {
-            self.rule = rule;
+        if *self.rule.0 != *rule.domain || *self.rule.1 != *rule.name {
+            self.rule = (Arc::clone(&rule.domain), Arc::clone(&rule.name));
         }
+        let plan = rule.plan;
         if plan != self.plan {
             self.plan = plan;
             self.bump(now);
         }
-        let window = now / plan.period();
+        // Never back: replicas sharing the state through Redis stamp
+        // reports with their own clocks, and one a little behind must not
+        // start a window that has ended over again.
+        let window = (now / plan.period()).max(self.window);
         if window != self.window {
             self.window = window;
             self.spent = 0;

@@ -10,9 +10,10 @@
 mod bucket;
 mod envoy;
 mod fleet;
+mod replicas;
 mod service;
 
-pub use bucket::{Target, target};
+pub use bucket::{Target, matched, target};
 pub use envoy::{Admission, EnvoyBucket};
 pub use fleet::{Answer, BucketStats, Fleet, Grant, Plan, Rule, StreamId, TokenBucket, Usage};
-pub use service::QuotaService;
+pub use service::{QuotaService, Reported, RuleQuota, UsageSink};

@@ -498,6 +498,14 @@ impl Backend {
         }
     }
 
+    /// The Redis store under the stack, if the service runs on Redis.
+    pub(crate) fn redis(&self) -> Option<&RedisStore> {
+        let Backend::Redis(stack) = self else {
+            return None;
+        };
+        Some(stack.inner().inner().redis())
+    }
+
     /// The counters of the Redis stack's parts; `None` in memory.
     pub(crate) fn redis_stats(&self) -> Option<StackStats> {
         let Backend::Redis(stack) = self else {

@@ -315,11 +315,17 @@ async fn live_json<S: Store + 'static>(
         return admin::unauthorized("admin token");
     }
     let store = state.store_health.as_ref().map(|health| health());
+    let quotas = state
+        .quotas
+        .as_ref()
+        .map(|quotas| quotas())
+        .unwrap_or_default();
     live::json(
         &state.live,
         &state.enforcer.policy(),
         state.enforcer.kill_switch().disabled(),
         store,
+        quotas,
     )
 }
 
@@ -388,6 +394,7 @@ mod tests {
             metrics: metrics::recorder().expect("valid buckets").handle(),
             store_metrics: None,
             store_health: None,
+            quotas: None,
             live: test_live(),
             admin_token: admin_token.map(|t| t.parse().expect("a token")),
             api_tokens: Vec::new(),
@@ -503,6 +510,7 @@ mod tests {
                 metrics: metrics::recorder().expect("valid buckets").handle(),
                 store_metrics: None,
                 store_health: None,
+                quotas: None,
                 live: test_live(),
                 admin_token: None,
                 api_tokens: Vec::new(),
@@ -566,6 +574,7 @@ mod tests {
                 metrics: metrics::recorder().expect("valid buckets").handle(),
                 store_metrics: None,
                 store_health: None,
+                quotas: None,
                 live: test_live(),
                 admin_token: None,
                 api_tokens: Vec::new(),

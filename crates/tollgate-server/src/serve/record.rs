@@ -18,6 +18,12 @@
 //! a check that finds the channel full is dropped and counted. The file is
 //! appended to, and recording stops for good once it would pass its size
 //! bound (what the file already held counts).
+//!
+//! The Rate Limit Quota Service's reports are recorded too: Envoy decides
+//! those requests itself and reports, per bucket, how many it admitted and
+//! denied since its last report (every 5 s). Each report of a bucket is one
+//! line, its descriptor with `hits_addend` the requests Envoy saw, at the
+//! report's time ([`Recorder::quota_usage`]).
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -30,6 +36,7 @@ use anyhow::Context;
 use metrics::counter;
 use serde::Serialize;
 use tollgate_core::{Nanos, StoreError};
+use tollgate_envoy::rlqs::{Reported, UsageSink};
 use tollgate_policy::{Decided, Descriptor, Observer, Request};
 
 use super::native::{NativeDescriptor, policy_request_of};
@@ -234,19 +241,72 @@ fn days_since_epoch(year: i64, month: i64, day: i64) -> i64 {
 /// The service's observer, also recording each decided policy check.
 pub(crate) struct Recording<O> {
     inner: O,
+    recorder: Recorder,
+}
+
+/// Hands lines to the writer thread; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Recorder {
     queue: SyncSender<RecordedRequest>,
     /// Why the writer stopped, once it has: checks are then not even copied.
     stopped: Arc<OnceLock<&'static str>>,
 }
 
-/// `inner`, recording to `args.record` if it names a file.
+impl Recorder {
+    /// Whether lines are still taken; counts one dropped if not.
+    fn taking(&self) -> bool {
+        match self.stopped.get() {
+            Some(&reason) => {
+                counter!(DROPPED, "reason" => reason).increment(1);
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// Queues `request` for the writer, never waiting.
+    fn record(&self, request: RecordedRequest) {
+        match self.queue.try_send(request) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => counter!(DROPPED, "reason" => "overflow").increment(1),
+            // Only if the writer thread died.
+            Err(TrySendError::Disconnected(_)) => {
+                counter!(DROPPED, "reason" => "error").increment(1)
+            }
+        }
+    }
+
+    /// A bucket's usage as Envoy's quota filter reported it: one line of
+    /// the bucket's descriptor with `hits_addend` the requests Envoy saw
+    /// (admitted and denied), at the report's time.
+    pub(crate) fn quota_usage(&self) -> UsageSink {
+        let recorder = self.clone();
+        Arc::new(move |reported: &Reported<'_>| {
+            if !recorder.taking() {
+                return;
+            }
+            recorder.record(RecordedRequest {
+                at: reported.at,
+                domain: reported.domain.to_owned(),
+                descriptors: vec![reported.descriptor.clone()],
+                hits_addend: reported.usage.allowed.saturating_add(reported.usage.denied),
+            });
+        })
+    }
+}
+
+/// `inner`, recording to `args.record` if it names a file; the recorder,
+/// for what else is to be recorded.
 ///
 /// # Errors
 ///
 /// The file cannot be opened for appending.
-pub(crate) fn observer<O: Observer>(inner: O, args: &Args) -> anyhow::Result<Arc<dyn Observer>> {
+pub(crate) fn observer<O: Observer>(
+    inner: O,
+    args: &Args,
+) -> anyhow::Result<(Arc<dyn Observer>, Option<Recorder>)> {
     let Some(path) = &args.record else {
-        return Ok(Arc::new(inner));
+        return Ok((Arc::new(inner), None));
     };
     let file = OpenOptions::new()
         .create(true)
@@ -268,11 +328,14 @@ pub(crate) fn observer<O: Observer>(inner: O, args: &Args) -> anyhow::Result<Arc
         .spawn(move || writer.run(&received))
         .context("cannot start the recording thread")?;
     tracing::info!(path = %path.display(), max_bytes = args.record_max_bytes, "recording requests");
-    Ok(Arc::new(Recording {
-        inner,
-        queue,
-        stopped,
-    }))
+    let recorder = Recorder { queue, stopped };
+    Ok((
+        Arc::new(Recording {
+            inner,
+            recorder: recorder.clone(),
+        }),
+        Some(recorder),
+    ))
 }
 
 impl<O: Observer> Observer for Recording<O> {
@@ -282,24 +345,15 @@ impl<O: Observer> Observer for Recording<O> {
         let Some(domain) = decided.domain else {
             return;
         };
-        if let Some(&reason) = self.stopped.get() {
-            counter!(DROPPED, "reason" => reason).increment(1);
+        if !self.recorder.taking() {
             return;
         }
-        let request = RecordedRequest {
+        self.recorder.record(RecordedRequest {
             at: decided.verdict.started_at,
             domain: domain.to_owned(),
             descriptors: decided.descriptors.to_vec(),
             hits_addend: decided.hits_addend,
-        };
-        match self.queue.try_send(request) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => counter!(DROPPED, "reason" => "overflow").increment(1),
-            // Only if the writer thread died.
-            Err(TrySendError::Disconnected(_)) => {
-                counter!(DROPPED, "reason" => "error").increment(1)
-            }
-        }
+        });
     }
 
     fn store_failed(&self, error: &StoreError, shadow: bool) {

@@ -27,6 +27,9 @@ pub(crate) struct AppState<S> {
     /// What the store reports of its health for `/live.json`; `None` for a
     /// store that reports none.
     pub(crate) store_health: Option<Box<dyn Fn() -> store_health::StoreHealth + Send + Sync>>,
+    /// The Rate Limit Quota Service's rules as Envoys hold them, for
+    /// `/live.json`; `None` where no quota service runs.
+    pub(crate) quotas: Option<Box<dyn Fn() -> Vec<live::QuotaView> + Send + Sync>>,
     /// What the live page shows.
     pub(crate) live: Arc<live::Live>,
     /// The bearer token of the admin API; `None` disables it.

@@ -96,7 +96,7 @@ fn chromium(url: &str, what: &[&str]) -> String {
 
 /// The DOM once the page has rendered a poll: Chromium is run again (at
 /// most a few times) while it shows none yet.
-fn rendered_dom(url: &str) -> String {
+pub(crate) fn rendered_dom(url: &str) -> String {
     for _ in 0..3 {
         let dom = chromium(url, &["--dump-dom"]);
         if dom.contains(r#"id="status" class="ok""#) {
@@ -110,7 +110,7 @@ fn rendered_dom(url: &str) -> String {
 }
 
 /// The text of each cell of each body row of the table `id`.
-fn rows(dom: &str, id: &str) -> Vec<Vec<String>> {
+pub(crate) fn rows(dom: &str, id: &str) -> Vec<Vec<String>> {
     let start = dom
         .find(&format!(r#"id="{id}""#))
         .unwrap_or_else(|| panic!("no table {id} in the page:\n{dom}"));
@@ -154,7 +154,7 @@ fn text(html: &str) -> String {
 }
 
 /// The row of `table` whose first cells are `first`.
-fn row<'a>(table: &'a [Vec<String>], first: &[&str]) -> &'a [String] {
+pub(crate) fn row<'a>(table: &'a [Vec<String>], first: &[&str]) -> &'a [String] {
     table
         .iter()
         .find(|cells| cells.len() >= first.len() && cells.iter().zip(first).all(|(c, f)| c == f))

@@ -23,6 +23,7 @@ mod redis;
 mod redis_tls;
 mod reliability;
 mod reload;
+mod rlqs_state;
 mod shed;
 mod simulate;
 mod tls;

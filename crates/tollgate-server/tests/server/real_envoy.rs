@@ -15,7 +15,7 @@ use common::Server;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-const POLICY: &str = "domain: edge
+pub(crate) const POLICY: &str = "domain: edge
 descriptors:
   - key: name
     value: per-user
@@ -26,7 +26,7 @@ descriptors:
 
 /// The Envoy binary, or `None` (with the reason printed) when a local run
 /// has none; under CI a missing Envoy fails the test.
-fn envoy() -> Option<PathBuf> {
+pub(crate) fn envoy() -> Option<PathBuf> {
     let path = std::env::var_os("TOLLGATE_ENVOY").map(PathBuf::from);
     match path {
         Some(path) if path.is_file() => Some(path),
@@ -48,7 +48,7 @@ fn free_port() -> u16 {
 }
 
 /// An upstream that answers every request 200 with an empty body.
-async fn upstream() -> SocketAddr {
+pub(crate) async fn upstream() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("an address");
     tokio::spawn(async move {
@@ -79,7 +79,7 @@ async fn upstream() -> SocketAddr {
 }
 
 /// A running Envoy, killed when dropped.
-struct Envoy {
+pub(crate) struct Envoy {
     child: Child,
     listen: SocketAddr,
     _dir: tempfile::TempDir,
@@ -88,7 +88,11 @@ struct Envoy {
 impl Envoy {
     /// Starts Envoy with `deploy/envoy/rlqs.yaml`, pointed at `tollgate`'s
     /// gRPC port and `upstream`, and waits until it proxies.
-    async fn start(binary: &PathBuf, tollgate: SocketAddr, upstream: SocketAddr) -> Envoy {
+    pub(crate) async fn start(
+        binary: &PathBuf,
+        tollgate: SocketAddr,
+        upstream: SocketAddr,
+    ) -> Envoy {
         Self::with(binary, "rlqs.yaml", tollgate, upstream, |c| c).await
     }
 
@@ -169,7 +173,7 @@ fn deploy(file: &str) -> PathBuf {
 }
 
 /// Sends one request as `user` through `envoy`: whether it was admitted.
-async fn admitted(client: &reqwest::Client, envoy: &Envoy, user: &str) -> bool {
+pub(crate) async fn admitted(client: &reqwest::Client, envoy: &Envoy, user: &str) -> bool {
     let status = client
         .get(envoy.url())
         .header("x-user", user)
@@ -197,12 +201,12 @@ fn the_deploy_config_validates() {
 }
 
 /// Envoy 1.40 reports every 5 s, whatever `reporting_interval` says.
-const REPORT: Duration = Duration::from_secs(5);
+pub(crate) const REPORT: Duration = Duration::from_secs(5);
 
 /// Sends `per_envoy` requests as `user` through each of `envoys`, every
 /// 300 ms, until `done(admitted so far)` or `within` has passed; the count
 /// admitted.
-async fn drive(
+pub(crate) async fn drive(
     client: &reqwest::Client,
     envoys: &[&Envoy],
     user: &str,
