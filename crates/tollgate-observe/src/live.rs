@@ -844,6 +844,7 @@ rules:
             descriptors: Vec::new(),
             started_at: 0,
             permit: tollgate_policy::Permit::default(),
+            shed: None,
         };
         let decided = Decided {
             domain: Some("api"),

@@ -37,6 +37,7 @@ mod native;
 pub mod record;
 mod reload;
 mod state;
+mod utilization;
 
 pub use args::Args;
 pub use envoy_mode::{invoked_as_ratelimit, ratelimit_command};

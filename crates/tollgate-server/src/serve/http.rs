@@ -6,6 +6,7 @@
 //! | `/json` (any method; `POST` in practice) | envoyproxy/ratelimit's JSON shape (see `tollgate_envoy`) |
 //! | `POST /v1/check` | Tollgate's JSON shape (see `native`) |
 //! | `POST /v1/release` | gives back a checked request's concurrency permits |
+//! | `POST /v1/utilization` | the protected service reports its load, for shedding (see `utilization`) |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /` | the live page (see `live`) |
 //! | `GET /live.json` | what the live page shows; behind the admin token when there is one |
@@ -36,7 +37,7 @@ use tollgate_listen::bodies::{Bodies, Refused};
 use super::admin;
 use super::auth;
 use super::state::{ApiError, AppState};
-use super::{answered, native, reload};
+use super::{answered, native, reload, utilization};
 use tollgate_observe::{live, metrics};
 
 /// Which endpoints one listener serves.
@@ -74,6 +75,7 @@ pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>, surface: Surfa
             .route("/json", any(json::<S>))
             .route("/v1/check", post(native::check::<S>))
             .route("/v1/release", post(native::release::<S>))
+            .route("/v1/utilization", post(utilization::report::<S>))
             .route_layer(middleware::from_fn_with_state(
                 Arc::clone(&state),
                 bounded_body::<S>,

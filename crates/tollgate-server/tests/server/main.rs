@@ -26,4 +26,5 @@ mod reload;
 mod shed;
 mod simulate;
 mod tls;
+mod utilization;
 mod xds;
