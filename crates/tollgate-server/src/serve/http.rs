@@ -329,6 +329,12 @@ async fn render_metrics<S: Store + 'static>(State(state): State<Arc<AppState<S>>
     if let Some(record) = &state.store_metrics {
         record();
     }
+    let policy = state.enforcer.policy();
+    for domain in policy.domains() {
+        if policy.shedding(domain).is_some() {
+            metrics::reported(domain, state.enforcer.reported_utilization(domain));
+        }
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         metrics::render(&state.metrics),

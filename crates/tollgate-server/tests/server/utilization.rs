@@ -95,6 +95,23 @@ async fn the_http_api_sheds_by_tier_with_503_and_retry_after_until_the_report_la
     let (status, _, body) = post(&running, "/v1/check", check("critical")).await;
     assert_eq!(status, 429, "{body}");
 
+    let metrics = client()
+        .get(format!("http://{}/metrics", running.http_addr()))
+        .send()
+        .await
+        .expect("the HTTP API answers")
+        .text()
+        .await
+        .expect("a text body");
+    for line in [
+        r#"tollgate_reported_utilization{domain="api"} 0.6"#,
+        r#"tollgate_reported_instances{domain="api"} 1"#,
+        r#"tollgate_enforcer_shed_total{domain="api",tier="low"} 1"#,
+        r#"tollgate_checks_total{api="v1",result="shed"} 1"#,
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
+
     // The service stops reporting: ten seconds later it is no longer shed for.
     tokio::time::sleep(Duration::from_millis(10_001)).await;
     let (status, _, body) = post(&running, "/v1/check", check("low")).await;
