@@ -165,20 +165,14 @@ impl Shedder {
     pub fn with_clock(config: ShedConfig, clock: Arc<dyn Clock>) -> Result<Self, ShedConfigError> {
         config.thresholds.validate()?;
         let controller = Gradient::new(config.limit, clock.now())?;
-        let seconds =
-            config.retry_after.as_secs() + u64::from(config.retry_after.subsec_nanos() > 0);
-        let body = serde_json::json!({
-            "error": "overloaded",
-            "message": format!("the service is overloaded and sheds this request's priority tier; retry in {seconds} s"),
-            "retry_after": seconds,
-        });
+        let (seconds, body) = overloaded_body(config.retry_after);
         Ok(Self {
             limit: AtomicU32::new(controller.limit()),
             controller: Mutex::new(controller),
             in_flight: AtomicU32::new(0),
             shed: Default::default(),
             retry_after: HeaderValue::from(seconds),
-            body: Bytes::from(body.to_string()),
+            body,
             config,
             clock,
         })
@@ -256,13 +250,31 @@ impl Shedder {
     /// (Stripe answers load shedding with 503, not 429: the client is not
     /// over its own limit, the service is full).
     pub fn response(&self) -> Response<Bytes> {
-        let mut response = Response::new(self.body.clone());
-        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-        let headers = response.headers_mut();
-        headers.insert(RETRY_AFTER, self.retry_after.clone());
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        response
+        overloaded(self.body.clone(), self.retry_after.clone())
     }
+}
+
+/// The body of a shed request's answer, and its `Retry-After` in whole
+/// seconds (rounded up, at least 1): the same for every shedder, the
+/// gateway's and the enforcer's.
+pub(crate) fn overloaded_body(retry_after: Duration) -> (u64, Bytes) {
+    let seconds = (retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0)).max(1);
+    let body = serde_json::json!({
+        "error": "overloaded",
+        "message": format!("the service is overloaded and sheds this request's priority tier; retry in {seconds} s"),
+        "retry_after": seconds,
+    });
+    (seconds, Bytes::from(body.to_string()))
+}
+
+/// A shed request's answer: `503` with `Retry-After` and `body`.
+pub(crate) fn overloaded(body: Bytes, retry_after: HeaderValue) -> Response<Bytes> {
+    let mut response = Response::new(body);
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let headers = response.headers_mut();
+    headers.insert(RETRY_AFTER, retry_after);
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 /// `in_flight` over `limit`, in percent, saturating.

@@ -83,10 +83,10 @@ static LOG: OnceLock<Arc<common::Log>> = OnceLock::new();
 
 /// What the test's upstream saw: each request's path and the (virtual)
 /// instant it arrived.
-type Arrivals = Arc<Mutex<Vec<(String, Instant)>>>;
+pub(crate) type Arrivals = Arc<Mutex<Vec<(String, Instant)>>>;
 
 /// An upstream on 127.0.0.1:0 in this runtime, recording every request.
-async fn upstream() -> (String, Arrivals) {
+pub(crate) async fn upstream() -> (String, Arrivals) {
     async fn record(State(arrivals): State<Arrivals>, request: Request) -> &'static str {
         let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
         arrivals

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use crate::common::rls_request;
-use crate::in_process::{client, start};
+use crate::common::{config_dir, rls_request};
+use crate::in_process::{client, start, upstream};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -231,5 +231,72 @@ async fn envoys_apis_answer_a_shed_with_over_limit_and_retry_after() {
     assert!(
         headers.contains(&json!({"key": "retry-after", "value": "2"})),
         "{body}"
+    );
+}
+
+/// stripe.yaml's shape, shedding on reported utilization: the gateway makes
+/// the `priority` descriptor from `x-priority`.
+const GATEWAY: &str = "
+domain: api
+shed:
+  retry_after: 3s
+rules:
+  - name: per-client
+    match: [{ key: remote_address }]
+    limit: { requests: 100, per: 1s }
+gateway:
+  domain: api
+  rate_limits:
+    - actions:
+        - remote_address: {}
+    - actions:
+        - request_headers: { header_name: x-priority, descriptor_key: priority }
+";
+
+#[tokio::test(start_paused = true)]
+async fn the_gateway_sheds_on_reported_utilization_with_503_before_the_upstream() {
+    let (upstream, arrivals) = upstream().await;
+    // The policy's own file, read again for its `gateway:` section.
+    let gateway = config_dir(&[("gateway.yaml", GATEWAY)]);
+    let gateway_config = gateway.path().join("gateway.yaml");
+    let (running, _dir) = start(
+        &[("api.yaml", GATEWAY)],
+        &[
+            "--proxy-listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--gateway-config",
+            gateway_config.to_str().expect("a UTF-8 temp path"),
+        ],
+    )
+    .await;
+    let (status, _) = report(&running, json!({"domain": "api", "utilization": 0.9})).await;
+    assert_eq!(status, 200);
+    let base = format!("http://{}", running.gateway_addr().expect("a gateway"));
+    let get = async |path: &str, tier: &str| {
+        let response = client()
+            .get(format!("{base}{path}"))
+            .header("x-priority", tier)
+            .send()
+            .await
+            .expect("the gateway answers");
+        let retry_after = response.headers().get("retry-after").cloned();
+        (response.status().as_u16(), retry_after)
+    };
+    let (status, retry_after) = get("/low", "low").await;
+    assert_eq!(status, 503);
+    assert_eq!(retry_after.expect("a Retry-After"), "3");
+    assert_eq!(get("/critical", "critical").await.0, 200);
+    let paths: Vec<String> = arrivals
+        .lock()
+        .expect("arrivals lock")
+        .iter()
+        .map(|(path, _)| path.clone())
+        .collect();
+    assert_eq!(
+        paths,
+        ["/critical"],
+        "a shed request never reaches the upstream"
     );
 }
