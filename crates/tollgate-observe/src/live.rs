@@ -309,6 +309,7 @@ impl Live {
         policy: &Policy,
         disabled: Vec<Disabled>,
         store: Option<StoreHealth>,
+        shedding: Shedding,
     ) -> Snapshot {
         let now = self.clock.now();
         let index = self.index.load_full();
@@ -348,6 +349,7 @@ impl Live {
                 errors: self.store_errors.load(Ordering::Relaxed),
                 health: store,
             },
+            shedding,
             config: ConfigView {
                 source: config.source.clone(),
                 version: config.version,
@@ -550,7 +552,57 @@ struct Snapshot {
     top_denied: TopView,
     top_shadow_denied: TopView,
     store: StoreView,
+    shedding: Shedding,
     config: ConfigView,
+}
+
+/// What the live page shows of load shedding: the gateway's shedder in
+/// front of its upstream, and the utilization each shedding domain's
+/// service reports.
+#[derive(Debug, Default, Serialize)]
+pub struct Shedding {
+    /// The gateway's shedder, when it has one.
+    pub gateway: Option<GatewayShed>,
+    /// Each domain with a `shed:` section, in name order.
+    pub reported: Vec<Reported>,
+}
+
+/// The gateway's shedder at one moment.
+#[derive(Debug, Serialize)]
+pub struct GatewayShed {
+    /// The learned limit.
+    pub limit: u32,
+    /// Requests forwarded and not yet answered.
+    pub in_flight: u32,
+    /// In flight over the limit (1 is full).
+    pub utilization: f64,
+    /// Whether the limit is pinned to its floor for a probe.
+    pub probing: bool,
+    /// Requests shed since start: critical, high, low.
+    pub shed: [u64; 3],
+}
+
+impl From<&tollgate_http::Snapshot> for GatewayShed {
+    fn from(snapshot: &tollgate_http::Snapshot) -> Self {
+        Self {
+            limit: snapshot.limit,
+            in_flight: snapshot.in_flight,
+            utilization: f64::from(snapshot.utilization_percent()) / 100.0,
+            probing: snapshot.probing,
+            shed: tollgate_http::Tier::ALL.map(|tier| snapshot.shed(tier)),
+        }
+    }
+}
+
+/// What a shedding domain's service reports.
+#[derive(Debug, Serialize)]
+pub struct Reported {
+    /// The domain.
+    pub domain: String,
+    /// The mean of its fresh reports (1 is full); `None` with none.
+    pub utilization: Option<f64>,
+    /// Instances whose report is fresh.
+    pub instances: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -659,19 +711,20 @@ pub async fn page() -> Response {
 }
 
 /// `GET /live.json`'s answer: what `live` shows of `policy`, with the rules
-/// and domains the kill switch turned off and what the store says of
-/// itself.
+/// and domains the kill switch turned off, what the store says of itself,
+/// and the state of load shedding.
 pub fn json(
     live: &Live,
     policy: &Policy,
     disabled: impl IntoIterator<Item = (String, Option<String>)>,
     store: Option<StoreHealth>,
+    shedding: Shedding,
 ) -> Response {
     let disabled = disabled
         .into_iter()
         .map(|(domain, rule)| Disabled { domain, rule })
         .collect();
-    let snapshot = live.snapshot(policy, disabled, store);
+    let snapshot = live.snapshot(policy, disabled, store, shedding);
     (
         [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))],
         Json(snapshot),
@@ -755,7 +808,7 @@ rules:
                 .await;
             }
         }
-        let snapshot = live.snapshot(&enforcer.policy(), Vec::new(), None);
+        let snapshot = live.snapshot(&enforcer.policy(), Vec::new(), None, Shedding::default());
         let json = serde_json::to_value(&snapshot).expect("serializable");
         let series = |rule: &str, result: &str| {
             json["decisions"]
@@ -786,8 +839,13 @@ rules:
         assert_eq!(json["config"]["rules"], 2);
         // A second sample makes one point of history.
         live.sample();
-        let json = serde_json::to_value(live.snapshot(&enforcer.policy(), Vec::new(), None))
-            .expect("serializable");
+        let json = serde_json::to_value(live.snapshot(
+            &enforcer.policy(),
+            Vec::new(),
+            None,
+            Shedding::default(),
+        ))
+        .expect("serializable");
         assert_eq!(
             json["history"]["decisions_per_second"],
             serde_json::json!([8.0])
@@ -824,8 +882,13 @@ rules:
             }
         }
         let ok = |live: &Live| {
-            let json = serde_json::to_value(live.snapshot(&handle.guard(), Vec::new(), None))
-                .expect("serializable");
+            let json = serde_json::to_value(live.snapshot(
+                &handle.guard(),
+                Vec::new(),
+                None,
+                Shedding::default(),
+            ))
+            .expect("serializable");
             json["decisions"]
                 .as_array()
                 .expect("a list")

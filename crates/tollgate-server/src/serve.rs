@@ -367,6 +367,7 @@ async fn launch(
         metrics: metrics_handle.clone(),
         store_metrics,
         store_health,
+        gateway_shedder: gateway.as_ref().and_then(Gateway::shedder).cloned(),
         live: Arc::clone(&live),
         admin_token: args.admin_token,
         api_tokens: args.api_token.clone(),

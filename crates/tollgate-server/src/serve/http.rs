@@ -317,11 +317,31 @@ async fn live_json<S: Store + 'static>(
         return admin::unauthorized("admin token");
     }
     let store = state.store_health.as_ref().map(|health| health());
+    let policy = state.enforcer.policy();
+    let shedding = live::Shedding {
+        gateway: state
+            .gateway_shedder
+            .as_ref()
+            .map(|shedder| live::GatewayShed::from(&shedder.snapshot())),
+        reported: policy
+            .domains()
+            .filter(|domain| policy.shedding(domain).is_some())
+            .map(|domain| {
+                let reported = state.enforcer.reported_utilization(domain);
+                live::Reported {
+                    domain: domain.to_owned(),
+                    utilization: reported.map(|(u, _)| f64::from(u.percent()) / 100.0),
+                    instances: reported.map_or(0, |(_, n)| n),
+                }
+            })
+            .collect(),
+    };
     live::json(
         &state.live,
-        &state.enforcer.policy(),
+        &policy,
         state.enforcer.kill_switch().disabled(),
         store,
+        shedding,
     )
 }
 
@@ -396,6 +416,7 @@ mod tests {
             metrics: metrics::recorder().expect("valid buckets").handle(),
             store_metrics: None,
             store_health: None,
+            gateway_shedder: None,
             live: test_live(),
             admin_token: admin_token.map(|t| t.parse().expect("a token")),
             api_tokens: Vec::new(),
@@ -511,6 +532,7 @@ mod tests {
                 metrics: metrics::recorder().expect("valid buckets").handle(),
                 store_metrics: None,
                 store_health: None,
+                gateway_shedder: None,
                 live: test_live(),
                 admin_token: None,
                 api_tokens: Vec::new(),
@@ -574,6 +596,7 @@ mod tests {
                 metrics: metrics::recorder().expect("valid buckets").handle(),
                 store_metrics: None,
                 store_health: None,
+                gateway_shedder: None,
                 live: test_live(),
                 admin_token: None,
                 api_tokens: Vec::new(),

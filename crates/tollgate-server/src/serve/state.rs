@@ -27,6 +27,9 @@ pub(crate) struct AppState<S> {
     /// What the store reports of its health for `/live.json`; `None` for a
     /// store that reports none.
     pub(crate) store_health: Option<Box<dyn Fn() -> store_health::StoreHealth + Send + Sync>>,
+    /// The gateway's load shedder, shown on the live page; `None` without
+    /// one.
+    pub(crate) gateway_shedder: Option<Arc<tollgate_http::Shedder>>,
     /// What the live page shows.
     pub(crate) live: Arc<live::Live>,
     /// The bearer token of the admin API; `None` disables it.

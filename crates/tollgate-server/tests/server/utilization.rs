@@ -112,6 +112,19 @@ async fn the_http_api_sheds_by_tier_with_503_and_retry_after_until_the_report_la
         assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
     }
 
+    let live: Value = client()
+        .get(format!("http://{}/live.json", running.http_addr()))
+        .send()
+        .await
+        .expect("the HTTP API answers")
+        .json()
+        .await
+        .expect("a JSON body");
+    assert_eq!(
+        live["shedding"],
+        json!({"gateway": null, "reported": [{"domain": "api", "utilization": 0.6, "instances": 1}]})
+    );
+
     // The service stops reporting: ten seconds later it is no longer shed for.
     tokio::time::sleep(Duration::from_millis(10_001)).await;
     let (status, _, body) = post(&running, "/v1/check", check("low")).await;
@@ -299,4 +312,14 @@ async fn the_gateway_sheds_on_reported_utilization_with_503_before_the_upstream(
         ["/critical"],
         "a shed request never reaches the upstream"
     );
+    let metrics = client()
+        .get(format!("http://{}/metrics", running.http_addr()))
+        .send()
+        .await
+        .expect("the HTTP API answers")
+        .text()
+        .await
+        .expect("a text body");
+    let line = r#"tollgate_checks_total{api="gateway",result="shed"} 1"#;
+    assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
 }
