@@ -38,6 +38,7 @@ mod gcra;
 mod leaky_bucket;
 mod meter;
 mod quota;
+mod shed;
 mod sliding_counter;
 mod sliding_log;
 mod store;
@@ -53,6 +54,7 @@ pub use fixed_window::{FixedWindow, HitCounter, WindowCount};
 pub use gcra::{Gcra, Tat};
 pub use leaky_bucket::{LeakyBucket, LeakyBucketShaping, Level};
 pub use quota::{Quota, QuotaError};
+pub use shed::{Thresholds, ThresholdsError, Tier, Utilization, UtilizationError};
 pub use sliding_counter::{SlidingCounter, WindowPair};
 pub use sliding_log::{Log, SlidingLog};
 pub use store::{

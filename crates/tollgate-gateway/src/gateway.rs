@@ -284,7 +284,7 @@ impl Inner for Shed<Proxy> {
 /// answers: the route template goes into the request; the answer is told to
 /// `observe`: [`Outcome::Forwarded`] when it went through to the proxy,
 /// [`Outcome::Limited`] when the layer answered it, [`Outcome::Shed`] when
-/// the shedder did.
+/// the shedder did, or the layer did for a shed verdict (503).
 fn handle<I, O>(
     service: &RateLimit<I>,
     routes: &Routes,
@@ -308,10 +308,12 @@ where
     let observe = observe.clone();
     async move {
         let response = response.await?;
-        let outcome = response
-            .body()
-            .get_ref()
-            .map_or(Outcome::Limited, I::outcome);
+        let outcome = match response.body().get_ref() {
+            Some(inner) => I::outcome(inner),
+            // The enforcer shed it on its domain's reported utilization.
+            None if response.status() == http::StatusCode::SERVICE_UNAVAILABLE => Outcome::Shed,
+            None => Outcome::Limited,
+        };
         observe(outcome, started.elapsed());
         Ok(response)
     }

@@ -307,6 +307,7 @@ impl Live {
         disabled: Vec<Disabled>,
         store: Option<StoreHealth>,
         quotas: Vec<QuotaView>,
+        shedding: Shedding,
     ) -> Snapshot {
         let now = self.clock.now();
         let index = self.index.load_full();
@@ -347,6 +348,7 @@ impl Live {
                 errors: self.store_errors.load(Ordering::Relaxed),
                 health: store,
             },
+            shedding,
             config: ConfigView {
                 source: config.source.clone(),
                 version: config.version,
@@ -550,6 +552,7 @@ struct Snapshot {
     top_shadow_denied: TopView,
     quotas: Vec<QuotaView>,
     store: StoreView,
+    shedding: Shedding,
     config: ConfigView,
 }
 
@@ -575,6 +578,55 @@ pub struct QuotaView {
     pub assigned: u64,
     /// A rate rule's assigned refill, tokens a second.
     pub assigned_per_second: f64,
+}
+
+/// What the live page shows of load shedding: the gateway's shedder in
+/// front of its upstream, and the utilization each shedding domain's
+/// service reports.
+#[derive(Debug, Default, Serialize)]
+pub struct Shedding {
+    /// The gateway's shedder, when it has one.
+    pub gateway: Option<GatewayShed>,
+    /// Each domain with a `shed:` section, in name order.
+    pub reported: Vec<Reported>,
+}
+
+/// The gateway's shedder at one moment.
+#[derive(Debug, Serialize)]
+pub struct GatewayShed {
+    /// The learned limit.
+    pub limit: u32,
+    /// Requests forwarded and not yet answered.
+    pub in_flight: u32,
+    /// In flight over the limit (1 is full).
+    pub utilization: f64,
+    /// Whether the limit is pinned to its floor for a probe.
+    pub probing: bool,
+    /// Requests shed since start: critical, high, low.
+    pub shed: [u64; 3],
+}
+
+impl From<&tollgate_http::Snapshot> for GatewayShed {
+    fn from(snapshot: &tollgate_http::Snapshot) -> Self {
+        Self {
+            limit: snapshot.limit,
+            in_flight: snapshot.in_flight,
+            utilization: f64::from(snapshot.utilization_percent()) / 100.0,
+            probing: snapshot.probing,
+            shed: tollgate_http::Tier::ALL.map(|tier| snapshot.shed(tier)),
+        }
+    }
+}
+
+/// What a shedding domain's service reports.
+#[derive(Debug, Serialize)]
+pub struct Reported {
+    /// The domain.
+    pub domain: String,
+    /// The mean of its fresh reports (1 is full); `None` with none.
+    pub utilization: Option<f64>,
+    /// Instances whose report is fresh.
+    pub instances: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -683,20 +735,21 @@ pub async fn page() -> Response {
 }
 
 /// `GET /live.json`'s answer: what `live` shows of `policy`, with the rules
-/// and domains the kill switch turned off, what the store says of itself
-/// and the quotas Envoys hold.
+/// and domains the kill switch turned off, what the store says of itself,
+/// the quotas Envoys hold and the state of load shedding.
 pub fn json(
     live: &Live,
     policy: &Policy,
     disabled: impl IntoIterator<Item = (String, Option<String>)>,
     store: Option<StoreHealth>,
     quotas: Vec<QuotaView>,
+    shedding: Shedding,
 ) -> Response {
     let disabled = disabled
         .into_iter()
         .map(|(domain, rule)| Disabled { domain, rule })
         .collect();
-    let snapshot = live.snapshot(policy, disabled, store, quotas);
+    let snapshot = live.snapshot(policy, disabled, store, quotas, shedding);
     (
         [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))],
         Json(snapshot),
@@ -780,7 +833,13 @@ rules:
                 .await;
             }
         }
-        let snapshot = live.snapshot(&enforcer.policy(), Vec::new(), None, Vec::new());
+        let snapshot = live.snapshot(
+            &enforcer.policy(),
+            Vec::new(),
+            None,
+            Vec::new(),
+            Shedding::default(),
+        );
         let json = serde_json::to_value(&snapshot).expect("serializable");
         let series = |rule: &str, result: &str| {
             json["decisions"]
@@ -811,9 +870,14 @@ rules:
         assert_eq!(json["config"]["rules"], 2);
         // A second sample makes one point of history.
         live.sample();
-        let json =
-            serde_json::to_value(live.snapshot(&enforcer.policy(), Vec::new(), None, Vec::new()))
-                .expect("serializable");
+        let json = serde_json::to_value(live.snapshot(
+            &enforcer.policy(),
+            Vec::new(),
+            None,
+            Vec::new(),
+            Shedding::default(),
+        ))
+        .expect("serializable");
         assert_eq!(
             json["history"]["decisions_per_second"],
             serde_json::json!([8.0])
@@ -850,9 +914,14 @@ rules:
             }
         }
         let ok = |live: &Live| {
-            let json =
-                serde_json::to_value(live.snapshot(&handle.guard(), Vec::new(), None, Vec::new()))
-                    .expect("serializable");
+            let json = serde_json::to_value(live.snapshot(
+                &handle.guard(),
+                Vec::new(),
+                None,
+                Vec::new(),
+                Shedding::default(),
+            ))
+            .expect("serializable");
             json["decisions"]
                 .as_array()
                 .expect("a list")
@@ -904,8 +973,14 @@ rules:
         enforcer.policy_handle().store(new);
         enforce(&enforcer, &both).await;
         enforce(&observed(in_flight), &both).await;
-        let json = serde_json::to_value(live.snapshot(&enforcer.policy(), Vec::new(), None))
-            .expect("serializable");
+        let json = serde_json::to_value(live.snapshot(
+            &enforcer.policy(),
+            Vec::new(),
+            None,
+            Vec::new(),
+            Shedding::default(),
+        ))
+        .expect("serializable");
         // Every series of the label set, so a rule counted in two shows.
         let totals = |rule: &str, result: &str| {
             let all = json["decisions"].as_array().expect("a list").iter();
@@ -927,6 +1002,7 @@ rules:
             descriptors: Vec::new(),
             started_at: 0,
             permit: tollgate_policy::Permit::default(),
+            shed: None,
         };
         let decided = Decided {
             domain: Some("api"),

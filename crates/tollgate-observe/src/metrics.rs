@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use metrics::{counter, describe_counter, describe_gauge, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
-use tollgate_core::StoreError;
+use tollgate_core::{StoreError, Utilization};
 use tollgate_policy::{
     Decided, Descriptor, FailurePolicy, Observer, Reload, ReloadError, Rule, State, Trigger,
 };
@@ -40,6 +40,12 @@ const SHED_IN_FLIGHT: &str = "tollgate_shed_in_flight";
 const SHED_UTILIZATION: &str = "tollgate_shed_utilization";
 const SHED_PROBING: &str = "tollgate_shed_probing";
 const SHED_TOTAL: &str = "tollgate_shed_total";
+/// Shedding on reported utilization (a domain's `shed:` section): what the
+/// domain's service reports, how many instances' reports are fresh, and the
+/// requests the enforcer shed, by domain and tier, at every door.
+const REPORTED_UTILIZATION: &str = "tollgate_reported_utilization";
+const REPORTED_INSTANCES: &str = "tollgate_reported_instances";
+const ENFORCER_SHED_TOTAL: &str = "tollgate_enforcer_shed_total";
 /// Requests answered, by API (`grpc`, `json`, `v1`, `gateway`) and result
 /// (`ok`, `over_limit`, `invalid`, `shed`).
 const CHECKS: &str = "tollgate_checks_total";
@@ -219,6 +225,18 @@ pub fn install(
         SHED_TOTAL,
         "Requests the gateway shed (503) by priority tier."
     );
+    describe_gauge!(
+        REPORTED_UTILIZATION,
+        "The utilization a shedding domain's service reports: the mean of its instances' fresh reports (1 is full; 0 with no fresh report)."
+    );
+    describe_gauge!(
+        REPORTED_INSTANCES,
+        "Instances of a shedding domain's service whose utilization report is fresh."
+    );
+    describe_counter!(
+        ENFORCER_SHED_TOTAL,
+        "Checks the enforcer shed on reported utilization, by domain and priority tier (503 through the HTTP API, OVER_LIMIT through Envoy's)."
+    );
     describe_gauge!(MEMORY_KEYS, "Keys the in-process store holds.");
     describe_counter!(
         MEMORY_EVICTIONS,
@@ -302,6 +320,11 @@ impl Observer for Observe {
     /// series too ([`envoy_stats`]).
     fn decided(&self, decided: &Decided<'_>) {
         let mut slots = None;
+        if let (Some(shed), Some(domain)) = (&decided.verdict.shed, decided.domain) {
+            // Only a domain of the config sheds, so its label is bounded.
+            counter!(ENFORCER_SHED_TOTAL, "domain" => domain.to_owned(), "tier" => shed.tier.name())
+                .increment(1);
+        }
         for (index, descriptor) in decided.verdict.descriptors.iter().enumerate() {
             if let State::StoreFailed(failure) = descriptor.state {
                 store_fallback(failure);
@@ -468,6 +491,17 @@ pub fn shed(snapshot: &tollgate_http::Snapshot) {
     for tier in tollgate_http::Tier::ALL {
         counter!(SHED_TOTAL, "tier" => tier.name()).absolute(snapshot.shed(tier));
     }
+}
+
+/// Copies what `domain`'s service reports of its utilization into the
+/// registry: the mean of its fresh reports, and how many there are (none is
+/// 0 and 0).
+pub fn reported(domain: &str, reported: Option<(Utilization, usize)>) {
+    let (utilization, instances) = reported.map_or((0.0, 0.0), |(u, n)| {
+        (f64::from(u.percent()) / 100.0, n as f64)
+    });
+    gauge!(REPORTED_UTILIZATION, "domain" => domain.to_owned()).set(utilization);
+    gauge!(REPORTED_INSTANCES, "domain" => domain.to_owned()).set(instances);
 }
 
 /// Copies the memory store's counters into the registry.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::tree::Node;
-use crate::{ConfigError, Rule};
+use crate::{ConfigError, Rule, Shedding};
 
 #[derive(Debug, Default)]
 pub(crate) struct Domain {
@@ -17,6 +17,8 @@ pub(crate) struct Domain {
     /// envoyproxy/ratelimit's composite keys (`key_value`) of the top-level
     /// descriptors, each with the error to give when a merged file repeats it.
     pub(crate) top: Vec<(String, ConfigError)>,
+    /// Load shedding on reported utilization (a native file's `shed:`).
+    pub(crate) shedding: Option<Arc<Shedding>>,
 }
 
 impl Domain {

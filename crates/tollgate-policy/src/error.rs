@@ -111,3 +111,26 @@ pub enum RequestError {
         reason: String,
     },
 }
+
+/// A utilization report refused (`POST /v1/utilization`): the service can
+/// fix it and report again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReportError {
+    /// The domain is not defined, or has no `shed:` section.
+    #[error("domain {0:?} does not shed: give it a `shed:` section to report its utilization")]
+    NoShedding(String),
+    /// The instance's name is longer than an entry's value may be.
+    #[error("instance must be at most {0} bytes")]
+    InstanceTooLong(usize),
+    /// The domain holds reports of as many instances as it keeps.
+    #[error(
+        "domain {domain:?} already holds fresh reports of {max} instances; report through fewer"
+    )]
+    TooManyInstances {
+        /// The domain.
+        domain: String,
+        /// How many instances a domain keeps reports of.
+        max: usize,
+    },
+}

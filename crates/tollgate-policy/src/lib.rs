@@ -39,6 +39,7 @@ mod policy_handle;
 mod read;
 mod reload;
 mod rule;
+mod shed;
 mod stat_key;
 mod store_settings;
 mod tree;
@@ -47,15 +48,16 @@ pub use config::parse_yaml;
 pub use descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 pub use enforcer::{
     AdHoc, Check, Counting, Decided, DescriptorVerdict, Enforcer, NoObserver, Observer, Permit,
-    Prepared, RequestLimits, State, Verdict,
+    Prepared, RequestLimits, Shed, State, Verdict,
 };
-pub use error::{ConfigError, RequestError, ResetError, Unsupported};
+pub use error::{ConfigError, ReportError, RequestError, ResetError, Unsupported};
 pub use kill_switch::KillSwitch;
 pub use metadata::{Metadata, MetadataValue};
 pub use policy::{Applied, ConfigFiles, Policy, Resolved};
 pub use policy_handle::PolicyHandle;
 pub use reload::{Fingerprint, Refusal, Reload, ReloadError, Reloader, Safeguards, Trigger};
 pub use rule::{Rule, RuleIndex};
+pub use shed::Shedding;
 pub use store_settings::StoreSettings;
 pub use tollgate_core::FailurePolicy;
 pub use tollgate_core::{ParseDurationError, parse_duration};

@@ -21,6 +21,7 @@ use tollgate_core::{Algorithm, Quota};
 use crate::config::{ConfigErrors, File, Found};
 use crate::domain::Domain;
 use crate::rule::{Action, Limited, Numbered, Priority, Tiers, envoy_limit};
+use crate::shed::{ShedSpec, shedding};
 use crate::tree::Pattern;
 use crate::{FailurePolicy, Rule, parse_duration};
 
@@ -37,6 +38,8 @@ pub(crate) struct NativeFile {
     _gateway: Option<serde::de::IgnoredAny>,
     #[serde(default)]
     defaults: Defaults,
+    /// Load shedding on the utilization the protected service reports.
+    shed: Option<Spanned<ShedSpec>>,
     rules: Vec<Spanned<NativeRule>>,
 }
 
@@ -130,8 +133,13 @@ pub(crate) fn compile(file: File<'_>, root: NativeFile) -> Result<(String, Domai
         ),
         None => Some(FailurePolicy::Local),
     };
+    let shedding = root
+        .shed
+        .as_ref()
+        .and_then(|spec| shedding(file, spec, &mut found).map(Arc::new));
     let mut domain = Domain {
         source: file.path.display().to_string(),
+        shedding,
         ..Domain::default()
     };
     let mut names: HashMap<String, String> = HashMap::new();

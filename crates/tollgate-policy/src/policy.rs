@@ -9,7 +9,8 @@ use crate::config::ConfigErrors;
 use crate::domain::Domain;
 use crate::rule::{Action, Limited, Numbered, RuleIndex, envoy_limit};
 use crate::{
-    ConfigError, Descriptor, Entry, FailurePolicy, Request, RequestError, Rule, StoreSettings,
+    ConfigError, Descriptor, Entry, FailurePolicy, Request, RequestError, Rule, Shedding,
+    StoreSettings,
 };
 
 /// A limit to check for one descriptor: everything a store needs, plus the
@@ -283,6 +284,12 @@ impl Policy {
     /// ([`Counting`](crate::Counting)).
     pub fn is_envoy(&self, domain: &str) -> bool {
         self.domains.get(domain).is_some_and(|d| d.envoy)
+    }
+
+    /// How `domain` sheds on the utilization its service reports (its
+    /// `shed:` section); `None` when it does not, or is not defined.
+    pub fn shedding(&self, domain: &str) -> Option<&Arc<Shedding>> {
+        self.domains.get(domain)?.shedding.as_ref()
     }
 
     /// The file that defined `domain` (the first of them, when files were

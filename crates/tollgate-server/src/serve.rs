@@ -37,6 +37,7 @@ mod native;
 pub mod record;
 mod reload;
 mod state;
+mod utilization;
 
 pub use args::Args;
 pub use envoy_mode::{invoked_as_ratelimit, ratelimit_command};
@@ -406,6 +407,7 @@ async fn launch(
         store_metrics,
         store_health,
         quotas,
+        gateway_shedder: gateway.as_ref().and_then(Gateway::shedder).cloned(),
         live: Arc::clone(&live),
         admin_token: args.admin_token,
         api_tokens: args.api_token.clone(),

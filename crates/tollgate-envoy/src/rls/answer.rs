@@ -237,6 +237,15 @@ pub(crate) fn answer<'a>(
             }
         }
     }
+    if let Some(shed) = &verdict.shed {
+        // Envoy's protocol has no "overloaded": a shed is OVER_LIMIT, and
+        // Envoy adds these headers to the 429 it answers (a 503 with its
+        // filter's `rate_limited_status`), so the client still learns when
+        // to come back.
+        let retry = shed.retry_after;
+        let seconds = retry.as_secs() + u64::from(retry.subsec_nanos() > 0);
+        headers.push(("retry-after", HeaderText::Number(seconds.max(1))));
+    }
     let dynamic_metadata = reply
         .dynamic_metadata
         .then(|| dynamic_metadata(request, verdict, &statuses));

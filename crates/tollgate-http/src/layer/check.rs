@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
-use http::{HeaderMap, Response};
+use http::{HeaderMap, HeaderValue, Response};
 use tollgate_core::{Store, at_first_poll};
 use tollgate_policy::{
     Check as PolicyCheck, Descriptor, Enforcer, Permit, Prepared, Request, RequestError,
@@ -21,6 +21,7 @@ use tollgate_policy::{
 
 use super::denial::{self, Answer};
 use crate::headers::reports;
+use crate::shed;
 use crate::{DescriptorSource, HeaderStyle};
 
 /// A future the layer boxes: the check, a permit release.
@@ -122,6 +123,13 @@ impl Denied {
     /// ([`denial::too_many`]).
     pub(crate) fn response(&self, answer: Answer) -> Response<Bytes> {
         let Reported { verdict, style } = &self.0;
+        if let Some(shed) = &verdict.shed {
+            // Shed on the utilization the service reports: the same 503 as
+            // the shedder in front of an upstream answers, not a 429 (the
+            // client is not over a limit of its own).
+            let (seconds, body) = shed::overloaded_body(shed.retry_after);
+            return shed::overloaded(body, HeaderValue::from(seconds));
+        }
         denial::too_many(*style, answer, &reports(verdict), verdict.started_at)
     }
 }

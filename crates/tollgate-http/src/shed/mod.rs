@@ -10,6 +10,6 @@ mod shedder;
 
 pub use layer::ShedLayer;
 pub use service::Shed;
-pub use shedder::{
-    InFlight, Overloaded, ShedConfig, ShedConfigError, Shedder, Snapshot, Thresholds, Tier,
-};
+pub use shedder::{InFlight, Overloaded, ShedConfig, ShedConfigError, Shedder, Snapshot};
+pub(crate) use shedder::{overloaded, overloaded_body};
+pub use tollgate_core::{Thresholds, ThresholdsError, Tier};

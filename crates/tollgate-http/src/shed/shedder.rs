@@ -9,84 +9,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
-use tollgate_core::{Clock, Gradient, GradientConfig, GradientError, MonotonicClock, Nanos};
-
-/// A request's priority tier: the lowest is shed first as the protected
-/// service fills, critical last.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Tier {
-    /// Shed last: what the business cannot lose (Stripe's charges).
-    Critical,
-    /// Shed before critical.
-    High,
-    /// Shed first (Stripe's webhooks, test traffic); a request that names
-    /// no tier, or one this layer does not know, is low.
-    Low,
-}
-
-impl Tier {
-    /// Every tier, most important first.
-    pub const ALL: [Tier; 3] = [Tier::Critical, Tier::High, Tier::Low];
-
-    /// The tier a header value names (`critical`, `high` or `low`, in any
-    /// case); anything else is [`Tier::Low`], so a client cannot raise its
-    /// priority by sending a value the layer does not know.
-    pub fn from_header(value: &[u8]) -> Self {
-        if value.eq_ignore_ascii_case(b"critical") {
-            Tier::Critical
-        } else if value.eq_ignore_ascii_case(b"high") {
-            Tier::High
-        } else {
-            Tier::Low
-        }
-    }
-
-    /// The tier's name: `critical`, `high` or `low`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Tier::Critical => "critical",
-            Tier::High => "high",
-            Tier::Low => "low",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// The utilization (requests in flight over the learned limit, in percent)
-/// each tier may fill: a request is shed when letting it in would take the
-/// utilization past its tier's threshold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Thresholds {
-    /// The utilization critical requests may fill (100 by default).
-    pub critical: u32,
-    /// The utilization high-priority requests may fill (75 by default).
-    pub high: u32,
-    /// The utilization low-priority requests may fill (50 by default).
-    pub low: u32,
-}
-
-impl Default for Thresholds {
-    fn default() -> Self {
-        Self {
-            critical: 100,
-            high: 75,
-            low: 50,
-        }
-    }
-}
-
-impl Thresholds {
-    fn of(&self, tier: Tier) -> u32 {
-        match tier {
-            Tier::Critical => self.critical,
-            Tier::High => self.high,
-            Tier::Low => self.low,
-        }
-    }
-}
+use tollgate_core::{
+    Clock, Gradient, GradientConfig, GradientError, MonotonicClock, Nanos, Thresholds,
+    ThresholdsError, Tier,
+};
 
 /// What a [`Shedder`] is made from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,17 +47,8 @@ pub enum ShedConfigError {
     #[error(transparent)]
     Limit(#[from] GradientError),
     /// A threshold outside 1–100 %, or a tier shed before a lower one.
-    #[error(
-        "thresholds must be percentages from 1 to 100 with critical >= high >= low (got {critical}, {high}, {low})"
-    )]
-    Thresholds {
-        /// Critical's.
-        critical: u32,
-        /// High's.
-        high: u32,
-        /// Low's.
-        low: u32,
-    },
+    #[error(transparent)]
+    Thresholds(#[from] ThresholdsError),
 }
 
 /// The state a [`Shed`](super::Shed) service decides with: the learned
@@ -246,33 +163,16 @@ impl Shedder {
     ///
     /// When the config makes no shedder.
     pub fn with_clock(config: ShedConfig, clock: Arc<dyn Clock>) -> Result<Self, ShedConfigError> {
-        let Thresholds {
-            critical,
-            high,
-            low,
-        } = config.thresholds;
-        if !(1..=100).contains(&critical) || !(1..=high).contains(&low) || high > critical {
-            return Err(ShedConfigError::Thresholds {
-                critical,
-                high,
-                low,
-            });
-        }
+        config.thresholds.validate()?;
         let controller = Gradient::new(config.limit, clock.now())?;
-        let seconds =
-            config.retry_after.as_secs() + u64::from(config.retry_after.subsec_nanos() > 0);
-        let body = serde_json::json!({
-            "error": "overloaded",
-            "message": format!("the service is overloaded and sheds this request's priority tier; retry in {seconds} s"),
-            "retry_after": seconds,
-        });
+        let (seconds, body) = overloaded_body(config.retry_after);
         Ok(Self {
             limit: AtomicU32::new(controller.limit()),
             controller: Mutex::new(controller),
             in_flight: AtomicU32::new(0),
             shed: Default::default(),
             retry_after: HeaderValue::from(seconds),
-            body: Bytes::from(body.to_string()),
+            body,
             config,
             clock,
         })
@@ -298,7 +198,7 @@ impl Shedder {
     ///
     /// [`Overloaded`] when the request is shed (counted by tier).
     pub fn admit(self: &Arc<Self>, tier: Tier) -> Result<InFlight, Overloaded> {
-        let threshold = self.config.thresholds.of(tier);
+        let thresholds = self.config.thresholds;
         let limit = self.limit.load(Ordering::Relaxed);
         let admitted = self
             .in_flight
@@ -307,7 +207,9 @@ impl Shedder {
                 // tier's threshold: at a limit of 3, low (at 50 %) may hold
                 // 1 request, leaving the rest to the tiers above.
                 let after = n.saturating_add(1);
-                (utilization(after, limit) <= threshold).then_some(after)
+                thresholds
+                    .admits(tier, utilization(after, limit))
+                    .then_some(after)
             });
         match admitted {
             Ok(before) => {
@@ -348,13 +250,31 @@ impl Shedder {
     /// (Stripe answers load shedding with 503, not 429: the client is not
     /// over its own limit, the service is full).
     pub fn response(&self) -> Response<Bytes> {
-        let mut response = Response::new(self.body.clone());
-        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-        let headers = response.headers_mut();
-        headers.insert(RETRY_AFTER, self.retry_after.clone());
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        response
+        overloaded(self.body.clone(), self.retry_after.clone())
     }
+}
+
+/// The body of a shed request's answer, and its `Retry-After` in whole
+/// seconds (rounded up, at least 1): the same for every shedder, the
+/// gateway's and the enforcer's.
+pub(crate) fn overloaded_body(retry_after: Duration) -> (u64, Bytes) {
+    let seconds = (retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0)).max(1);
+    let body = serde_json::json!({
+        "error": "overloaded",
+        "message": format!("the service is overloaded and sheds this request's priority tier; retry in {seconds} s"),
+        "retry_after": seconds,
+    });
+    (seconds, Bytes::from(body.to_string()))
+}
+
+/// A shed request's answer: `503` with `Retry-After` and `body`.
+pub(crate) fn overloaded(body: Bytes, retry_after: HeaderValue) -> Response<Bytes> {
+    let mut response = Response::new(body);
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let headers = response.headers_mut();
+    headers.insert(RETRY_AFTER, retry_after);
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 /// `in_flight` over `limit`, in percent, saturating.
@@ -436,15 +356,8 @@ mod tests {
         let shedder = Shedder::new(ShedConfig::default()).unwrap();
         let mut headers = HeaderMap::new();
         assert_eq!(shedder.tier_of(&headers), Tier::Low);
-        for (value, tier) in [
-            ("critical", Tier::Critical),
-            ("HIGH", Tier::High),
-            ("low", Tier::Low),
-            ("urgent", Tier::Low),
-        ] {
-            headers.insert("x-priority", HeaderValue::from_static(value));
-            assert_eq!(shedder.tier_of(&headers), tier, "{value}");
-        }
+        headers.insert("x-priority", HeaderValue::from_static("HIGH"));
+        assert_eq!(shedder.tier_of(&headers), Tier::High);
     }
 
     #[test]
@@ -463,23 +376,18 @@ mod tests {
 
     #[test]
     fn thresholds_out_of_order_are_refused() {
-        for (critical, high, low) in [(100, 90, 95), (90, 100, 50), (101, 90, 75), (100, 90, 0)] {
-            let config = ShedConfig {
-                thresholds: Thresholds {
-                    critical,
-                    high,
-                    low,
-                },
-                ..ShedConfig::default()
-            };
-            assert_eq!(
-                Shedder::new(config).unwrap_err(),
-                ShedConfigError::Thresholds {
-                    critical,
-                    high,
-                    low
-                }
-            );
-        }
+        let thresholds = Thresholds {
+            critical: 90,
+            high: 100,
+            low: 50,
+        };
+        let config = ShedConfig {
+            thresholds,
+            ..ShedConfig::default()
+        };
+        assert_eq!(
+            Shedder::new(config).unwrap_err(),
+            ShedConfigError::Thresholds(ThresholdsError(thresholds))
+        );
     }
 }

@@ -41,6 +41,7 @@
 mod observer;
 mod permit;
 mod plan;
+mod reports;
 mod request;
 mod verdict;
 
@@ -53,18 +54,20 @@ use futures_util::future::join_all;
 use smallvec::SmallVec;
 use tollgate_core::{
     Algorithm, Clock, Decision, IntoNanos, Limit, MonotonicClock, Nanos, Outcome, Quota, Store,
-    StoreError, SystemClock,
+    StoreError, SystemClock, Utilization,
 };
 
 pub use observer::{Decided, NoObserver, Observer};
 pub use permit::Permit;
 use plan::{Call, Mode, Plan, Settings, Step};
 pub use request::{AdHoc, Check, Prepared, RequestLimits};
-pub use verdict::{DescriptorVerdict, State, Verdict};
+pub use verdict::{DescriptorVerdict, Shed, State, Verdict};
+
+use reports::{MAX_INSTANCES, Reports};
 
 use crate::{
-    Applied, Descriptor, KillSwitch, Policy, PolicyHandle, Request, RequestError, ResetError,
-    Resolved, Rule, Unit, Unsupported,
+    Applied, Descriptor, KillSwitch, Policy, PolicyHandle, ReportError, Request, RequestError,
+    ResetError, Resolved, Rule, Shedding, Unit, Unsupported,
 };
 
 /// How the limits of a request in envoyproxy/ratelimit's format are charged.
@@ -140,6 +143,8 @@ pub struct Enforcer<S> {
     quota_mode: bool,
     /// How envoyproxy-format domains are counted.
     envoy_counting: Counting,
+    /// The utilization the services of shedding domains report.
+    reports: Reports,
 }
 
 impl<S> fmt::Debug for Enforcer<S> {
@@ -177,6 +182,7 @@ impl<S: Store> Enforcer<S> {
             shadow_mode: false,
             quota_mode: false,
             envoy_counting: Counting::default(),
+            reports: Reports::default(),
         }
     }
 
@@ -243,7 +249,8 @@ impl<S: Store> Enforcer<S> {
         }
     }
 
-    /// The same enforcer, reading `started_at` (epoch nanoseconds) from `clock`.
+    /// The same enforcer, reading `started_at` (epoch nanoseconds) from
+    /// `clock`, which also times how fresh utilization reports are.
     #[must_use]
     pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
         Self { clock, ..self }
@@ -324,9 +331,30 @@ impl<S: Store> Enforcer<S> {
     /// request the policy cannot take, or whose own limit (ad hoc, or an
     /// override) the store cannot enforce exactly, is an error (a bad
     /// request).
-    pub async fn enforce(&self, check: Check<'_>) -> Result<Verdict, RequestError> {
+    pub fn enforce<'a>(
+        &'a self,
+        check: Check<'a>,
+    ) -> impl Future<Output = Result<Verdict, RequestError>> + Send + 'a
+    where
+        S: Sync,
+    {
+        // Not an `async fn` around the other: that would nest one future in
+        // another, and the tower layer's check future must stay small.
+        self.enforce_with_utilization(check, None)
+    }
+
+    /// Decides `check` as [`Enforcer::enforce`] does, with the utilization
+    /// its sender reports of itself, if any, in place of the one its
+    /// domain's service reported ([`Enforcer::report_utilization`]): a
+    /// service that asks before each request it handles knows its own load.
+    /// It is not kept for other checks. An ad-hoc check is never shed.
+    pub async fn enforce_with_utilization(
+        &self,
+        check: Check<'_>,
+        utilization: Option<Utilization>,
+    ) -> Result<Verdict, RequestError> {
         match check {
-            Check::Policy(request) => self.enforce_policy(&request).await,
+            Check::Policy(request) => self.enforce_policy(&request, utilization).await,
             Check::AdHoc(adhoc) => {
                 self.limits.check_adhoc(adhoc)?;
                 self.store
@@ -382,17 +410,105 @@ impl<S: Store> Enforcer<S> {
     pub async fn enforce_prepared(&self, prepared: &Prepared) -> Result<Verdict, RequestError> {
         let request = prepared.request();
         if Arc::ptr_eq(&self.policy.guard(), &prepared.policy) {
-            self.decide_resolved(&request, &prepared.resolved, prepared.each)
-                .await
+            let shedding = prepared.policy.shedding(&prepared.domain);
+            self.decide_resolved(
+                &request,
+                &prepared.resolved,
+                prepared.each,
+                shedding.map(|s| (&**s, None)),
+            )
+            .await
         } else {
-            self.enforce_policy(&request).await
+            self.enforce_policy(&request, None).await
         }
     }
 
-    async fn enforce_policy(&self, request: &Request<'_>) -> Result<Verdict, RequestError> {
+    async fn enforce_policy(
+        &self,
+        request: &Request<'_>,
+        utilization: Option<Utilization>,
+    ) -> Result<Verdict, RequestError> {
         let policy = self.policy.guard();
         let (resolved, each) = self.resolve(&policy, request)?;
-        self.decide_resolved(request, &resolved, each).await
+        let shedding = policy.shedding(request.domain);
+        self.decide_resolved(
+            request,
+            &resolved,
+            each,
+            shedding.map(|s| (&**s, utilization)),
+        )
+        .await
+    }
+
+    /// Keeps `utilization` as what `instance` of the service behind `domain`
+    /// reports of its load (`POST /v1/utilization`). Until the domain's
+    /// `shed.report_ttl` passes, its requests that carry no utilization of
+    /// their own are shed by tier against the mean of its instances' fresh
+    /// reports; a service that stops reporting stops being shed for.
+    ///
+    /// # Errors
+    ///
+    /// A domain that does not shed, an instance name past the request
+    /// limits' value length, or one instance too many.
+    pub fn report_utilization(
+        &self,
+        domain: &str,
+        instance: &str,
+        utilization: Utilization,
+    ) -> Result<(), ReportError> {
+        let policy = self.policy.guard();
+        let shedding = policy
+            .shedding(domain)
+            .ok_or_else(|| ReportError::NoShedding(domain.to_owned()))?;
+        if instance.len() > self.limits.value_bytes {
+            return Err(ReportError::InstanceTooLong(self.limits.value_bytes));
+        }
+        self.reports
+            .report(
+                domain,
+                instance,
+                utilization,
+                self.clock.now(),
+                shedding.report_ttl(),
+            )
+            .map_err(|_| ReportError::TooManyInstances {
+                domain: domain.to_owned(),
+                max: MAX_INSTANCES,
+            })
+    }
+
+    /// The utilization `domain`'s service reports now: the mean of its
+    /// instances' fresh reports, and how many there are. `None` when the
+    /// domain does not shed or has no fresh report.
+    pub fn reported_utilization(&self, domain: &str) -> Option<(Utilization, usize)> {
+        let policy = self.policy.guard();
+        let ttl = policy.shedding(domain)?.report_ttl();
+        self.reports.current(domain, self.clock.now(), ttl)
+    }
+
+    /// Whether `request` is shed at `now`: the utilization it carries, or
+    /// else its domain's reported one, is past its tier's threshold.
+    fn shed(
+        &self,
+        request: &Request<'_>,
+        shedding: &Shedding,
+        own: Option<Utilization>,
+        now: Nanos,
+    ) -> Option<Shed> {
+        let utilization = match own {
+            Some(own) => own,
+            None => {
+                self.reports
+                    .current(request.domain, now, shedding.report_ttl())?
+                    .0
+            }
+        };
+        let tier = shedding.tier(request.descriptors);
+        (!shedding.thresholds().admits(tier, utilization.percent())).then(|| Shed {
+            tier,
+            utilization,
+            retry_after: shedding.retry_after(),
+        })
     }
 
     /// The limits of `request` under `policy`, and whether its descriptors
@@ -422,11 +538,13 @@ impl<S: Store> Enforcer<S> {
     /// Decides `request`, whose limits are `resolved` ([`Enforcer::resolve`]):
     /// plans each descriptor's step ([`Plan`]), then makes the plan's store
     /// calls.
+    /// `shedding` is the domain's, with the utilization the request carries.
     async fn decide_resolved(
         &self,
         request: &Request<'_>,
         resolved: &[Resolved],
         each: bool,
+        shedding: Option<(&Shedding, Option<Utilization>)>,
     ) -> Result<Verdict, RequestError> {
         let started_at = self.clock.now();
         let domain = request.domain;
@@ -461,6 +579,27 @@ impl<S: Store> Enforcer<S> {
                 (_, Call::Together | Call::Peek) => &mut shadow,
             };
             batch.push((index, applied));
+        }
+
+        // Shed before any store call, so a shed request is charged nothing;
+        // global shadow mode denies nothing, so it sheds nothing either.
+        if let Some((shedding, own)) = shedding.filter(|_| !self.shadow_mode)
+            && let Some(shed) = self.shed(request, shedding, own, started_at)
+        {
+            let verdict = Verdict {
+                descriptors,
+                started_at,
+                permit: Permit::default(),
+                shed: Some(Box::new(shed)),
+            };
+            self.observer.decided(&Decided {
+                domain: Some(domain),
+                descriptors: request.descriptors,
+                verdict: &verdict,
+                hits_addend: request.hits_addend,
+                adhoc_key: None,
+            });
+            return Ok(verdict);
         }
 
         // Config rules were checked when their config loaded (see
@@ -508,6 +647,7 @@ impl<S: Store> Enforcer<S> {
             descriptors,
             started_at,
             permit,
+            shed: None,
         };
         // Limits checked on their own may have admitted a request that
         // another denied: it holds no concurrency then.
@@ -549,6 +689,7 @@ impl<S: Store> Enforcer<S> {
             descriptors: vec![descriptor],
             started_at,
             permit,
+            shed: None,
         };
         self.observer.decided(&Decided {
             domain: None,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Decision, Nanos, Quota};
+use tollgate_core::{Algorithm, Decision, Nanos, Quota, Tier, Utilization};
 
 use crate::{FailurePolicy, Rule, Unit};
 
@@ -131,12 +131,32 @@ pub struct Verdict {
     /// [`Enforcer::release`](crate::Enforcer::release) when it ends. Empty unless a concurrency limit
     /// admitted it.
     pub permit: Permit,
+    /// The request was shed before any limit was checked: its domain's
+    /// service reports a utilization past its tier's threshold. Nothing was
+    /// charged. Boxed: most verdicts have none, and a verdict lives in
+    /// every door's check future, which must stay small.
+    pub shed: Option<Box<Shed>>,
+}
+
+/// Why a request was shed, for its answer (`503` with `Retry-After` through
+/// the HTTP API, `OVER_LIMIT` through Envoy's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shed {
+    /// The request's tier.
+    pub tier: Tier,
+    /// The utilization it was shed at.
+    pub utilization: Utilization,
+    /// When to try again (the domain's `shed.retry_after`).
+    pub retry_after: Duration,
 }
 
 impl Verdict {
     /// Whether the request may pass: no rate limit denies it, and if it has
     /// quota-mode limits, at least one of them admits it.
     pub fn allowed(&self) -> bool {
+        if self.shed.is_some() {
+            return false;
+        }
         let (mut quotas, mut quotas_over) = (0, 0);
         for d in &self.descriptors {
             if d.quota && d.enforcing() {

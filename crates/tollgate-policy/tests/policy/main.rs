@@ -4,3 +4,4 @@
 mod config;
 mod enforcer;
 mod envoy;
+mod shed;

@@ -6,6 +6,7 @@
 //! | `/json` (any method; `POST` in practice) | envoyproxy/ratelimit's JSON shape (see `tollgate_envoy`) |
 //! | `POST /v1/check` | Tollgate's JSON shape (see `native`) |
 //! | `POST /v1/release` | gives back a checked request's concurrency permits |
+//! | `POST /v1/utilization` | the protected service reports its load, for shedding (see `utilization`) |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /` | the live page (see `live`) |
 //! | `GET /live.json` | what the live page shows; behind the admin token when there is one |
@@ -36,7 +37,7 @@ use tollgate_listen::bodies::{Bodies, Refused};
 use super::admin;
 use super::auth;
 use super::state::{ApiError, AppState};
-use super::{answered, native, reload};
+use super::{answered, native, reload, utilization};
 use tollgate_observe::{live, metrics};
 
 /// Which endpoints one listener serves.
@@ -74,6 +75,7 @@ pub(crate) fn router<S: Store + 'static>(state: Arc<AppState<S>>, surface: Surfa
             .route("/json", any(json::<S>))
             .route("/v1/check", post(native::check::<S>))
             .route("/v1/release", post(native::release::<S>))
+            .route("/v1/utilization", post(utilization::report::<S>))
             .route_layer(middleware::from_fn_with_state(
                 Arc::clone(&state),
                 bounded_body::<S>,
@@ -320,18 +322,44 @@ async fn live_json<S: Store + 'static>(
         .as_ref()
         .map(|quotas| quotas())
         .unwrap_or_default();
+    let policy = state.enforcer.policy();
+    let shedding = live::Shedding {
+        gateway: state
+            .gateway_shedder
+            .as_ref()
+            .map(|shedder| live::GatewayShed::from(&shedder.snapshot())),
+        reported: policy
+            .domains()
+            .filter(|domain| policy.shedding(domain).is_some())
+            .map(|domain| {
+                let reported = state.enforcer.reported_utilization(domain);
+                live::Reported {
+                    domain: domain.to_owned(),
+                    utilization: reported.map(|(u, _)| f64::from(u.percent()) / 100.0),
+                    instances: reported.map_or(0, |(_, n)| n),
+                }
+            })
+            .collect(),
+    };
     live::json(
         &state.live,
-        &state.enforcer.policy(),
+        &policy,
         state.enforcer.kill_switch().disabled(),
         store,
         quotas,
+        shedding,
     )
 }
 
 async fn render_metrics<S: Store + 'static>(State(state): State<Arc<AppState<S>>>) -> Response {
     if let Some(record) = &state.store_metrics {
         record();
+    }
+    let policy = state.enforcer.policy();
+    for domain in policy.domains() {
+        if policy.shedding(domain).is_some() {
+            metrics::reported(domain, state.enforcer.reported_utilization(domain));
+        }
     }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -395,6 +423,7 @@ mod tests {
             store_metrics: None,
             store_health: None,
             quotas: None,
+            gateway_shedder: None,
             live: test_live(),
             admin_token: admin_token.map(|t| t.parse().expect("a token")),
             api_tokens: Vec::new(),
@@ -511,6 +540,7 @@ mod tests {
                 store_metrics: None,
                 store_health: None,
                 quotas: None,
+                gateway_shedder: None,
                 live: test_live(),
                 admin_token: None,
                 api_tokens: Vec::new(),
@@ -575,6 +605,7 @@ mod tests {
                 store_metrics: None,
                 store_health: None,
                 quotas: None,
+                gateway_shedder: None,
                 live: test_live(),
                 admin_token: None,
                 api_tokens: Vec::new(),

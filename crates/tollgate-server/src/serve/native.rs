@@ -13,6 +13,10 @@
 //!   keys live in their own namespace, by algorithm and quota
 //!   (`AdHoc::store_key`).
 //!
+//! A policy check may carry `"utilization": 0.8`, its sender's own load,
+//! which decides whether a domain with a `shed:` section sheds it (in place
+//! of what `POST /v1/utilization` reported; see `utilization`).
+//!
 //! The answer is 200 when allowed, 429 when denied, with the most restrictive
 //! decision at the top and one entry per descriptor:
 //!
@@ -38,11 +42,11 @@ use std::time::Instant;
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use tollgate_core::{Algorithm, Decision, Quota, Store, at_first_poll};
+use tollgate_core::{Algorithm, Decision, Quota, Store, Utilization, at_first_poll};
 use tollgate_http::HeaderStyle;
 use tollgate_http::headers::reports;
 use tollgate_policy::{Descriptor, Entry, LimitOverride, Request, Unit, parse_duration};
@@ -50,7 +54,7 @@ use tollgate_policy::{Descriptor, Entry, LimitOverride, Request, Unit, parse_dur
 use super::state::{ApiError, AppState};
 use tollgate_http::headers::ceil_millis;
 use tollgate_observe::metrics::{self, Api, CheckResult};
-use tollgate_policy::{AdHoc, Check, DescriptorVerdict, Enforcer, Verdict};
+use tollgate_policy::{AdHoc, Check, DescriptorVerdict, Enforcer, Shed, Verdict};
 
 /// A check against the policy.
 #[derive(Debug, Deserialize)]
@@ -60,6 +64,10 @@ struct PolicyCheck {
     descriptors: Vec<NativeDescriptor>,
     #[serde(default)]
     hits_addend: u64,
+    /// The sender's own utilization (0.8 is 80 %), deciding this check's
+    /// shed in place of the domain's reported one.
+    #[serde(default)]
+    utilization: Option<f64>,
 }
 
 /// A descriptor as `/v1/check` takes it and `serve --record` writes it.
@@ -387,6 +395,7 @@ fn respond<S>(
 ) -> Response {
     let result = match &answer {
         Ok(verdict) if verdict.allowed() => CheckResult::Ok,
+        Ok(verdict) if verdict.shed.is_some() => CheckResult::Shed,
         Ok(_) => CheckResult::OverLimit,
         Err(_) => CheckResult::Invalid,
     };
@@ -408,6 +417,8 @@ pub(crate) struct PolicyRequest {
     pub(crate) domain: String,
     pub(crate) descriptors: Vec<Descriptor>,
     pub(crate) hits_addend: u64,
+    /// The utilization the check carries, if any.
+    pub(crate) utilization: Option<Utilization>,
 }
 
 impl PolicyRequest {
@@ -463,9 +474,11 @@ fn parse(body: &[u8]) -> Result<Checked, ApiError> {
 
 async fn answer<S: Store>(enforcer: &Enforcer<S>, body: &[u8]) -> Result<Verdict, ApiError> {
     let checked = parse(body)?;
+    let mut utilization = None;
     let check = match &checked {
         Checked::AdHoc(adhoc) => Check::AdHoc(adhoc),
         Checked::Policy(policy) => {
+            utilization = policy.utilization;
             let request = policy.request();
             // Stricter than the Envoy doors, which answer these as
             // envoyproxy/ratelimit does.
@@ -476,7 +489,7 @@ async fn answer<S: Store>(enforcer: &Enforcer<S>, body: &[u8]) -> Result<Verdict
         }
     };
     enforcer
-        .enforce(check)
+        .enforce_with_utilization(check, utilization)
         .await
         .map_err(|e| ApiError::bad_request(e.to_string()))
 }
@@ -493,10 +506,16 @@ impl PolicyCheck {
             .enumerate()
             .map(|(index, d)| d.into_descriptor(index))
             .collect::<Result<Vec<_>, _>>()?;
+        let utilization = self
+            .utilization
+            .map(Utilization::from_fraction)
+            .transpose()
+            .map_err(|e| ApiError::bad_request(format!("utilization: {e}")))?;
         Ok(PolicyRequest {
             domain: self.domain,
             descriptors,
             hits_addend: self.hits_addend,
+            utilization,
         })
     }
 }
@@ -557,6 +576,9 @@ pub(crate) async fn release<S: Store + 'static>(
 }
 
 fn render(verdict: &Verdict, style: HeaderStyle) -> Response {
+    if let Some(shed) = &verdict.shed {
+        return shed_response(shed, verdict);
+    }
     let allowed = verdict.allowed();
     let top: Option<Decision> = verdict.most_restrictive().and_then(|d| d.decision);
     let delay = verdict.delay();
@@ -590,6 +612,29 @@ fn render(verdict: &Verdict, style: HeaderStyle) -> Response {
     headers.reserve(1 + style.most_headers(allowed));
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(JSON));
     style.write(&reports(verdict), verdict.started_at, headers);
+    response
+}
+
+/// A shed check's answer: `503` with `Retry-After` (the client is not over
+/// a limit of its own: the service is full, as the gateway's shedder
+/// answers) and `"code": "shed"`.
+fn shed_response(shed: &Shed, verdict: &Verdict) -> Response {
+    let seconds = shed.retry_after.as_secs() + u64::from(shed.retry_after.subsec_nanos() > 0);
+    let tier = shed.tier.name();
+    let percent = shed.utilization.percent();
+    let body = serde_json::json!({
+        "allowed": false,
+        "code": "shed",
+        "message": format!("the service is at {percent} % of its capacity and sheds {tier}-priority requests; retry in {seconds} s"),
+        "tier": tier,
+        "utilization": f64::from(percent) / 100.0,
+        "retry_after_ms": ceil_millis(shed.retry_after),
+        "descriptors": verdict.descriptors.iter().map(descriptor).collect::<Vec<_>>(),
+    });
+    let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(seconds.max(1)));
     response
 }
 

@@ -30,6 +30,9 @@ pub(crate) struct AppState<S> {
     /// The Rate Limit Quota Service's rules as Envoys hold them, for
     /// `/live.json`; `None` where no quota service runs.
     pub(crate) quotas: Option<Box<dyn Fn() -> Vec<live::QuotaView> + Send + Sync>>,
+    /// The gateway's load shedder, shown on the live page; `None` without
+    /// one.
+    pub(crate) gateway_shedder: Option<Arc<tollgate_http::Shedder>>,
     /// What the live page shows.
     pub(crate) live: Arc<live::Live>,
     /// The bearer token of the admin API; `None` disables it.

@@ -44,7 +44,7 @@ const ADMIN_TOKEN: &str = "reload-token";
 /// The service on `files` (a config directory) with the `flags` of
 /// `tollgate serve`, started in process; the directory lives as long as the
 /// test keeps it.
-async fn start(files: &[(&str, &str)], flags: &[&str]) -> (Running, tempfile::TempDir) {
+pub(crate) async fn start(files: &[(&str, &str)], flags: &[&str]) -> (Running, tempfile::TempDir) {
     let dir = config_dir(files);
     let mut all = vec!["--config", dir.path().to_str().expect("a UTF-8 temp path")];
     all.extend_from_slice(flags);
@@ -61,7 +61,7 @@ async fn start(files: &[(&str, &str)], flags: &[&str]) -> (Running, tempfile::Te
     (running, dir)
 }
 
-fn client() -> Client {
+pub(crate) fn client() -> Client {
     Client::builder()
         .no_proxy()
         .build()
@@ -83,10 +83,10 @@ static LOG: OnceLock<Arc<common::Log>> = OnceLock::new();
 
 /// What the test's upstream saw: each request's path and the (virtual)
 /// instant it arrived.
-type Arrivals = Arc<Mutex<Vec<(String, Instant)>>>;
+pub(crate) type Arrivals = Arc<Mutex<Vec<(String, Instant)>>>;
 
 /// An upstream on 127.0.0.1:0 in this runtime, recording every request.
-async fn upstream() -> (String, Arrivals) {
+pub(crate) async fn upstream() -> (String, Arrivals) {
     async fn record(State(arrivals): State<Arrivals>, request: Request) -> &'static str {
         let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
         arrivals

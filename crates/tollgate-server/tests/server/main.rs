@@ -27,4 +27,5 @@ mod rlqs_state;
 mod shed;
 mod simulate;
 mod tls;
+mod utilization;
 mod xds;
