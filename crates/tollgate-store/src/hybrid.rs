@@ -549,6 +549,14 @@ impl<S: Store> Store for Hybrid<S> {
         self.shared.inner.ready()
     }
 
+    fn domain(&self, key: &str) -> Option<std::sync::Arc<str>> {
+        self.shared.inner.domain(key)
+    }
+
+    fn domain_ready(&self, domain: &str) -> impl Future<Output = bool> + Send {
+        self.shared.inner.domain_ready(domain)
+    }
+
     fn check_stamped(
         &self,
         limits: &[Limit<'_>],

@@ -6,6 +6,7 @@ mod cluster;
 mod faults;
 mod hybrid;
 mod native;
+mod node_failover;
 mod reliability;
 mod single;
 mod stack;

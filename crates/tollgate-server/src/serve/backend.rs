@@ -319,6 +319,14 @@ impl Store for Remote {
         self.redis().ready().await
     }
 
+    fn domain(&self, key: &str) -> Option<std::sync::Arc<str>> {
+        self.redis().domain(key)
+    }
+
+    async fn domain_ready(&self, domain: &str) -> bool {
+        self.redis().domain_ready(domain).await
+    }
+
     async fn check_stamped(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
         match self {
             Remote::Direct(r) => r.check_stamped(limits).await,
@@ -447,7 +455,7 @@ impl Backend {
         store_health::StoreHealth {
             kind: self.describe(),
             memory,
-            redis: stats.map(|s| store_health::RedisHealth {
+            redis: stats.as_ref().map(|s| store_health::RedisHealth {
                 checks: s.redis.redis_checks,
                 errors: s.fallback.errors,
                 timeouts: s.fallback.timeouts,
@@ -459,6 +467,12 @@ impl Backend {
                     BreakerState::Open => "open",
                 },
                 breaker_opens: s.fallback.breaker_opens,
+                open_slots: s
+                    .slots
+                    .iter()
+                    .filter(|(_, state)| *state != BreakerState::Closed)
+                    .map(|(range, _)| range.to_string())
+                    .collect(),
                 fallbacks: store_health::Fallbacks {
                     fail_open: s.fallback.fallback_fail_open,
                     fail_closed: s.fallback.fallback_fail_closed,
@@ -466,6 +480,7 @@ impl Backend {
                 },
             }),
             hybrid: stats
+                .as_ref()
                 .and_then(|s| s.hybrid)
                 .map(|h| store_health::HybridHealth {
                     local_decisions: h.local_decisions,
@@ -486,6 +501,7 @@ impl Backend {
             redis: remote.redis().stats(),
             deny_cache: stack.stats(),
             fallback: stack.inner().stats(),
+            slots: stack.inner().parts(),
             hybrid: match remote {
                 Remote::Direct(_) => None,
                 Remote::Hybrid(h) => Some(h.stats()),
