@@ -1,6 +1,7 @@
 use std::fmt;
 use std::future::Future;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -352,6 +353,25 @@ pub trait Store: Send + Sync {
     /// state themselves, like the memory store, always do.
     fn ready(&self) -> impl Future<Output = bool> + Send {
         std::future::ready(true)
+    }
+
+    /// The part of the store that holds `key`'s state, where parts fail
+    /// alone (a Redis Cluster's slot ranges, each served by one primary):
+    /// a wrapper that stops asking a failing store (the fallback's circuit
+    /// breaker) then stops asking only the failing part, and keys held
+    /// elsewhere keep their store's decisions. `None`, the default: the
+    /// store fails as a whole. Names are few (one per part) and stable while
+    /// the part is, whichever server serves it.
+    fn domain(&self, key: &str) -> Option<Arc<str>> {
+        let _ = key;
+        None
+    }
+
+    /// Whether the part named `domain` (from [`Store::domain`]) reaches its
+    /// state now; the default asks the whole store ([`Store::ready`]).
+    fn domain_ready(&self, domain: &str) -> impl Future<Output = bool> + Send {
+        let _ = domain;
+        self.ready()
     }
 
     /// Forgets the state of each limit's key under its algorithm, so the key

@@ -24,8 +24,8 @@ mod xds;
 pub use error::SettingsError;
 pub use health::Health;
 pub use rls::{
-    Admits, Answered, DEFAULT_NAMES, GrpcService, HeaderFamily, Outcome, RateLimitGrpc, Reply,
-    ReplyError, json,
+    Admits, Answered, DEFAULT_NAMES, GrpcService, HeaderFamily, Outcome, Overload, OverloadAnswer,
+    RateLimitGrpc, Reply, ReplyError, json,
 };
 pub use tls::{GrpcTlsFlags, Named, RedisFiles, RedisTlsFlags, ServerFiles};
 pub use xds::{Settings as XdsSettings, follow as follow_xds};

@@ -4,8 +4,10 @@
 mod answer;
 mod encode;
 mod json;
+mod overload;
 mod service;
 
 pub use answer::{Answered, DEFAULT_NAMES, HeaderFamily, Outcome, Reply, ReplyError};
 pub use json::json;
+pub use overload::{Overload, OverloadAnswer};
 pub use service::{Admits, GrpcService, RateLimitGrpc};

@@ -80,6 +80,10 @@ const REDIS_FALLBACKS: &str = "tollgate_redis_fallbacks_total";
 /// 0 closed (checks go to Redis), 1 half-open (the background probe is out),
 /// 2 open.
 const REDIS_BREAKER: &str = "tollgate_redis_breaker_state";
+/// On a Redis Cluster, the breaker of each range of slots (label `slots`,
+/// `<first>-<last>`: a primary's range, so as few as the cluster's
+/// primaries), same values; `tollgate_redis_breaker_state` is the worst.
+const REDIS_SLOTS_BREAKER: &str = "tollgate_redis_slots_breaker_state";
 /// Hybrid mode's counters (with `--hybrid`): checks decided from local
 /// leases, checks sent on to Redis, units leased and units given back.
 const HYBRID_LOCAL: &str = "tollgate_hybrid_local_decisions_total";
@@ -200,6 +204,10 @@ pub fn install(
     describe_gauge!(
         REDIS_BREAKER,
         "The Redis circuit breaker: 0 closed, 1 half-open (a probe is out), 2 open."
+    );
+    describe_gauge!(
+        REDIS_SLOTS_BREAKER,
+        "On a Redis Cluster, the circuit breaker of each range of slots: 0 closed, 1 half-open, 2 open."
     );
     describe_counter!(HYBRID_LOCAL, "Checks decided from local leases.");
     describe_counter!(HYBRID_REMOTE, "Checks hybrid mode sent to Redis.");
@@ -512,7 +520,7 @@ pub fn memory(stats: &MemoryStats) {
 }
 
 /// The counters of every part of the Redis stack, for metrics.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct StackStats {
     /// The Redis store's.
     pub redis: RedisStats,
@@ -520,6 +528,8 @@ pub struct StackStats {
     pub deny_cache: DenyCacheStats,
     /// The fallback's and its breaker's.
     pub fallback: FallbackStats,
+    /// On a cluster, each range of slots' breaker (`Fallback::parts`).
+    pub slots: Vec<(std::sync::Arc<str>, BreakerState)>,
     /// With `--hybrid` only.
     pub hybrid: Option<HybridStats>,
 }
@@ -531,6 +541,7 @@ pub fn redis(stats: &StackStats) {
         redis,
         deny_cache,
         fallback,
+        slots,
         hybrid,
     } = stats;
     counter!(REDIS_CHECKS).absolute(redis.redis_checks);
@@ -546,12 +557,15 @@ pub fn redis(stats: &StackStats) {
     ] {
         counter!(REDIS_FALLBACKS, "failure" => policy.name()).absolute(n);
     }
-    let state = match fallback.breaker {
+    let state = |breaker: &BreakerState| match breaker {
         BreakerState::Closed => 0.0,
         BreakerState::HalfOpen => 1.0,
         BreakerState::Open => 2.0,
     };
-    gauge!(REDIS_BREAKER).set(state);
+    gauge!(REDIS_BREAKER).set(state(&fallback.breaker));
+    for (range, breaker) in slots {
+        gauge!(REDIS_SLOTS_BREAKER, "slots" => range.to_string()).set(state(breaker));
+    }
     if let Some(hybrid) = hybrid {
         counter!(HYBRID_LOCAL).absolute(hybrid.local_decisions);
         counter!(HYBRID_REMOTE).absolute(hybrid.inner_checks);

@@ -44,6 +44,10 @@ pub struct RedisHealth {
     pub breaker: &'static str,
     /// Times the breaker opened.
     pub breaker_opens: u64,
+    /// On a cluster, the ranges of slots (`<first>-<last>`) whose breaker
+    /// is not closed: their keys alone are decided by their failure
+    /// policies.
+    pub open_slots: Vec<String>,
     /// Limits decided without Redis, by failure policy.
     pub fallbacks: Fallbacks,
 }

@@ -5,6 +5,11 @@
 //! finds a key its node does not serve (a reshard or failover moved it). It
 //! only groups checks: a call is routed by its first key, so a stale map costs
 //! a retry of that batch's checks one by one, never a wrong decision.
+//!
+//! The same map names the cluster's failure domains (`Store::domain`): each
+//! range of slots, as `<first>-<last>`. A range keeps its name through a
+//! failover (its replica takes it over), so the fallback's breaker for it is
+//! closed by a probe of a key in the range once any primary serves it again.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,11 +20,21 @@ use redis::Value;
 use crate::batch::Batcher;
 use crate::conn::Conn;
 
+/// One range of slots and the primary serving it.
+#[derive(Debug)]
+struct Range {
+    first: u16,
+    last: u16,
+    node: Arc<str>,
+    /// `<first>-<last>`: the range's failure domain.
+    name: Arc<str>,
+}
+
 /// The primary serving each range of slots, by node id.
 #[derive(Debug, Default)]
 pub(crate) struct SlotMap {
-    /// `(first slot, last slot, node)`, sorted by slot.
-    ranges: Vec<(u16, u16, Arc<str>)>,
+    /// Sorted by slot.
+    ranges: Vec<Range>,
 }
 
 impl SlotMap {
@@ -54,24 +69,38 @@ impl SlotMap {
                     primary.get(1).and_then(text)?
                 ),
             };
-            out.push((
-                u16::try_from(*first).ok()?,
-                u16::try_from(*last).ok()?,
-                Arc::from(node),
-            ));
+            let (first, last) = (u16::try_from(*first).ok()?, u16::try_from(*last).ok()?);
+            out.push(Range {
+                first,
+                last,
+                node: Arc::from(node),
+                name: Arc::from(format!("{first}-{last}")),
+            });
         }
-        out.sort_by_key(|r| r.0);
+        out.sort_by_key(|r| r.first);
         Some(Self { ranges: out })
+    }
+
+    fn range(&self, slot: u16) -> Option<&Range> {
+        let i = self.ranges.partition_point(|r| r.last < slot);
+        self.ranges.get(i).filter(|r| r.first <= slot)
     }
 
     /// The node serving `slot`, if the map knows one.
     pub(crate) fn node(&self, slot: u16) -> Option<&Arc<str>> {
-        let i = self.ranges.partition_point(|r| r.1 < slot);
-        self.ranges
-            .get(i)
-            .filter(|r| r.0 <= slot)
-            .map(|(_, _, node)| node)
+        self.range(slot).map(|r| &r.node)
     }
+
+    /// The failure domain of `slot`: the name of its range.
+    pub(crate) fn domain(&self, slot: u16) -> Option<&Arc<str>> {
+        self.range(slot).map(|r| &r.name)
+    }
+}
+
+/// The slots of a failure domain's name (`<first>-<last>`).
+pub(crate) fn domain_slots(name: &str) -> Option<(u16, u16)> {
+    let (first, last) = name.split_once('-')?;
+    Some((first.parse().ok()?, last.parse().ok()?))
 }
 
 /// The batchers of a cluster, one per primary, and the map that picks one.
@@ -100,10 +129,19 @@ impl NodeBatchers {
         })
     }
 
+    fn map(&self) -> Arc<SlotMap> {
+        Arc::clone(&self.map.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The failure domain of `slot`, if the map knows the slot.
+    pub(crate) fn domain(&self, slot: u16) -> Option<Arc<str>> {
+        self.map().domain(slot).cloned()
+    }
+
     /// The batcher of the node serving `slot`; `None` when the map does not
     /// know the slot (the check then goes alone).
     pub(crate) fn for_slot(&self, slot: u16) -> Option<Batcher> {
-        let map = Arc::clone(&self.map.read().unwrap_or_else(|e| e.into_inner()));
+        let map = self.map();
         let node = map.node(slot)?;
         let mut batchers = self.batchers.lock().unwrap_or_else(|e| e.into_inner());
         Some(
@@ -178,5 +216,11 @@ mod tests {
         assert_eq!(gap.node(99), None);
         assert_eq!(gap.node(201), None);
         assert!(SlotMap::parse(&Value::Int(1)).is_none());
+        let domain = |slot| map.domain(slot).map(|n| n.to_string());
+        assert_eq!(domain(5460).as_deref(), Some("0-5460"));
+        assert_eq!(domain(5461).as_deref(), Some("5461-10922"));
+        assert_eq!(domain(16384), None);
+        assert_eq!(domain_slots("5461-10922"), Some((5461, 10922)));
+        assert_eq!(domain_slots("5461"), None);
     }
 }

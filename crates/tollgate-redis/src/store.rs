@@ -16,7 +16,7 @@ use crate::code::{Code, Kind};
 use crate::conn::{Conn, ConnectError, connect};
 use crate::keys::{redis_keys, slot, window_key};
 use crate::native::{Plan, RedisClock, Window};
-use crate::nodes::NodeBatchers;
+use crate::nodes::{NodeBatchers, domain_slots};
 use crate::script::{self, MAX_COUNT, MAX_MICROS, Params, decode, micros_up, parse_check};
 use crate::stats::{Counters, bump};
 use crate::{RedisConfig, RedisStats, TimeSource};
@@ -34,6 +34,8 @@ pub struct RedisStore {
     conn: Conn,
     code: Arc<Code>,
     batching: Batching,
+    /// A cluster's slot map (and its nodes' batchers, when batching).
+    nodes: Option<Arc<NodeBatchers>>,
     config: RedisConfig,
     /// Where checks' time comes from.
     time: Time,
@@ -177,19 +179,24 @@ impl RedisStore {
         };
         // Checks on several slots of a node share a call only as a function
         // (`allow-cross-slot-keys`, Redis 7); scripts on a cluster go alone.
-        let batching = if max <= 1 {
-            Batching::Off
-        } else if !conn.is_cluster() {
-            Batching::Server(start())
-        } else if code.kind() == Kind::Function {
-            Batching::Cluster(Arc::new(NodeBatchers::new(conn.clone(), start).await?))
+        let nodes = if conn.is_cluster() {
+            Some(Arc::new(
+                NodeBatchers::new(conn.clone(), start.clone()).await?,
+            ))
         } else {
-            Batching::Off
+            None
+        };
+        let batching = match &nodes {
+            _ if max <= 1 => Batching::Off,
+            None => Batching::Server(start()),
+            Some(nodes) if code.kind() == Kind::Function => Batching::Cluster(Arc::clone(nodes)),
+            Some(_) => Batching::Off,
         };
         Ok(Self {
             conn,
             code,
             batching,
+            nodes,
             counters: Counters::default(),
             time,
             pexpire_nx,
@@ -715,6 +722,14 @@ fn groups_index(groups: &[SmallVec<[usize; 4]>], n: usize) -> Vec<usize> {
 }
 
 impl RedisStore {
+    /// A key (never written) whose slot is in `first..=last`. Every slot is
+    /// some short tag's: a one-slot range takes about 16,384 tries.
+    fn key_in(&self, (first, last): (u16, u16)) -> Option<String> {
+        (0..1_u32 << 20)
+            .map(|n| format!("{}:probe:{{{n}}}", self.config.prefix))
+            .find(|key| (first..=last).contains(&slot(key)))
+    }
+
     /// What [`Store::supports`] answers, without a store: whether the Redis
     /// store holds `quota` exactly (its numbers within 2^52), whatever the
     /// algorithm. `tollgate check-config` checks a config against it without
@@ -782,6 +797,34 @@ impl Store for RedisStore {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// On a cluster, the range of slots holding `key` (`<first>-<last>`,
+    /// from the slot map): a failing primary sends only its own ranges'
+    /// keys to the fallback.
+    fn domain(&self, key: &str) -> Option<Arc<str>> {
+        let nodes = self.nodes.as_ref()?;
+        let (redis_key, _) = redis_keys(&self.config.prefix, Algorithm::Gcra, key);
+        nodes.domain(slot(&redis_key))
+    }
+
+    /// Whether a key of the range `domain` names is served now: a `PTTL` of
+    /// a key in it, which the cluster client routes to whichever primary
+    /// serves the range (a promoted replica, after a failover).
+    async fn domain_ready(&self, domain: &str) -> bool {
+        let Some(key) = domain_slots(domain).and_then(|range| self.key_in(range)) else {
+            return self.ready().await;
+        };
+        let mut pttl = redis::cmd("PTTL");
+        pttl.arg(&key);
+        let wait = self.config.timeout.max(Duration::from_millis(250));
+        // Twice, as `ready`: the first call on a dead connection only starts
+        // its reconnection.
+        let ask = async {
+            self.conn.query::<i64>(&pttl).await.is_ok()
+                || self.conn.query::<i64>(&pttl).await.is_ok()
+        };
+        tokio::time::timeout(wait, ask).await.unwrap_or(false)
     }
 
     /// Whether Redis answers a `PING` now (within the check timeout, but at

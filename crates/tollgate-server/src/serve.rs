@@ -353,6 +353,7 @@ async fn launch(
             Arc::clone(&reply),
             |outcome, elapsed| metrics::check(Api::Grpc, answered::envoy(outcome), elapsed),
             Arc::clone(&bodies),
+            Arc::new(args.requests.overload()),
         ),
         // Envoy's quota filter streams to the same port as its RLS filter.
         tonic::service::Routes::new(health_service)

@@ -6,9 +6,16 @@
 //!
 //! Its time is the prober's (tokio's) timer: it is about the inner store's
 //! health, not about rate limit time.
+//!
+//! An inner store made of parts that fail alone (`Store::domain`: a Redis
+//! Cluster's slot ranges) gets a breaker per part, so that a failing part
+//! sends only its own keys to the failure policies.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
+use parking_lot::RwLock;
 use tokio::sync::Notify;
 
 const CLOSED: u8 = 0;
@@ -35,8 +42,6 @@ pub(crate) struct Breaker {
     state: AtomicU8,
     failures: AtomicU32,
     opens: AtomicU64,
-    /// Wakes the prober when the breaker opens.
-    pub(crate) opened: Notify,
 }
 
 impl Breaker {
@@ -46,7 +51,6 @@ impl Breaker {
             state: AtomicU8::new(CLOSED),
             failures: AtomicU32::new(0),
             opens: AtomicU64::new(0),
-            opened: Notify::new(),
         }
     }
 
@@ -80,7 +84,6 @@ impl Breaker {
             return false;
         }
         self.opens.fetch_add(1, Ordering::Relaxed);
-        self.opened.notify_one();
         true
     }
 
@@ -109,6 +112,103 @@ impl Breaker {
             OPEN => BreakerState::Open,
             _ => BreakerState::HalfOpen,
         }
+    }
+}
+
+/// A part of the inner store and its breaker; `None` names the whole store.
+pub(crate) type Part = (Option<Arc<str>>, Arc<Breaker>);
+
+/// The breakers of the inner store: one for the whole, one per part.
+#[derive(Debug)]
+pub(crate) struct Breakers {
+    threshold: u32,
+    whole: Arc<Breaker>,
+    /// Parts are few (a cluster's slot ranges), so this stays small.
+    parts: RwLock<HashMap<Arc<str>, Arc<Breaker>>>,
+    /// Wakes the prober when a breaker opens.
+    pub(crate) opened: Notify,
+}
+
+impl Breakers {
+    pub(crate) fn new(threshold: u32) -> Self {
+        Self {
+            threshold,
+            whole: Arc::new(Breaker::new(threshold)),
+            parts: RwLock::new(HashMap::new()),
+            opened: Notify::new(),
+        }
+    }
+
+    /// The breaker of the part `domain` names (of the whole store for `None`).
+    pub(crate) fn of(&self, domain: Option<Arc<str>>) -> Part {
+        let Some(name) = domain else {
+            return (None, Arc::clone(&self.whole));
+        };
+        if let Some(breaker) = self.parts.read().get(&name) {
+            return (Some(name), Arc::clone(breaker));
+        }
+        let breaker = Arc::clone(
+            self.parts
+                .write()
+                .entry(Arc::clone(&name))
+                .or_insert_with(|| Arc::new(Breaker::new(self.threshold))),
+        );
+        (Some(name), breaker)
+    }
+
+    /// Records a failure of `part`; true when it opened its breaker (the
+    /// prober is woken).
+    pub(crate) fn failure(&self, part: &Part) -> bool {
+        let opened = part.1.failure();
+        if opened {
+            self.opened.notify_one();
+        }
+        opened
+    }
+
+    /// The parts whose breaker is not closed.
+    pub(crate) fn not_closed(&self) -> Vec<Part> {
+        let whole =
+            (self.whole.state() != BreakerState::Closed).then(|| (None, Arc::clone(&self.whole)));
+        let parts = self.parts.read();
+        let open = parts
+            .iter()
+            .filter(|(_, b)| b.state() != BreakerState::Closed)
+            .map(|(name, b)| (Some(Arc::clone(name)), Arc::clone(b)));
+        whole.into_iter().chain(open).collect()
+    }
+
+    /// The least healthy state of any breaker: open if one is.
+    pub(crate) fn state(&self) -> BreakerState {
+        let parts = self.parts.read();
+        let states = std::iter::once(self.whole.state()).chain(parts.values().map(|b| b.state()));
+        states
+            .max_by_key(|s| match s {
+                BreakerState::Closed => 0,
+                BreakerState::HalfOpen => 1,
+                BreakerState::Open => 2,
+            })
+            .unwrap_or_default()
+    }
+
+    /// Times any breaker opened.
+    pub(crate) fn opens(&self) -> u64 {
+        let parts = self.parts.read();
+        parts
+            .values()
+            .fold(self.whole.opens(), |n, b| n.saturating_add(b.opens()))
+    }
+
+    /// Each part's name and breaker state, by name.
+    pub(crate) fn parts(&self) -> Vec<(Arc<str>, BreakerState)> {
+        let mut parts: Vec<_> = self
+            .parts
+            .read()
+            .iter()
+            .map(|(name, b)| (Arc::clone(name), b.state()))
+            .collect();
+        parts.sort_by(|a, b| a.0.cmp(&b.0));
+        parts
     }
 }
 

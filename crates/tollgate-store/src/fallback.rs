@@ -19,6 +19,13 @@
 //! and no request ever carries a probe, so a cancelled request cannot leave the
 //! breaker half-open.
 //!
+//! **A breaker per part.** An inner store whose parts fail alone
+//! ([`Store::domain`]: a Redis Cluster's slot ranges) gets a breaker per
+//! part: a check goes to the inner store only while the breaker of every part
+//! its limits are on is closed, and its failures count against those parts,
+//! so a failing part sends only its own keys to the failure policies. Each
+//! open part is probed on its own ([`Store::domain_ready`]).
+//!
 //! **A local decision starts where the inner store left off.** While the inner
 //! store answers, the wrapper keeps what it last said of each `local` limit's
 //! key (the units remaining, and until when that holds: the decision's
@@ -58,7 +65,7 @@ use tollgate_core::{
 
 use parking_lot::Mutex;
 
-use crate::breaker::{Breaker, BreakerState};
+use crate::breaker::{BreakerState, Breakers, Part};
 use crate::{FastClock, MemoryConfig, MemoryStore};
 
 /// The tag of the leases the inner store granted.
@@ -205,7 +212,7 @@ struct Shared<S> {
     local: MemoryStore<Arc<dyn Clock>>,
     clock: Arc<dyn Clock>,
     reports: Mutex<HashMap<Box<str>, Report>>,
-    breaker: Breaker,
+    breakers: Breakers,
     counters: Counters,
 }
 
@@ -220,7 +227,7 @@ impl<S> std::fmt::Debug for Fallback<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fallback")
             .field("config", &self.shared.config)
-            .field("breaker", &self.shared.breaker.state())
+            .field("breaker", &self.shared.breakers.state())
             .finish_non_exhaustive()
     }
 }
@@ -245,7 +252,7 @@ impl<S: LeaseStore + 'static> Fallback<S> {
             local: MemoryStore::with_clock(config.local.clone(), Arc::clone(&clock)),
             clock,
             reports: Mutex::new(HashMap::new()),
-            breaker: Breaker::new(config.breaker_failures),
+            breakers: Breakers::new(config.breaker_failures),
             counters: Counters::default(),
             inner,
             config,
@@ -255,28 +262,45 @@ impl<S: LeaseStore + 'static> Fallback<S> {
     }
 }
 
-/// Waits for the breaker to open, then probes the inner store every cool-down
-/// until it answers, and closes the breaker.
-async fn probe<S: LeaseStore>(shared: Arc<Shared<S>>) {
+/// Waits for a breaker to open, then every cool-down probes each part of the
+/// inner store whose breaker is open (all at once), closing the breaker of
+/// each that answers, until none is open.
+async fn probe<S: LeaseStore + 'static>(shared: Arc<Shared<S>>) {
     let cool_down = shared.config.breaker_cool_down;
     // A readiness probe may take longer than one check (the Redis store's
     // waits at least 250 ms), but never longer than a cool-down.
     let patience = cool_down.max(shared.config.timeout);
     loop {
-        shared.breaker.opened.notified().await;
+        shared.breakers.opened.notified().await;
         loop {
             tokio::time::sleep(cool_down).await;
-            shared.breaker.probing();
-            bump(&shared.counters.probes);
-            let answered = matches!(
-                tokio::time::timeout(patience, shared.inner.ready()).await,
-                Ok(true)
-            );
-            shared.breaker.probed(answered);
-            if answered {
-                tracing::info!("the inner store answers again: circuit breaker closed");
+            let open = shared.breakers.not_closed();
+            if open.is_empty() {
                 break;
             }
+            let mut probes = tokio::task::JoinSet::new();
+            for (domain, breaker) in open {
+                breaker.probing();
+                bump(&shared.counters.probes);
+                let shared = Arc::clone(&shared);
+                probes.spawn(async move {
+                    let ready = async {
+                        match &domain {
+                            Some(name) => shared.inner.domain_ready(name).await,
+                            None => shared.inner.ready().await,
+                        }
+                    };
+                    let answered = matches!(tokio::time::timeout(patience, ready).await, Ok(true));
+                    breaker.probed(answered);
+                    if answered {
+                        tracing::info!(
+                            part = domain.as_deref().unwrap_or("all"),
+                            "the inner store answers again: circuit breaker closed"
+                        );
+                    }
+                });
+            }
+            while probes.join_next().await.is_some() {}
         }
     }
 }
@@ -299,23 +323,58 @@ impl<S: LeaseStore + 'static> Fallback<S> {
             fallback_local: get(&c.policies[2]),
             errors: get(&c.errors),
             timeouts: get(&c.timeouts),
-            breaker_opens: self.shared.breaker.opens(),
+            breaker_opens: self.shared.breakers.opens(),
             probes: get(&c.probes),
-            breaker: self.shared.breaker.state(),
+            breaker: self.shared.breakers.state(),
         }
     }
 
-    /// Records a failed call; the caller then decides by the failure policies.
-    fn failed(&self, error: Option<&StoreError>) {
+    /// The breaker of each part of the inner store that fails alone
+    /// ([`Store::domain`]: a Redis Cluster's slot ranges, `<first>-<last>`),
+    /// by name; empty for a store that fails as a whole, whose one breaker
+    /// is [`FallbackStats::breaker`]. A part is listed once a check has
+    /// reached it.
+    pub fn parts(&self) -> Vec<(Arc<str>, BreakerState)> {
+        self.shared.breakers.parts()
+    }
+
+    /// The breakers of the parts of the inner store holding `keys` (each
+    /// once; the whole store's when it has no parts).
+    fn breakers<'k>(&self, keys: impl IntoIterator<Item = &'k str>) -> SmallVec<[Part; 2]> {
+        let shared = &self.shared;
+        let mut parts: SmallVec<[Part; 2]> = SmallVec::new();
+        for key in keys {
+            let domain = shared.inner.domain(key);
+            if !parts.iter().any(|(d, _)| *d == domain) {
+                parts.push(shared.breakers.of(domain));
+            }
+        }
+        if parts.is_empty() {
+            parts.push(shared.breakers.of(None));
+        }
+        parts
+    }
+
+    /// Records a failed call to these parts; the caller then decides by the
+    /// failure policies. A call that spans several parts cannot tell which
+    /// one failed, and counts against each: a healthy part's next answer
+    /// resets its count.
+    fn failed(&self, parts: &[Part], error: Option<&StoreError>) {
         let c = &self.shared.counters;
         match error {
             None | Some(StoreError::Timeout(_)) => bump(&c.timeouts),
             Some(_) => bump(&c.errors),
         }
-        if self.shared.breaker.failure() {
+        for part in parts {
+            if !self.shared.breakers.failure(part) {
+                continue;
+            }
+            let name = part.0.as_deref().unwrap_or("all");
             match error {
-                Some(e) => tracing::warn!(error = %e, "store failing: circuit breaker open"),
-                None => tracing::warn!("store timing out: circuit breaker open"),
+                Some(e) => {
+                    tracing::warn!(part = name, error = %e, "store failing: circuit breaker open")
+                }
+                None => tracing::warn!(part = name, "store timing out: circuit breaker open"),
             }
         }
     }
@@ -339,12 +398,13 @@ impl<S: LeaseStore + 'static> Fallback<S> {
         F: Future<Output = Result<Stamped, StoreError>>,
     {
         let shared = &self.shared;
-        if !shared.breaker.admit() {
+        let parts = self.breakers(limits.iter().map(|l| l.key));
+        if !parts.iter().all(|(_, b)| b.admit()) {
             return Ok(self.fallback(limits));
         }
         // Paid only to a store that answered its last call: one that is
         // failing would be sent twice the calls.
-        if shared.breaker.answering() {
+        if parts.iter().all(|(_, b)| b.answering()) {
             let debts = self.debts(limits);
             if !debts.is_empty() {
                 self.pay(&debts).await;
@@ -352,7 +412,9 @@ impl<S: LeaseStore + 'static> Fallback<S> {
         }
         match tokio::time::timeout(shared.config.timeout, ask()).await {
             Ok(Ok(mut stamped)) => {
-                shared.breaker.success();
+                for (_, breaker) in &parts {
+                    breaker.success();
+                }
                 bump(&shared.counters.checks);
                 self.remember(limits, &stamped.outcome.decisions);
                 let leases = std::mem::take(&mut stamped.outcome.leases);
@@ -361,11 +423,11 @@ impl<S: LeaseStore + 'static> Fallback<S> {
             }
             Ok(Err(e @ (StoreError::Invalid(_) | StoreError::Unsupported(_)))) => Err(e),
             Ok(Err(e)) => {
-                self.failed(Some(&e));
+                self.failed(&parts, Some(&e));
                 Ok(self.fallback(limits))
             }
             Err(_) => {
-                self.failed(None);
+                self.failed(&parts, None);
                 Ok(self.fallback(limits))
             }
         }
@@ -592,16 +654,24 @@ impl<S: LeaseStore + 'static> Fallback<S> {
             }
         }
         let inner = untag(leases, INNER);
-        if inner.is_empty() || !shared.breaker.admit() {
+        if inner.is_empty() {
+            return Ok(());
+        }
+        let parts = self.breakers(inner.iter().map(|l| l.key.as_str()));
+        if !parts.iter().all(|(_, b)| b.admit()) {
             return Ok(());
         }
         match tokio::time::timeout(shared.config.timeout, shared.inner.release(&inner)).await {
-            Ok(Ok(())) => shared.breaker.success(),
+            Ok(Ok(())) => {
+                for (_, breaker) in &parts {
+                    breaker.success();
+                }
+            }
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "a release failed; the permit lapses after its period");
-                self.failed(Some(&e));
+                self.failed(&parts, Some(&e));
             }
-            Err(_) => self.failed(None),
+            Err(_) => self.failed(&parts, None),
         }
         Ok(())
     }
@@ -615,7 +685,8 @@ impl<S: LeaseStore + 'static> Fallback<S> {
         holder: Option<Holder>,
     ) -> Result<(), StoreError> {
         let shared = &self.shared;
-        if !shared.breaker.admit() {
+        let parts = self.breakers([limit.key]);
+        if !parts[0].1.admit() {
             return Err(StoreError::Backend {
                 source: "the circuit breaker is open".into(),
                 retryable: true,
@@ -628,16 +699,16 @@ impl<S: LeaseStore + 'static> Fallback<S> {
         .await
         {
             Ok(Ok(())) => {
-                shared.breaker.success();
+                parts[0].1.success();
                 Ok(())
             }
             Ok(Err(e @ (StoreError::Invalid(_) | StoreError::Unsupported(_)))) => Err(e),
             Ok(Err(e)) => {
-                self.failed(Some(&e));
+                self.failed(&parts, Some(&e));
                 Err(e)
             }
             Err(_) => {
-                self.failed(None);
+                self.failed(&parts, None);
                 Err(StoreError::Timeout(shared.config.timeout))
             }
         }
@@ -659,6 +730,14 @@ impl<S: LeaseStore + 'static> Store for Fallback<S> {
 
     fn ready(&self) -> impl Future<Output = bool> + Send {
         self.shared.inner.ready()
+    }
+
+    fn domain(&self, key: &str) -> Option<Arc<str>> {
+        self.shared.inner.domain(key)
+    }
+
+    fn domain_ready(&self, domain: &str) -> impl Future<Output = bool> + Send {
+        self.shared.inner.domain_ready(domain)
     }
 
     /// Resets the local state and what is known and owed of these keys at
@@ -835,6 +914,99 @@ mod tests {
                 .allowed()
         );
         assert_eq!(store.stats().checks, 1);
+    }
+
+    /// Two switched stores as two parts of one (a cluster's two nodes):
+    /// keys starting with `a` on one, the others on the other.
+    struct TwoParts {
+        a: Switch,
+        b: Switch,
+    }
+
+    impl TwoParts {
+        fn part(&self, key: &str) -> &Switch {
+            if key.starts_with('a') {
+                &self.a
+            } else {
+                &self.b
+            }
+        }
+    }
+
+    impl LeaseStore for TwoParts {}
+
+    impl Store for TwoParts {
+        /// Checks whose limits are on one part only (as these tests send).
+        async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
+            self.part(limits[0].key).check(limits).await
+        }
+
+        async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
+            self.part(&leases[0].key).release(leases).await
+        }
+
+        fn domain(&self, key: &str) -> Option<Arc<str>> {
+            Some(Arc::from(&key[..1]))
+        }
+
+        async fn domain_ready(&self, domain: &str) -> bool {
+            self.part(domain).fault().await.is_ok()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_part_sends_only_its_own_keys_to_the_fallback() {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let parts = TwoParts {
+            a: Switch::new(&clock),
+            b: Switch::new(&clock),
+        };
+        let store = Fallback::with_clock(parts, config(), Arc::clone(&clock) as _);
+        let (a, b) = (
+            gcra("a1", FailurePolicy::Local),
+            gcra("b1", FailurePolicy::Local),
+        );
+        store.inner().a.set(ERRS);
+        for _ in 0..3 {
+            store.check(&[a]).await.unwrap();
+        }
+        let open = |name: &str, state| (Arc::from(name), state);
+        assert_eq!(
+            store.parts(),
+            vec![open("a", BreakerState::Open)],
+            "only the failing part's breaker, opened"
+        );
+        assert_eq!(store.stats().breaker, BreakerState::Open);
+        // The other part's keys still go to it, and it decides them.
+        let before = store.stats();
+        assert!(store.check(&[b]).await.unwrap().allowed());
+        assert!(!store.check(&[b]).await.unwrap().allowed(), "its own count");
+        let after = store.stats();
+        assert_eq!(
+            (after.checks, after.fallbacks),
+            (before.checks + 2, before.fallbacks)
+        );
+        assert_eq!(store.inner().b.checks.load(Ordering::Relaxed), 2);
+        assert_eq!(store.parts()[1], open("b", BreakerState::Closed));
+        // The failing part's are decided locally without asking it, and so is
+        // a check with a limit on each part (all-or-nothing needs one place).
+        store.check(&[a]).await.unwrap();
+        store.check(&[b, a]).await.unwrap();
+        assert_eq!(store.stats().fallbacks, after.fallbacks + 2);
+        assert_eq!(store.inner().a.checks.load(Ordering::Relaxed), 3);
+        assert_eq!(store.inner().b.checks.load(Ordering::Relaxed), 2);
+
+        // Its probe closes its breaker when it answers again.
+        store.inner().a.set(UP);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(store.parts()[0], open("a", BreakerState::Closed));
+        assert_eq!(store.stats().breaker, BreakerState::Closed);
+        store
+            .check(&[gcra("a2", FailurePolicy::Local)])
+            .await
+            .unwrap();
+        assert_eq!(store.inner().a.checks.load(Ordering::Relaxed), 4);
+        assert_eq!(store.stats().probes, 1, "only the open part was probed");
     }
 
     #[tokio::test(start_paused = true)]

@@ -651,6 +651,14 @@ impl<S: LeaseStore> Store for Hybrid<S> {
         self.shared.inner.ready()
     }
 
+    fn domain(&self, key: &str) -> Option<std::sync::Arc<str>> {
+        self.shared.inner.domain(key)
+    }
+
+    fn domain_ready(&self, domain: &str) -> impl Future<Output = bool> + Send {
+        self.shared.inner.domain_ready(domain)
+    }
+
     /// Drops the leases of these limits unspent (they were taken from the
     /// state being forgotten) and resets the inner store.
     fn reset(&self, limits: &[Limit<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {

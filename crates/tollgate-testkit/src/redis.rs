@@ -176,10 +176,10 @@ fn answers_as(port: u16, pid: u32, password: Option<&str>) -> bool {
     }
 }
 
-/// A Redis Cluster of three masters (no replicas) on loopback; its nodes
-/// killed when dropped.
+/// A Redis Cluster of three masters on loopback, with or without a replica
+/// each; its nodes killed when dropped.
 pub struct RedisCluster {
-    /// The masters.
+    /// The nodes: the three masters first, then their replicas, if any.
     pub nodes: Vec<RedisServer>,
     _tmp: tempfile::TempDir,
 }
@@ -192,6 +192,17 @@ impl RedisCluster {
 
     /// [`RedisCluster::start`] with `args` added to each node's command line.
     pub fn start_with(args: &[&str]) -> Self {
+        Self::create(args, 0)
+    }
+
+    /// Three masters and a replica of each (`nodes[3..]`), with `args`
+    /// added to each node's command line, ready: a master killed is replaced
+    /// by its replica within a few seconds (the cluster's node timeout is 2 s).
+    pub fn with_replicas(args: &[&str]) -> Self {
+        Self::create(args, 1)
+    }
+
+    fn create(args: &[&str], replicas: usize) -> Self {
         let tmp = tempfile::tempdir().expect("a temp dir");
         let mut node_args = vec![
             "--cluster-enabled",
@@ -202,7 +213,7 @@ impl RedisCluster {
             "nodes.conf",
         ];
         node_args.extend_from_slice(args);
-        let nodes: Vec<RedisServer> = (0..3)
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|i| {
                 let dir = tmp.path().join(format!("node{i}"));
                 std::fs::create_dir_all(&dir).expect("a writable temp dir");
@@ -216,7 +227,7 @@ impl RedisCluster {
         let out = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("redis-cli --cluster create: {e}. {INSTALL}"));
@@ -228,20 +239,67 @@ impl RedisCluster {
         );
         let cluster = Self { nodes, _tmp: tmp };
         cluster.wait_ok(START);
+        if replicas > 0 {
+            wait_until("every replica to be in sync", START, || {
+                cluster.nodes[3..].iter().all(|n| {
+                    n.cli(&["INFO", "replication"])
+                        .contains("master_link_status:up")
+                })
+            });
+        }
         cluster
     }
 
     /// Waits until every running node says the cluster is ok and knows all
-    /// masters.
+    /// nodes.
     pub fn wait_ok(&self, limit: Duration) {
+        let known = format!("cluster_known_nodes:{}", self.nodes.len());
         wait_until("the cluster to be ok on every node", limit, || {
             self.nodes.iter().filter(|n| n.is_running()).all(|n| {
                 let info = n.cli(&["CLUSTER", "INFO"]);
                 info.contains("cluster_state:ok")
-                    && info.contains("cluster_known_nodes:3")
+                    && info.contains(&known)
                     && info.contains("cluster_slots_ok:16384")
             })
         });
+    }
+
+    /// The slots `node` serves as a master now, as `(first, last)` ranges
+    /// (none for a replica), as the running nodes' `CLUSTER NODES` say.
+    pub fn slots_of(&self, node: usize) -> Vec<(u16, u16)> {
+        let port = format!("127.0.0.1:{}@", self.nodes[node].port);
+        let Some(asker) = self.nodes.iter().find(|n| n.is_running()) else {
+            return Vec::new();
+        };
+        let listing = asker.cli(&["CLUSTER", "NODES"]);
+        let Some(line) = listing.lines().find(|l| l.contains(&port)) else {
+            return Vec::new();
+        };
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if !fields.get(2).is_some_and(|flags| flags.contains("master")) {
+            return Vec::new();
+        }
+        fields
+            .iter()
+            .skip(8)
+            .filter_map(|range| {
+                let (first, last) = range.split_once('-').unwrap_or((range, range));
+                Some((first.parse().ok()?, last.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// The slot of a key (`CLUSTER KEYSLOT`, asked of a running node).
+    pub fn keyslot(&self, key: &str) -> u16 {
+        let asker = self
+            .nodes
+            .iter()
+            .find(|n| n.is_running())
+            .expect("a running node");
+        let slot = asker.cli(&["CLUSTER", "KEYSLOT", key]);
+        slot.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("CLUSTER KEYSLOT {key}: {slot:?}"))
     }
 
     /// `redis+cluster://` with every node's address.

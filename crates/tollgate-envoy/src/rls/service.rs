@@ -34,6 +34,7 @@ use tollgate_listen::bodies::{Bodies, Refused, Reserved};
 
 use super::answer::{self, Answer, Answered, Families, Outcome, Refusal, Reply, RequestDescriptor};
 use super::encode;
+use super::overload::Overload;
 
 /// The path of `ShouldRateLimit`.
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -70,6 +71,10 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
 
     fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
         if request.uri().path() == PATH {
+            let overload = Arc::clone(&self.rls.inner.overload);
+            let Some(place) = overload.enter() else {
+                return Box::pin(std::future::ready(Ok(overload.answer())));
+            };
             let bodies = Arc::clone(&self.rls.inner.bodies);
             let rls = match bodies.reserve(None) {
                 Ok(reserved) => Unary {
@@ -80,13 +85,22 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
             };
             let budget = grpc_timeout(request.headers())
                 .map_or(bodies.read_timeout(), |t| t.min(bodies.read_timeout()));
-            let deadline = tokio::time::Instant::now() + budget;
+            let arrived = tokio::time::Instant::now();
+            let deadline = arrived + budget;
+            // The last quarter of the deadline is the answer's way back.
+            let answer_by = arrived + budget * 3 / 4;
             Box::pin(async move {
+                let _place = place;
                 // Queued past its deadline: its caller has given up on the
                 // answer (Envoy's filter has admitted or denied by its
-                // failure mode), so no work is spent on it.
-                if tokio::time::Instant::now() >= deadline {
+                // failure mode), so no work is spent on it. Queued almost
+                // that long, it is answered at once rather than late.
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
                     return Ok(too_late());
+                }
+                if now >= answer_by {
+                    return Ok(overload.answer());
                 }
                 let mut grpc = Grpc::new(AnswerCodec::new())
                     .max_decoding_message_size(bodies.max_bytes() as usize);
@@ -180,6 +194,9 @@ struct Rls<S> {
     answered: Answered,
     /// How large a message may be and how long it may take.
     bodies: Arc<Bodies>,
+    /// The bound on calls in flight, and what a call not checked in time
+    /// is answered.
+    overload: Arc<Overload>,
 }
 
 /// Whether the `authorization` value given (if any) admits a call.
@@ -188,13 +205,15 @@ pub type Admits = Box<dyn Fn(Option<&str>) -> bool + Send + Sync>;
 impl<S> RateLimitGrpc<S> {
     /// Serves `enforcer` to the callers `admits` lets in (to any caller
     /// without it), answering as `reply` says, telling `answered` of each
-    /// answer and reading messages as `bodies` says.
+    /// answer, reading messages as `bodies` says and answering what it
+    /// cannot check in time as `overload` says.
     pub fn new(
         enforcer: Arc<Enforcer<S>>,
         admits: Option<Admits>,
         reply: Arc<Reply>,
         answered: Answered,
         bodies: Arc<Bodies>,
+        overload: Arc<Overload>,
     ) -> Self {
         Self {
             inner: Arc::new(Rls {
@@ -203,6 +222,7 @@ impl<S> RateLimitGrpc<S> {
                 reply,
                 answered,
                 bodies,
+                overload,
             }),
         }
     }

@@ -8,6 +8,7 @@ mod crashed_leases;
 mod faults;
 mod hybrid;
 mod native;
+mod node_failover;
 mod reliability;
 mod single;
 mod stack;

@@ -322,6 +322,14 @@ impl Store for Remote {
         self.redis().ready().await
     }
 
+    fn domain(&self, key: &str) -> Option<std::sync::Arc<str>> {
+        self.redis().domain(key)
+    }
+
+    async fn domain_ready(&self, domain: &str) -> bool {
+        self.redis().domain_ready(domain).await
+    }
+
     async fn reset(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
         match self {
             Remote::Direct(r) => r.reset(limits).await,
@@ -469,7 +477,7 @@ impl Backend {
         store_health::StoreHealth {
             kind: self.describe(),
             memory,
-            redis: stats.map(|s| store_health::RedisHealth {
+            redis: stats.as_ref().map(|s| store_health::RedisHealth {
                 checks: s.redis.redis_checks,
                 errors: s.fallback.errors,
                 timeouts: s.fallback.timeouts,
@@ -481,6 +489,12 @@ impl Backend {
                     BreakerState::Open => "open",
                 },
                 breaker_opens: s.fallback.breaker_opens,
+                open_slots: s
+                    .slots
+                    .iter()
+                    .filter(|(_, state)| *state != BreakerState::Closed)
+                    .map(|(range, _)| range.to_string())
+                    .collect(),
                 fallbacks: store_health::Fallbacks {
                     fail_open: s.fallback.fallback_fail_open,
                     fail_closed: s.fallback.fallback_fail_closed,
@@ -488,6 +502,7 @@ impl Backend {
                 },
             }),
             hybrid: stats
+                .as_ref()
                 .and_then(|s| s.hybrid)
                 .map(|h| store_health::HybridHealth {
                     local_decisions: h.local_decisions,
@@ -516,6 +531,7 @@ impl Backend {
             redis: remote.redis().stats(),
             deny_cache: stack.stats(),
             fallback: stack.inner().stats(),
+            slots: stack.inner().parts(),
             hybrid: match remote {
                 Remote::Direct(_) => None,
                 Remote::Hybrid(h) => Some(h.stats()),

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use tollgate_envoy::{Overload, OverloadAnswer};
 use tollgate_listen::bodies::Bodies;
 use tollgate_policy::RequestLimits;
 
@@ -78,6 +79,29 @@ pub(crate) struct Args {
         default_value_t = RequestLimits::default().value_bytes
     )]
     pub(crate) max_value_bytes: usize,
+
+    /// The most gRPC checks in flight at once, over every connection; past
+    /// it, a call is answered `--overload-answer` before its message is read.
+    #[arg(
+        long,
+        env = "TOLLGATE_MAX_CHECKS_IN_FLIGHT",
+        value_name = "N",
+        default_value_t = 256,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub(crate) max_checks_in_flight: u32,
+
+    /// What the gRPC door answers a call it cannot check in time (past
+    /// `--max-checks-in-flight`, or reached past three quarters of its
+    /// deadline): `over_limit` (Envoy denies: limits hold at the peak) or
+    /// `unavailable` (Envoy decides by its `failure_mode_deny`).
+    #[arg(
+        long,
+        env = "TOLLGATE_OVERLOAD_ANSWER",
+        value_name = "ANSWER",
+        default_value = "over_limit"
+    )]
+    pub(crate) overload_answer: OverloadAnswer,
 }
 
 impl Args {
@@ -89,6 +113,11 @@ impl Args {
             value_bytes: self.max_value_bytes,
             ..RequestLimits::default()
         }
+    }
+
+    /// The gRPC door's bound on checks in flight and its overload answer.
+    pub(crate) fn overload(&self) -> Overload {
+        Overload::new(self.overload_answer, self.max_checks_in_flight as usize)
     }
 
     /// The body policy these flags set.

@@ -18,6 +18,7 @@ mod grpc;
 mod http;
 mod in_process;
 mod live_page;
+mod overload;
 mod real_envoy;
 mod redis;
 mod redis_tls;

@@ -29,7 +29,7 @@ const POLICY: &str = "domain: d\ndescriptors:\n  - key: user\n    rate_limit:\n 
 
 /// The service with `flags`, in process (on the test's runtime, so its
 /// timers run on the test's paused time).
-async fn start(flags: &[&str]) -> (Running, tempfile::TempDir) {
+pub(crate) async fn start(flags: &[&str]) -> (Running, tempfile::TempDir) {
     let dir = common::config_dir(&[("d.yaml", POLICY)]);
     let mut all = vec!["--config", dir.path().to_str().expect("a UTF-8 temp path")];
     all.extend_from_slice(flags);
@@ -120,13 +120,13 @@ async fn held_bodies_hold_at_most_the_budget_and_are_cut_at_the_timeout() {
 }
 
 /// A request body sent frame by frame as the test says.
-type Frames = Result<Frame<Bytes>, Infallible>;
+pub(crate) type Frames = Result<Frame<Bytes>, Infallible>;
 
 /// A `ShouldRateLimit` call over `sender` whose message declares `declared`
 /// bytes and sends `sent` of them, then holds the stream open until the
 /// sender returned is dropped; and its answer's `grpc-status` once its head
 /// comes. `grpc_timeout` is its deadline, if any.
-async fn held_call(
+pub(crate) async fn held_call(
     sender: &mut hyper::client::conn::http2::SendRequest<StreamBody<ReceiverStream<Frames>>>,
     declared: u32,
     sent: usize,
