@@ -410,14 +410,9 @@ impl<S: Store> Enforcer<S> {
     pub async fn enforce_prepared(&self, prepared: &Prepared) -> Result<Verdict, RequestError> {
         let request = prepared.request();
         if Arc::ptr_eq(&self.policy.guard(), &prepared.policy) {
-            let shedding = prepared.policy.shedding(&prepared.domain);
-            self.decide_resolved(
-                &request,
-                &prepared.resolved,
-                prepared.each,
-                shedding.map(|s| (&**s, None)),
-            )
-            .await
+            let shed = self.shed_now(&request, prepared.policy.shedding(&prepared.domain), None);
+            self.decide_resolved(&request, &prepared.resolved, prepared.each, shed)
+                .await
         } else {
             self.enforce_policy(&request, None).await
         }
@@ -430,14 +425,8 @@ impl<S: Store> Enforcer<S> {
     ) -> Result<Verdict, RequestError> {
         let policy = self.policy.guard();
         let (resolved, each) = self.resolve(&policy, request)?;
-        let shedding = policy.shedding(request.domain);
-        self.decide_resolved(
-            request,
-            &resolved,
-            each,
-            shedding.map(|s| (&**s, utilization)),
-        )
-        .await
+        let shed = self.shed_now(request, policy.shedding(request.domain), utilization);
+        self.decide_resolved(request, &resolved, each, shed).await
     }
 
     /// Keeps `utilization` as what `instance` of the service behind `domain`
@@ -484,6 +473,21 @@ impl<S: Store> Enforcer<S> {
         let policy = self.policy.guard();
         let ttl = policy.shedding(domain)?.report_ttl();
         self.reports.current(domain, self.clock.now(), ttl)
+    }
+
+    /// [`Enforcer::shed`] now, where the domain sheds (`shedding`) and global
+    /// shadow mode (which denies nothing, so sheds nothing) is off. Decided
+    /// before the store calls' future is made, so that only a pointer of it
+    /// is kept there.
+    fn shed_now(
+        &self,
+        request: &Request<'_>,
+        shedding: Option<&Arc<Shedding>>,
+        own: Option<Utilization>,
+    ) -> Option<Box<Shed>> {
+        let shedding = shedding.filter(|_| !self.shadow_mode)?;
+        self.shed(request, shedding, own, self.clock.now())
+            .map(Box::new)
     }
 
     /// Whether `request` is shed at `now`: the utilization it carries, or
@@ -538,62 +542,62 @@ impl<S: Store> Enforcer<S> {
     /// Decides `request`, whose limits are `resolved` ([`Enforcer::resolve`]):
     /// plans each descriptor's step ([`Plan`]), then makes the plan's store
     /// calls.
-    /// `shedding` is the domain's, with the utilization the request carries.
+    /// `shed` says why the request is shed, when it is.
     async fn decide_resolved(
         &self,
         request: &Request<'_>,
         resolved: &[Resolved],
         each: bool,
-        shedding: Option<(&Shedding, Option<Utilization>)>,
+        shed: Option<Box<Shed>>,
     ) -> Result<Verdict, RequestError> {
         let started_at = self.clock.now();
-        let domain = request.domain;
         let settings = Settings {
             shadow_mode: self.shadow_mode,
             quota_mode: self.quota_mode,
             each,
         };
-        let plan = Plan::new(resolved, settings, |rule| {
-            self.kill_switch.enforced(domain, rule.id())
-        });
         let mut descriptors: Vec<DescriptorVerdict> = Vec::with_capacity(resolved.len());
         let mut enforce = Batched::new();
         let mut alone = Batched::new();
         let mut shadow = Batched::new();
         let mut shadow_alone = Batched::new();
         let mut peek = false;
-        for (index, (resolved, step)) in resolved.iter().zip(&plan.0).enumerate() {
-            descriptors.push(step.verdict(resolved, started_at));
-            let (Resolved::Limit(applied), Step::Check { call, mode, .. }) = (resolved, step)
-            else {
-                continue;
-            };
-            let batch = match (mode, call) {
-                (Mode::Enforce, Call::Together) => &mut enforce,
-                (Mode::Enforce, Call::Peek) => {
-                    peek = true;
-                    &mut enforce
-                }
-                (Mode::Enforce, Call::Alone) => &mut alone,
-                (_, Call::Alone) => &mut shadow_alone,
-                (_, Call::Together | Call::Peek) => &mut shadow,
-            };
-            batch.push((index, applied));
+        // The plan is made and spent in a block of its own, so that its steps
+        // are not kept in the future across the store calls below.
+        {
+            let plan = Plan::new(resolved, settings, |rule| {
+                self.kill_switch.enforced(request.domain, rule.id())
+            });
+            for (index, (resolved, step)) in resolved.iter().zip(plan.0).enumerate() {
+                descriptors.push(step.verdict(resolved, started_at));
+                let (Resolved::Limit(applied), Step::Check { call, mode, .. }) = (resolved, step)
+                else {
+                    continue;
+                };
+                let batch = match (mode, call) {
+                    (Mode::Enforce, Call::Together) => &mut enforce,
+                    (Mode::Enforce, Call::Peek) => {
+                        peek = true;
+                        &mut enforce
+                    }
+                    (Mode::Enforce, Call::Alone) => &mut alone,
+                    (_, Call::Alone) => &mut shadow_alone,
+                    (_, Call::Together | Call::Peek) => &mut shadow,
+                };
+                batch.push((index, applied));
+            }
         }
 
-        // Shed before any store call, so a shed request is charged nothing;
-        // global shadow mode denies nothing, so it sheds nothing either.
-        if let Some((shedding, own)) = shedding.filter(|_| !self.shadow_mode)
-            && let Some(shed) = self.shed(request, shedding, own, started_at)
-        {
+        // Shed before any store call, so a shed request is charged nothing.
+        if let Some(shed) = shed {
             let verdict = Verdict {
                 descriptors,
                 started_at,
                 permit: Permit::default(),
-                shed: Some(Box::new(shed)),
+                shed: Some(shed),
             };
             self.observer.decided(&Decided {
-                domain: Some(domain),
+                domain: Some(request.domain),
                 descriptors: request.descriptors,
                 verdict: &verdict,
                 hits_addend: request.hits_addend,
@@ -656,7 +660,7 @@ impl<S: Store> Enforcer<S> {
             self.release(permit).await;
         }
         self.observer.decided(&Decided {
-            domain: Some(domain),
+            domain: Some(request.domain),
             descriptors: request.descriptors,
             verdict: &verdict,
             hits_addend: request.hits_addend,
