@@ -596,14 +596,7 @@ impl<S: Store> Enforcer<S> {
                 permit: Permit::default(),
                 shed: Some(shed),
             };
-            self.observer.decided(&Decided {
-                domain: Some(request.domain),
-                descriptors: request.descriptors,
-                verdict: &verdict,
-                hits_addend: request.hits_addend,
-                adhoc_key: None,
-            });
-            return Ok(verdict);
+            return Ok(self.observed(request, verdict));
         }
 
         // Config rules were checked when their config loaded (see
@@ -659,6 +652,11 @@ impl<S: Store> Enforcer<S> {
             let permit = std::mem::take(&mut verdict.permit);
             self.release(permit).await;
         }
+        Ok(self.observed(request, verdict))
+    }
+
+    /// `verdict`, once the observer has seen it decided for `request`.
+    fn observed(&self, request: &Request<'_>, verdict: Verdict) -> Verdict {
         self.observer.decided(&Decided {
             domain: Some(request.domain),
             descriptors: request.descriptors,
@@ -666,7 +664,7 @@ impl<S: Store> Enforcer<S> {
             hits_addend: request.hits_addend,
             adhoc_key: None,
         });
-        Ok(verdict)
+        verdict
     }
 
     async fn enforce_adhoc(&self, adhoc: &AdHoc) -> Verdict {
