@@ -10,7 +10,7 @@
 use crate::common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -478,11 +478,12 @@ rate_limits:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_that_is_down_gets_502_after_the_decision_is_counted() {
-    // A port that was free a moment ago: nothing listens there.
-    let closed = StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    // A port bound and held but never listened on: connections to it are
+    // refused, and no other test's server can take it meanwhile (a port
+    // merely free a moment ago once went to a server that answered 429).
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let closed = held.local_addr().unwrap();
     let policy = per_ip(10);
     let (_server, base) = gateway(
         &format!("http://{closed}"),
