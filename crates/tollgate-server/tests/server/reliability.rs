@@ -7,7 +7,6 @@
 use crate::common;
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,14 +14,11 @@ use common::{Server, rls_request};
 use http_body_util::StreamBody;
 use hyper::body::Frame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
-use tollgate_server::TokioClock;
-use tollgate_server::serve::{self, Args, Listeners, Running};
-
-const EPOCH: u64 = 1_767_225_600_000_000_000;
+use tollgate_server::serve::Running;
 
 /// A policy of one limit, keyed by `user`.
 const POLICY: &str = "domain: d\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: day\n      requests_per_unit: 100\n";
@@ -30,20 +26,7 @@ const POLICY: &str = "domain: d\ndescriptors:\n  - key: user\n    rate_limit:\n 
 /// The service with `flags`, in process (on the test's runtime, so its
 /// timers run on the test's paused time).
 pub(crate) async fn start(flags: &[&str]) -> (Running, tempfile::TempDir) {
-    let dir = common::config_dir(&[("d.yaml", POLICY)]);
-    let mut all = vec!["--config", dir.path().to_str().expect("a UTF-8 temp path")];
-    all.extend_from_slice(flags);
-    let args = Args::parse_from(all.iter().copied())
-        .expect("valid flags")
-        .gateway_on_caller_runtime();
-    let listeners = Listeners {
-        http: TcpListener::bind("127.0.0.1:0").await.expect("a free port"),
-        grpc: TcpListener::bind("127.0.0.1:0").await.expect("a free port"),
-    };
-    let running = serve::start(args, listeners, Arc::new(TokioClock::new(EPOCH)))
-        .await
-        .expect("the service starts");
-    (running, dir)
+    crate::in_process::start(&[("d.yaml", POLICY)], flags).await
 }
 
 /// An HTTP/1.1 `POST /v1/check` head declaring `length` bytes of body.
