@@ -20,6 +20,8 @@
 
 mod bucket;
 mod cell;
+mod request;
+mod step;
 // Not in the unit tests' binary: it sets Redis's allocator as the global
 // one, which exists only inside a server.
 #[cfg(not(test))]
