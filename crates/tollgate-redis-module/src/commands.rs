@@ -139,6 +139,20 @@ fn tollgate_leaky_bucket(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     bucket(Kind::LeakyBucket, ctx, args)
 }
 
+/// The key `name`: `sent`, the limit's key as the caller sent it, else (a
+/// window's key) made into `made`.
+fn key_name<'a>(
+    ctx: &Context,
+    sent: &'a RedisString,
+    name: &[u8],
+    made: &'a mut Option<RedisString>,
+) -> &'a RedisString {
+    if sent.as_slice() == name {
+        return sent;
+    }
+    made.insert(ctx.create_string(name))
+}
+
 const CHECK_USAGE: &str =
     "ERR usage: TOLLGATE.CHECK <numkeys> <key> ... c|d <extra ttl ms> <request> ...";
 
@@ -192,14 +206,6 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let own = &keys[from..from + request.len()];
         from += request.len();
         let now_us = request.time.unwrap_or(clock / 1000);
-        // A limit's key as the caller sent it, else (a window's) made.
-        let name_of = |i: usize, name: &[u8]| -> RedisString {
-            if own[i].as_slice() == name {
-                own[i].clone()
-            } else {
-                ctx.create_string(name)
-            }
-        };
         let slices: Vec<&[u8]> = own.iter().map(RedisString::as_slice).collect();
         let writes = check(
             request,
@@ -207,7 +213,8 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             now_us,
             commit,
             &mut |i, name, decide| {
-                let key = ctx.open_key_writable(&name_of(i, name));
+                let mut made = None;
+                let key = ctx.open_key_writable(key_name(ctx, &own[i], name, &mut made));
                 with_stored(&key, decide).map_err(|e| match e {
                     RedisError::String(s) => s,
                     other => other.to_string(),
@@ -217,13 +224,14 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         )
         .map_err(RedisError::String)?;
         for w in writes {
-            let name = name_of(w.limit, &w.key);
-            let key = ctx.open_key_writable(&name);
+            let mut made = None;
+            let name = key_name(ctx, &own[w.limit], &w.key, &mut made);
+            let key = ctx.open_key_writable(name);
             let ttl_ms = w.ttl_us.div_ceil(1000).max(1).saturating_add(extra_ms);
             write_state(
                 ctx,
                 &key,
-                &name,
+                name,
                 w.state,
                 Duration::from_millis(ttl_ms),
                 clock,
