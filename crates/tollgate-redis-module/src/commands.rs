@@ -168,6 +168,13 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         .and_then(|n| usize::try_from(n).ok())
         .ok_or_else(usage)?;
     let keys = args.get(2..2 + numkeys).ok_or_else(usage)?;
+    if ctx.is_keys_position_request() {
+        // Redis asks where the keys are (a cluster routes by them).
+        for pos in 2..2 + numkeys {
+            ctx.key_at_pos(i32::try_from(pos).unwrap_or(i32::MAX));
+        }
+        return Ok(RedisValue::NoReply);
+    }
     let [op, extra, blobs @ ..] = &args[2 + numkeys..] else {
         return Err(usage());
     };
@@ -282,13 +289,17 @@ mod entry {
 
     /// `TOLLGATE.CHECK`, its keys declared as `FCALL`'s are (a count, then
     /// that many), so that a cluster routes it by them and refuses keys of
-    /// several slots (`CROSSSLOT`) or of a slot served elsewhere (`MOVED`).
+    /// several slots (`CROSSSLOT`) or of a slot served elsewhere (`MOVED`):
+    /// told by the command itself when asked (`getkeys-api`), since Redis
+    /// 7.0's cluster reads a module command's keys that way or from its
+    /// first-last-step range, which cannot say "a count, then the keys";
+    /// and by a key spec, for `COMMAND GETKEYS`, `COMMAND INFO` and ACLs.
     fn register_check(ctx: *mut raw::RedisModuleCtx) -> c_int {
         redis_module::redis_command!(
             ctx,
             "tollgate.check",
             tollgate_check,
-            "write deny-oom",
+            "write deny-oom getkeys-api",
             0,
             0,
             0
