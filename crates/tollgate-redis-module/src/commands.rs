@@ -214,6 +214,10 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         from += request.len();
         let now_us = request.time.unwrap_or(clock / 1000);
         let slices: Vec<&[u8]> = own.iter().map(RedisString::as_slice).collect();
+        // Each limit's key as it read it (a window's name made), kept open
+        // to write it: one lookup per key, not two.
+        let mut opened: Vec<Option<(Option<RedisString>, RedisKeyWritable)>> =
+            own.iter().map(|_| None).collect();
         let writes = check(
             request,
             &slices,
@@ -222,22 +226,26 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             &mut |i, name, decide| {
                 let mut made = None;
                 let key = ctx.open_key_writable(key_name(ctx, &own[i], name, &mut made));
-                with_stored(&key, decide).map_err(|e| match e {
+                let stepped = with_stored(&key, decide).map_err(|e| match e {
                     RedisError::String(s) => s,
                     other => other.to_string(),
-                })
+                });
+                opened[i] = Some((made, key));
+                stepped
             },
             &mut reply,
         )
         .map_err(RedisError::String)?;
         for w in writes {
-            let mut made = None;
-            let name = key_name(ctx, &own[w.limit], &w.key, &mut made);
-            let key = ctx.open_key_writable(name);
+            // A write is for the key its limit read (`check`'s `Write`).
+            let (made, key) = opened[w.limit]
+                .as_ref()
+                .ok_or(RedisError::Str("ERR a write for a key not read"))?;
+            let name = made.as_ref().unwrap_or(&own[w.limit]);
             let ttl_ms = w.ttl_us.div_ceil(1000).max(1).saturating_add(extra_ms);
             write_state(
                 ctx,
-                &key,
+                key,
                 name,
                 w.state,
                 Duration::from_millis(ttl_ms),
