@@ -1,23 +1,15 @@
 //! `TOLLGATE.GCRA`, `TOLLGATE.TOKENBUCKET` and `TOLLGATE.LEAKYBUCKET`: one
-//! step of a bucket on the state tollgate-redis's Lua code keeps, so
-//! instances calling the code and the module on one key agree.
+//! bucket's step (`step`) on the state tollgate-redis's Lua code keeps, with
+//! its arguments as a person types them (a limit per period, a burst).
 //!
-//! The states are the code's: GCRA's theoretical arrival time in whole
-//! microseconds, a decimal integer (`P:gcra2:{T}` when tollgate-redis names
-//! the key); the token bucket's last refill and tokens (µs of refill), packed
-//! little-endian in 12 bytes (7 + 5) while the tokens are below 2^40, else
-//! as two doubles (`P:tb2:{T}`); the policing leaky bucket's last leak and
-//! level, packed alike (`P:lb2:{T}`). Times are microseconds because the Lua's
-//! numbers are doubles; the emission interval is rounded up to a whole
-//! microsecond as the store rounds it before calling the code, and the step
-//! is tollgate-core's on those microseconds expressed in nanoseconds, so
-//! every result is a whole number of microseconds.
+//! The emission interval is rounded up to a whole microsecond as the store
+//! rounds it before calling the code, so that both paths step alike.
 
 use std::time::Duration;
 
-use tollgate_core::{
-    Gcra, LeakyBucket, Level, Quota, StateMachine, Tat, TokenBucket, Tokens, parse_duration,
-};
+use tollgate_core::{Quota, parse_duration};
+
+use crate::step::{END_US, GCRA, LEAKY, Limit, State, TOKEN_BUCKET};
 
 /// The bucket a command steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,15 +38,11 @@ impl Kind {
 /// The largest count (limit, burst) the Lua code takes: 2^52, so that its
 /// doubles stay exact (tollgate-redis refuses larger quotas alike).
 const MAX_COUNT: u64 = 1 << 52;
-/// The Lua's end of time: 2^53 µs (the year 2255).
-const END_US: u64 = 1 << 53;
 
-/// A parsed `TOLLGATE.GCRA` or `TOLLGATE.TOKENBUCKET`.
+/// A parsed `TOLLGATE.GCRA`, `TOLLGATE.TOKENBUCKET` or `TOLLGATE.LEAKYBUCKET`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Step {
-    kind: Kind,
-    quota: Quota,
-    cost: u64,
+    limit: Limit,
     /// The caller's time in µs, else Redis's clock.
     at_us: Option<u64>,
     /// Milliseconds added to the TTL of what it writes.
@@ -70,57 +58,6 @@ pub(crate) type Answer = [i64; 5];
 pub(crate) struct Write {
     pub(crate) state: State,
     pub(crate) ttl: Duration,
-}
-
-/// A state as the Lua code writes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum State {
-    /// A decimal integer (GCRA's TAT, µs).
-    Int(u64),
-    /// Packed bytes (the token bucket's pair): the first `len` of them.
-    Packed { bytes: [u8; 16], len: usize },
-}
-
-/// The token bucket's tokens the 12-byte form holds: below 2^40.
-const COMPACT: u64 = 1 << 40;
-
-impl State {
-    fn pair(time: u64, amount: u64) -> Self {
-        let mut bytes = [0; 16];
-        if amount < COMPACT {
-            bytes[..7].copy_from_slice(&time.to_le_bytes()[..7]);
-            bytes[7..12].copy_from_slice(&amount.to_le_bytes()[..5]);
-            State::Packed { bytes, len: 12 }
-        } else {
-            // Both below 2^53: exact as doubles.
-            bytes[..8].copy_from_slice(&(time as f64).to_le_bytes());
-            bytes[8..].copy_from_slice(&(amount as f64).to_le_bytes());
-            State::Packed { bytes, len: 16 }
-        }
-    }
-}
-
-/// A (time, amount) pair as the code packs it; `None` for anything else.
-fn unpack_pair(v: &[u8]) -> Option<(u64, u64)> {
-    let le = |b: &[u8]| {
-        let mut x = [0; 8];
-        x[..b.len()].copy_from_slice(b);
-        u64::from_le_bytes(x)
-    };
-    let double = |b: &[u8]| {
-        let d = f64::from_le_bytes(b.try_into().ok()?);
-        (d >= 0.0 && d <= END_US as f64 && d.fract() == 0.0).then_some(d as u64)
-    };
-    match v.len() {
-        12 => Some((le(&v[..7]), le(&v[7..]))),
-        16 => Some((double(&v[..8])?, double(&v[8..])?)),
-        _ => None,
-    }
-}
-
-/// A decimal integer; `None` for anything else.
-pub(crate) fn decimal(v: &[u8]) -> Option<u64> {
-    std::str::from_utf8(v).ok()?.parse().ok()
 }
 
 /// Parses the arguments after the key.
@@ -182,10 +119,21 @@ pub(crate) fn parse(kind: Kind, args: &[&[u8]]) -> Result<Step, String> {
     if quota.emission_ns() * quota.burst() / 1000 >= END_US {
         return Err("ERR burst x emission interval must be below 2^53 us".to_owned());
     }
+    let alg = match kind {
+        Kind::Gcra => GCRA,
+        Kind::TokenBucket => TOKEN_BUCKET,
+        Kind::LeakyBucket => LEAKY,
+    };
     Ok(Step {
-        kind,
-        quota,
-        cost,
+        limit: Limit {
+            alg,
+            limit: quota.limit(),
+            period: quota.period_ns() / 1000,
+            burst: quota.burst(),
+            emission: quota.emission_ns() / 1000,
+            cost,
+            delay_after: 0,
+        },
         at_us,
         pad_ms,
     })
@@ -216,57 +164,19 @@ impl Step {
         stored: Option<&[u8]>,
         now_us: u64,
     ) -> Result<(Answer, Option<Write>), String> {
-        let now = now_us * 1000;
-        let not_state = || "ERR the key does not hold this algorithm's state".to_owned();
-        let (d, state) = match self.kind {
-            Kind::Gcra => {
-                let tat_us = stored
-                    .map(|v| decimal(v).ok_or_else(not_state))
-                    .transpose()?;
-                let mut tat = Tat(tat_us.unwrap_or(0).saturating_mul(1000));
-                let d = Gcra.step(&self.quota, &mut tat, now, self.cost);
-                (d, State::Int(tat.0 / 1000))
-            }
-            Kind::TokenBucket => {
-                let mut tokens = match stored {
-                    Some(v) => {
-                        let (last, held) = unpack_pair(v).ok_or_else(not_state)?;
-                        Tokens {
-                            tokens: held.saturating_mul(1000),
-                            last: last.saturating_mul(1000),
-                        }
-                    }
-                    None => Tokens::default(),
-                };
-                let d = TokenBucket.step(&self.quota, &mut tokens, now, self.cost);
-                (d, State::pair(tokens.last / 1000, tokens.tokens / 1000))
-            }
-            Kind::LeakyBucket => {
-                let mut level = match stored {
-                    Some(v) => {
-                        let (last, held) = unpack_pair(v).ok_or_else(not_state)?;
-                        Level {
-                            level: held.saturating_mul(1000),
-                            last: last.saturating_mul(1000),
-                        }
-                    }
-                    None => Level::default(),
-                };
-                let d = LeakyBucket.step(&self.quota, &mut level, now, self.cost);
-                (d, State::pair(level.last / 1000, level.level / 1000))
-            }
-        };
-        let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+        let stepped = self.limit.step(stored, now_us, true)?;
+        let v = stepped.verdict;
+        let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         let answer = [
-            i64::from(d.allowed()),
-            i64::try_from(d.remaining()).unwrap_or(i64::MAX),
-            micros(d.reset_after()),
-            d.retry_after().map_or(-1, micros),
+            i64::from(v.allowed),
+            int(v.remaining),
+            int(v.reset),
+            v.retry.map_or(-1, int),
             now_us as i64,
         ];
-        let write = (d.allowed() && self.cost > 0).then(|| Write {
+        let write = stepped.write.map(|(state, ttl_us)| Write {
             state,
-            ttl: d.reset_after() + Duration::from_millis(self.pad_ms),
+            ttl: Duration::from_micros(ttl_us) + Duration::from_millis(self.pad_ms),
         });
         Ok((answer, write))
     }
@@ -324,33 +234,15 @@ mod tests {
             step(&["1", "1s", "1", "PAD", "9", "X", "1"]).unwrap_err(),
             usage
         );
+        let s = step(&["1", "1s", "1", "2", "at", "5"]).unwrap();
         assert_eq!(
-            step(&["1", "1s", "1", "2", "at", "5"]).unwrap(),
-            Step {
-                kind: Kind::Gcra,
-                quota: Quota::per_second(1).unwrap(),
-                cost: 2,
-                at_us: Some(5),
-                pad_ms: 0,
-            }
+            (s.limit.cost, s.limit.emission, s.at_us),
+            (2, 1_000_000, Some(5))
         );
     }
 
     #[test]
-    fn token_bucket_pairs_are_packed_as_the_code_packs_them() {
-        for (time, amount, len) in [(1_795_839_000_000_000, 999_999, 12), (5, COMPACT, 16)] {
-            let State::Packed { bytes, len: l } = State::pair(time, amount) else {
-                panic!("a pair is packed");
-            };
-            assert_eq!(l, len);
-            assert_eq!(unpack_pair(&bytes[..l]), Some((time, amount)));
-        }
-        // struct.pack('<I7I5', 1, 2) in Redis's Lua.
-        assert_eq!(
-            unpack_pair(&[1, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0]),
-            Some((1, 2))
-        );
-        assert_eq!(unpack_pair(b"123"), None);
+    fn a_token_bucket_starts_full() {
         let tb = parse(Kind::TokenBucket, &[b"2", b"1s", b"2"]).unwrap();
         assert!(tb.decide(Some(b"12345"), 0).is_err());
         let (a, w) = tb.decide(None, 1_000_000).unwrap();

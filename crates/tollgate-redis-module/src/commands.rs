@@ -1,12 +1,14 @@
-//! The commands as Redis runs them: read the key and the clock, decide with
-//! the pure code of `cell` and `bucket`, write the key and reply.
+//! The commands as Redis runs them: read the keys and the clock, decide with
+//! the pure code of `cell`, `bucket` and `request`, write the keys and reply.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, KeyType, RedisError, RedisResult, RedisString, RedisValue};
 
-use crate::bucket::{Kind, State, decimal, parse};
+use crate::bucket::{Kind, parse};
+use crate::request::{Request, check};
+use crate::step::{State, decimal};
 
 /// The time now in nanoseconds since 1970: the clock Redis's `TIME` reads.
 fn clock_ns() -> u64 {
@@ -137,6 +139,123 @@ fn tollgate_leaky_bucket(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     bucket(Kind::LeakyBucket, ctx, args)
 }
 
+/// The key `name`: `sent`, the limit's key as the caller sent it, else (a
+/// window's key) made into `made`.
+fn key_name<'a>(
+    ctx: &Context,
+    sent: &'a RedisString,
+    name: &[u8],
+    made: &'a mut Option<RedisString>,
+) -> &'a RedisString {
+    if sent.as_slice() == name {
+        return sent;
+    }
+    made.insert(ctx.create_string(name))
+}
+
+const CHECK_USAGE: &str =
+    "ERR usage: TOLLGATE.CHECK <numkeys> <key> ... c|d <extra ttl ms> <request> ...";
+
+/// `TOLLGATE.CHECK`: the store's Lua code's entry point (`run`), natively,
+/// for requests whose limits each keep one string: the same keys, the same
+/// arguments, the same reply. Every request is decoded before any is
+/// checked, so a bad one fails the call with nothing written.
+fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let usage = || RedisError::Str(CHECK_USAGE);
+    let numkeys = args
+        .get(1)
+        .and_then(|n| decimal(n.as_slice()))
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(usage)?;
+    let keys = args.get(2..2 + numkeys).ok_or_else(usage)?;
+    if ctx.is_keys_position_request() {
+        // Redis asks where the keys are (a cluster routes by them).
+        for pos in 2..2 + numkeys {
+            ctx.key_at_pos(i32::try_from(pos).unwrap_or(i32::MAX));
+        }
+        return Ok(RedisValue::NoReply);
+    }
+    let [op, extra, blobs @ ..] = &args[2 + numkeys..] else {
+        return Err(usage());
+    };
+    let commit = match op.as_slice() {
+        b"c" => true,
+        b"d" => false,
+        other => {
+            return Err(RedisError::String(format!(
+                "ERR TOLLGATE.CHECK takes the ops c (check) and d (dry run), got {}",
+                other.escape_ascii()
+            )));
+        }
+    };
+    let extra_ms = decimal(extra.as_slice()).ok_or_else(usage)?;
+    let mut requests = Vec::with_capacity(blobs.len());
+    let mut taken = 0;
+    for blob in blobs {
+        let request = Request::parse(blob.as_slice()).map_err(RedisError::String)?;
+        if !request.in_strings().map_err(RedisError::String)? {
+            return Err(RedisError::Str(
+                "ERR TOLLGATE.CHECK takes limits whose state is one string (not a sliding log's or a concurrency limit's)",
+            ));
+        }
+        taken += request.len();
+        requests.push(request);
+    }
+    if taken != numkeys {
+        return Err(RedisError::String(format!(
+            "ERR the requests take {taken} keys, got {numkeys}"
+        )));
+    }
+    let clock = clock_ns();
+    let mut reply = Vec::with_capacity(taken * 40 + requests.len() * 16);
+    let mut from = 0;
+    for request in &requests {
+        let own = &keys[from..from + request.len()];
+        from += request.len();
+        let now_us = request.time.unwrap_or(clock / 1000);
+        let slices: Vec<&[u8]> = own.iter().map(RedisString::as_slice).collect();
+        // Each limit's key as it read it (a window's name made), kept open
+        // to write it: one lookup per key, not two.
+        let mut opened: Vec<Option<(Option<RedisString>, RedisKeyWritable)>> =
+            own.iter().map(|_| None).collect();
+        let writes = check(
+            request,
+            &slices,
+            now_us,
+            commit,
+            &mut |i, name, decide| {
+                let mut made = None;
+                let key = ctx.open_key_writable(key_name(ctx, &own[i], name, &mut made));
+                let stepped = with_stored(&key, decide).map_err(|e| match e {
+                    RedisError::String(s) => s,
+                    other => other.to_string(),
+                });
+                opened[i] = Some((made, key));
+                stepped
+            },
+            &mut reply,
+        )
+        .map_err(RedisError::String)?;
+        for w in writes {
+            // A write is for the key its limit read (`check`'s `Write`).
+            let (made, key) = opened[w.limit]
+                .as_ref()
+                .ok_or(RedisError::Str("ERR a write for a key not read"))?;
+            let name = made.as_ref().unwrap_or(&own[w.limit]);
+            let ttl_ms = w.ttl_us.div_ceil(1000).max(1).saturating_add(extra_ms);
+            write_state(
+                ctx,
+                key,
+                name,
+                w.state,
+                Duration::from_millis(ttl_ms),
+                clock,
+            )?;
+        }
+    }
+    Ok(RedisValue::StringBuffer(reply))
+}
+
 mod entry {
     // The binding's macros declare the module's `RedisModule_OnLoad` and each
     // command's handler, unmangled `extern "C"` functions, and the
@@ -146,7 +265,13 @@ mod entry {
 
     use redis_module::{Context, RedisString, Status, raw};
 
-    use super::{cl_throttle, tollgate_gcra, tollgate_leaky_bucket, tollgate_token_bucket};
+    use redis_module::commands::{
+        BeginSearch, FindKeys, KeySpec, KeySpecFlags, get_redis_key_spec,
+    };
+
+    use super::{
+        cl_throttle, tollgate_check, tollgate_gcra, tollgate_leaky_bucket, tollgate_token_bucket,
+    };
 
     /// The argument that leaves `CL.THROTTLE` out, for a server that loads
     /// redis-cell too (two modules cannot register one command).
@@ -164,7 +289,69 @@ mod entry {
         if args.is_empty() && register_cl_throttle(ctx.get_raw()) != Status::Ok as c_int {
             return Status::Err;
         }
+        if register_check(ctx.get_raw()) != Status::Ok as c_int {
+            return Status::Err;
+        }
         Status::Ok
+    }
+
+    /// `TOLLGATE.CHECK`, its keys declared as `FCALL`'s are (a count, then
+    /// that many), so that a cluster routes it by them and refuses keys of
+    /// several slots (`CROSSSLOT`) or of a slot served elsewhere (`MOVED`):
+    /// told by the command itself when asked (`getkeys-api`), since Redis
+    /// 7.0's cluster reads a module command's keys that way or from its
+    /// first-last-step range, which cannot say "a count, then the keys";
+    /// and by a key spec, for `COMMAND GETKEYS`, `COMMAND INFO` and ACLs.
+    fn register_check(ctx: *mut raw::RedisModuleCtx) -> c_int {
+        redis_module::redis_command!(
+            ctx,
+            "tollgate.check",
+            tollgate_check,
+            "write deny-oom getkeys-api",
+            0,
+            0,
+            0
+        );
+        let name = CString::new("tollgate.check").expect("no NUL");
+        let spec = KeySpec::new(
+            None,
+            KeySpecFlags::READ_WRITE | KeySpecFlags::ACCESS | KeySpecFlags::UPDATE,
+            BeginSearch::new_index(1),
+            FindKeys::new_keys_num(0, 1, 1),
+        );
+        let specs = get_redis_key_spec(vec![spec]);
+        let version = raw::RedisModuleCommandInfoVersion {
+            version: 1,
+            sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
+            sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
+            sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
+        };
+        let info = raw::RedisModuleCommandInfo {
+            version: &version,
+            summary: std::ptr::null(),
+            complexity: std::ptr::null(),
+            since: std::ptr::null(),
+            history: std::ptr::null_mut(),
+            tips: std::ptr::null(),
+            // The name, the count, an op and the extra TTL at least.
+            arity: -4,
+            key_specs: specs.as_ptr().cast_mut(),
+            args: std::ptr::null_mut(),
+        };
+        // SAFETY: the command was just created by this module; `info` and
+        // what it points to outlive the call, which copies them.
+        let status = unsafe {
+            let command = raw::RedisModule_GetCommand.expect("Redis 7")(ctx, name.as_ptr());
+            if command.is_null() {
+                return Status::Err as c_int;
+            }
+            raw::RedisModule_SetCommandInfo.expect("Redis 7")(command, &info)
+        };
+        if status == Status::Ok as c_int {
+            Status::Ok as c_int
+        } else {
+            Status::Err as c_int
+        }
     }
 
     fn register_cl_throttle(ctx: *mut raw::RedisModuleCtx) -> c_int {

@@ -8,18 +8,23 @@
 //!   their code and their keys;
 //! - `TOLLGATE.GCRA`, `TOLLGATE.TOKENBUCKET` and `TOLLGATE.LEAKYBUCKET`
 //!   (policing), a step of a bucket on the state tollgate-redis's Lua code
-//!   keeps, so that instances using the code and the module agree on a key.
+//!   keeps, so that instances using the code and the module agree on a key;
+//! - `TOLLGATE.CHECK`, the Lua code's entry point natively: the same keys,
+//!   arguments and reply, for requests whose limits each keep one string.
 //!
 //! Error messages are ASCII, arguments in them escaped (`\xc3\xa9`): the
 //! binding sends an error's characters as single bytes, which mangles any
 //! other character.
 //!
-//! Each command's arithmetic is a pure function over the stored value and
-//! the time (`cell`, `bucket`: tested without Redis); `commands` only reads
-//! and writes keys and reads the clock, Redis's own, at the edge.
+//! Each command's arithmetic is a pure function over the stored values and
+//! the time (`cell`, `bucket`, `step`, `request`: tested without Redis);
+//! `commands` only reads and writes keys and reads the clock, Redis's own,
+//! at the edge.
 
 mod bucket;
 mod cell;
+mod request;
+mod step;
 // Not in the unit tests' binary: it sets Redis's allocator as the global
 // one, which exists only inside a server.
 #[cfg(not(test))]

@@ -13,6 +13,11 @@
 //! function's `allow-cross-slot-keys` flag lets it reach the others, which it
 //! checks are all served there before writing anything.
 //!
+//! With the module loaded, a batch whose every request the module's
+//! `TOLLGATE.CHECK` takes goes to it instead of the code, the same keys and
+//! arguments; on a cluster, one command per slot (a module command cannot
+//! reach keys of other slots), sent at once.
+//!
 //! This amortizes what a call costs beyond its work — the command's parsing and
 //! dispatch in Redis, the socket writes and reads, the client's encoding — over
 //! every check in it.
@@ -35,6 +40,8 @@ pub(crate) struct Job {
     pub(crate) request: Vec<u8>,
     /// Its number of limits.
     pub(crate) limits: usize,
+    /// Whether the module's `TOLLGATE.CHECK` takes it.
+    pub(crate) native: bool,
     pub(crate) reply: oneshot::Sender<Result<Vec<i64>, BatchError>>,
 }
 
@@ -66,6 +73,7 @@ impl Batcher {
         timeout: Duration,
         extra_ms: u64,
         cluster: bool,
+        module: bool,
     ) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
         let slots = Arc::new(Semaphore::new(IN_FLIGHT));
@@ -84,7 +92,13 @@ impl Batcher {
                 }
                 let (conn, code) = (conn.clone(), Arc::clone(&code));
                 tokio::spawn(async move {
-                    send(&conn, &code, jobs, timeout, extra_ms, cluster).await;
+                    let to = Target {
+                        conn: &conn,
+                        code: &code,
+                        timeout,
+                        extra_ms,
+                    };
+                    send(to, jobs, cluster, module).await;
                     drop(permit);
                 });
             }
@@ -98,20 +112,43 @@ impl Batcher {
     }
 }
 
-async fn send(
-    conn: &Conn,
-    code: &Code,
-    jobs: Vec<Job>,
+/// Where a batch goes and how.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    conn: &'a Conn,
+    code: &'a Code,
     timeout: Duration,
     extra_ms: u64,
-    cluster: bool,
-) {
+}
+
+async fn send(to: Target<'_>, jobs: Vec<Job>, cluster: bool, module: bool) {
     let cross = cluster && jobs.iter().any(|job| job.slot != jobs[0].slot);
-    let keys = jobs.iter().flat_map(|job| &job.keys);
+    if module && jobs.iter().all(|job| job.native) {
+        if !cross {
+            let call = one_slot(Code::native_call, &jobs, to.extra_ms);
+            return answer(to, call, true, jobs).await;
+        }
+        let mut slots: Vec<Vec<Job>> = Vec::new();
+        for job in jobs {
+            match slots.iter_mut().find(|s| s[0].slot == job.slot) {
+                Some(s) => s.push(job),
+                None => slots.push(vec![job]),
+            }
+        }
+        let calls = slots.into_iter().map(|jobs| {
+            let call = one_slot(Code::native_call, &jobs, to.extra_ms);
+            answer(to, call, true, jobs)
+        });
+        futures_util::future::join_all(calls).await;
+        return;
+    }
     let call = if cross {
-        let mut keys = keys;
-        let mut call = code.call(1);
-        call.arg(keys.next()).arg("x").arg(extra_ms).arg(jobs.len());
+        let mut keys = jobs.iter().flat_map(|job| &job.keys);
+        let mut call = to.code.call(1);
+        call.arg(keys.next())
+            .arg("x")
+            .arg(to.extra_ms)
+            .arg(jobs.len());
         for job in &jobs {
             call.arg(&job.request);
         }
@@ -120,17 +157,36 @@ async fn send(
         }
         call
     } else {
-        let mut call = code.call(jobs.iter().map(|job| job.keys.len()).sum());
-        for key in keys {
-            call.arg(key);
-        }
-        call.arg("c").arg(extra_ms);
-        for job in &jobs {
-            call.arg(&job.request);
-        }
-        call
+        one_slot(|n| to.code.call(n), &jobs, to.extra_ms)
     };
-    let result = tokio::time::timeout(timeout, code.run::<Vec<u8>>(conn, &call)).await;
+    answer(to, call, false, jobs).await
+}
+
+/// A check of `jobs`, all on one slot: their keys, then `c`, the extra TTL
+/// and their requests.
+fn one_slot(call: impl FnOnce(usize) -> redis::Cmd, jobs: &[Job], extra_ms: u64) -> redis::Cmd {
+    let mut call = call(jobs.iter().map(|job| job.keys.len()).sum());
+    for key in jobs.iter().flat_map(|job| &job.keys) {
+        call.arg(key);
+    }
+    call.arg("c").arg(extra_ms);
+    for job in jobs {
+        call.arg(&job.request);
+    }
+    call
+}
+
+/// Sends `call` (`native`: the module's, routed to the jobs' slot) and
+/// hands each job its part of the reply.
+async fn answer(to: Target<'_>, call: redis::Cmd, native: bool, jobs: Vec<Job>) {
+    let run = async {
+        if native {
+            to.conn.query_at::<Vec<u8>>(&call, jobs[0].slot).await
+        } else {
+            to.code.run::<Vec<u8>>(to.conn, &call).await
+        }
+    };
+    let result = tokio::time::timeout(to.timeout, run).await;
     let mut replies = match result {
         Err(_) => return fail(jobs, BatchError::Timeout),
         Ok(Err(e)) if e.code() == Some("TOLLGATE_NOT_LOCAL") => {

@@ -58,12 +58,12 @@ pub struct RedisConfig {
     /// failover and a restart with persistence; a script is reloaded by the
     /// first call that misses it. Default true.
     pub functions: bool,
-    /// Check a GCRA, token bucket or (policing) leaky bucket limit alone
-    /// with the Tollgate module's command (`TOLLGATE.GCRA`,
-    /// `TOLLGATE.TOKENBUCKET`, `TOLLGATE.LEAKYBUCKET`) when the server has
-    /// the module loaded (asked at connect, `COMMAND INFO`): one native
-    /// command instead of a call of the Lua code, on the same state.
-    /// Default true; false always calls the code.
+    /// Send checks to the Tollgate module's `TOLLGATE.CHECK` (the code's
+    /// entry point, natively) when the server has the module loaded (asked
+    /// at connect, `COMMAND INFO`): batches and multi-limit checks whose
+    /// limits each keep one string (every algorithm but the sliding log and
+    /// concurrency), on the same state as the Lua code. Default true; false
+    /// always calls the code.
     pub module: bool,
     /// The CA, client certificate and hostname check of a `rediss://` or
     /// `rediss+cluster://` URL's TLS. Default: the system's roots, no client

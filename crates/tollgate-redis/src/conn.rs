@@ -59,6 +59,28 @@ impl Conn {
         }
     }
 
+    /// Runs one command on the primary serving `slot` (on a cluster: for a
+    /// command whose keys the client cannot find, such as the module's
+    /// `TOLLGATE.CHECK`, which routes by its argument 1, the key count).
+    pub(crate) async fn query_at<T: FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        slot: u16,
+    ) -> RedisResult<T> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        match self {
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                let value = c
+                    .clone()
+                    .route_command(cmd.clone(), RoutingInfo::SingleNode(route))
+                    .await?;
+                Ok(T::from_redis_value(value)?)
+            }
+        }
+    }
+
     /// Runs a script (`EVALSHA`, loading it when Redis misses it), routed
     /// by its first key on a cluster.
     pub(crate) async fn invoke<T: FromRedisValue>(

@@ -41,7 +41,7 @@ pub struct RedisStore {
     time: Time,
     /// Whether the server takes `PEXPIRE … NX` (Redis ≥ 7.0).
     pexpire_nx: bool,
-    /// Whether single bucket checks go to the Tollgate module's commands.
+    /// Whether checks the module takes go to its `TOLLGATE.CHECK`.
     module: bool,
     counters: Counters,
     /// Lease ids: a counter, and a keyed hash (SipHash, a pseudo-random
@@ -174,6 +174,7 @@ impl RedisStore {
                     timeout,
                     extra_ms,
                     cluster,
+                    module,
                 )
             }
         };
@@ -346,47 +347,8 @@ impl RedisStore {
         })
     }
 
-    /// A GCRA or token bucket limit checked alone, with the module loaded:
-    /// its command on the state the code keeps (`tollgate-redis-module`).
-    async fn check_module(
-        &self,
-        command: &str,
-        limit: &Limit<'_>,
-        prepared: &ScriptLimit,
-    ) -> Result<Stamped, StoreError> {
-        let mut cmd = redis::cmd(command);
-        // The period in ns, so that the module rounds the emission interval
-        // up to a whole µs from the same nanoseconds as `Params` does.
-        cmd.arg(&prepared.key)
-            .arg(limit.quota.limit())
-            .arg(format!("{}ns", limit.quota.period_ns()))
-            .arg(prepared.params.burst)
-            .arg(prepared.params.cost);
-        if let Some(now_us) = self.now_us()? {
-            cmd.arg("AT").arg(now_us);
-        }
-        let extra = self.extra_ms();
-        if extra > 0 {
-            cmd.arg("PAD").arg(extra);
-        }
-        let answer: Vec<i64> = self.timed(self.conn.query(&cmd)).await?;
-        let [allowed, remaining, reset, retry, now_us] = answer[..] else {
-            return Err(StoreError::Backend {
-                source: format!("{command} answered {} numbers, not 5", answer.len()).into(),
-                retryable: false,
-            });
-        };
-        let reply = [now_us, allowed, allowed, remaining, reset, retry, 0];
-        let (now_us, _, decisions) = parse_check(&reply, &[limit.capacity()])?;
-        bump(&self.counters.redis_checks);
-        Ok(Stamped {
-            outcome: Outcome::new(decisions.into()),
-            decided_at: Some(smallvec![now_us]),
-        })
-    }
-
-    /// Whether single bucket checks go to the Tollgate module's commands
-    /// ([`RedisConfig::module`]).
+    /// Whether checks go to the Tollgate module's `TOLLGATE.CHECK` where it
+    /// takes them ([`RedisConfig::module`]).
     pub fn uses_module(&self) -> bool {
         self.module
     }
@@ -424,7 +386,15 @@ impl RedisStore {
                     .map(|&i| prepared[i].aux.as_str()),
             );
         }
-        let mut call = self.code.call(keys.len());
+        let native = self.module
+            && grant.is_none()
+            && matches!(op, Op::Check | Op::Dry)
+            && members.iter().all(|&i| prepared[i].params.in_string());
+        let mut call = if native {
+            Code::native_call(keys.len())
+        } else {
+            self.code.call(keys.len())
+        };
         for key in keys {
             call.arg(key);
         }
@@ -445,6 +415,11 @@ impl RedisStore {
         }
         if op == "r" {
             return self.run::<Vec<i64>>(&call).await;
+        }
+        if native {
+            let slot = prepared[members[0]].slot;
+            let reply: Vec<u8> = self.timed(self.conn.query_at(&call, slot)).await?;
+            return Ok(decode(&reply));
         }
         Ok(decode(&self.run::<Vec<u8>>(&call).await?))
     }
@@ -498,6 +473,7 @@ impl RedisStore {
             slot: prepared[members[0]].slot,
             request: script::request(now_us, lease, members.iter().map(|&i| &prepared[i].params)),
             limits: members.len(),
+            native: members.iter().all(|&i| prepared[i].params.in_string()),
             reply: tx,
         };
         let gone = || StoreError::Backend {
@@ -849,21 +825,13 @@ impl LeaseStore for RedisStore {
             });
         }
         let prepared = self.prepare(limits)?;
-        // All-or-nothing across limits needs the script (a check, then a
-        // write only if every limit admits); one counting limit does not.
+        // All-or-nothing across limits needs the script or the module (a
+        // check, then a write only if every limit admits); one counting
+        // limit does not.
         if let ([limit], [p]) = (limits, prepared.as_slice()) {
             match limit.algorithm {
                 Algorithm::FixedWindow => return self.check_native(limit, p, false).await,
                 Algorithm::HitCounter => return self.check_native(limit, p, true).await,
-                Algorithm::Gcra if self.module => {
-                    return self.check_module("TOLLGATE.GCRA", limit, p).await;
-                }
-                Algorithm::TokenBucket if self.module => {
-                    return self.check_module("TOLLGATE.TOKENBUCKET", limit, p).await;
-                }
-                Algorithm::LeakyBucket if self.module => {
-                    return self.check_module("TOLLGATE.LEAKYBUCKET", limit, p).await;
-                }
                 _ => {}
             }
         }
@@ -924,17 +892,14 @@ impl LeaseStore for RedisStore {
     }
 }
 
-/// Whether the server has every bucket command of the Tollgate module
-/// loaded (an older module, without one of them, is not used); on a
-/// cluster, the node asked: load the module on every node.
+/// Whether the server has the Tollgate module's `TOLLGATE.CHECK` (an older
+/// module, without it, is not used); on a cluster, the node asked: load the
+/// module on every node.
 async fn has_module(conn: &Conn) -> bool {
     let mut info = redis::cmd("COMMAND");
-    info.arg("INFO")
-        .arg("TOLLGATE.GCRA")
-        .arg("TOLLGATE.TOKENBUCKET")
-        .arg("TOLLGATE.LEAKYBUCKET");
+    info.arg("INFO").arg("TOLLGATE.CHECK");
     matches!(
         conn.query::<Vec<redis::Value>>(&info).await.as_deref(),
-        Ok(commands) if commands.len() == 3 && !commands.contains(&redis::Value::Nil)
+        Ok([command]) if *command != redis::Value::Nil
     )
 }

@@ -3,6 +3,9 @@
 //! envoyproxy/ratelimit's pipelined `INCRBY` + `EXPIRE` (the peer),
 //! Tollgate's hit counter and fixed window (natively counted), and
 //! Tollgate's token bucket (one `FCALL` per batch, for what the code costs).
+//! The same cells compare GCRA with the module loaded: redis-cell's
+//! `CL.THROTTLE` (the peer), the module's `TOLLGATE.GCRA` and the store's
+//! GCRA (batches to `TOLLGATE.CHECK`).
 //!
 //! Each run makes a fixed number of decisions, split over the callers; the
 //! Redis CPU of a run is the change in `used_cpu_user + used_cpu_sys` over
@@ -18,13 +21,15 @@ use crate::sides::{Checker, Side};
 
 /// Concurrent callers of each cell.
 pub(crate) const CALLERS: [usize; 3] = [1, 8, 64];
-/// The sides, the peer first.
+/// The counting sides, the peer first.
 pub(crate) const SIDES: [Side; 4] = [
     Side::Envoy,
     Side::HitCounter,
     Side::FixedWindow,
     Side::Tollgate,
 ];
+/// GCRA's sides with the modules loaded, the peer first.
+pub(crate) const MODULE_SIDES: [Side; 3] = [Side::Cell, Side::Module, Side::TollgateGcra];
 const KEYS: u64 = 100_000;
 const DECISIONS: u64 = 32_000;
 const WARMUP: u64 = 4_000;
@@ -76,10 +81,11 @@ where
     (n / elapsed, cpu / n)
 }
 
-/// Every cell: rows for the table.
+/// Every cell of `sides`: rows for the table.
 pub(crate) async fn cells<C>(
     checker: &Arc<Checker<C>>,
     admin: &mut [MultiplexedConnection],
+    sides: &[Side],
 ) -> Vec<Row>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -87,22 +93,22 @@ where
     let mut rows = Vec::new();
     let mut seed = 1 << 40;
     for callers in CALLERS {
-        eprintln!("== counting, {callers} callers");
-        for side in SIDES {
+        eprintln!("== {} and others, {callers} callers", sides[0].name());
+        for &side in sides {
             seed += 1;
             run(checker, side, callers, WARMUP, seed, admin).await;
         }
-        let mut runs: Vec<Vec<(f64, f64)>> = SIDES.iter().map(|_| Vec::new()).collect();
-        let mut stats: Vec<CommandStats> = SIDES.iter().map(|_| CommandStats::default()).collect();
+        let mut runs: Vec<Vec<(f64, f64)>> = sides.iter().map(|_| Vec::new()).collect();
+        let mut stats: Vec<CommandStats> = sides.iter().map(|_| CommandStats::default()).collect();
         for _ in 0..REPETITIONS {
-            for (s, &side) in SIDES.iter().enumerate() {
+            for (s, &side) in sides.iter().enumerate() {
                 seed += 1;
                 CommandStats::reset(admin).await;
                 runs[s].push(run(checker, side, callers, DECISIONS, seed, admin).await);
                 stats[s].add(admin).await;
             }
         }
-        for (s, &side) in SIDES.iter().enumerate() {
+        for (s, &side) in sides.iter().enumerate() {
             let decisions = DECISIONS / callers as u64 * callers as u64 * REPETITIONS as u64;
             rows.push(Row {
                 callers,
@@ -116,16 +122,23 @@ where
     rows
 }
 
-pub(crate) fn print(rows: &[Row]) {
+/// The table of `rows`, whose first side is the peer, titled `what`.
+pub(crate) fn print(rows: &[Row], what: &str) {
+    let Some(peer) = rows.first().map(|r| r.side) else {
+        return;
+    };
     println!(
-        "Counting rules, one redis-server, {KEYS} keys, 100 per second per key, {DECISIONS} decisions per run, median of {REPETITIONS}\n"
+        "{what}, one redis-server, {KEYS} keys, 100 per second per key, {DECISIONS} decisions per run, median of {REPETITIONS}\n"
     );
-    println!("| callers | side | decisions/s | Redis CPU µs/decision | ÷ envoyproxy pipeline's |");
+    println!(
+        "| callers | side | decisions/s | Redis CPU µs/decision | ÷ {}'s |",
+        peer.name()
+    );
     println!("| ---: | --- | ---: | ---: | ---: |");
     for row in rows {
         let peer = rows
             .iter()
-            .find(|r| r.callers == row.callers && r.side == Side::Envoy)
+            .find(|r| r.callers == row.callers && r.side == peer)
             .map_or(f64::NAN, |r| r.redis_cpu);
         println!(
             "| {} | {} | {:.0} | {:.2} | {:.2}× |",
@@ -139,7 +152,7 @@ pub(crate) fn print(rows: &[Row]) {
     println!();
     for row in rows {
         println!(
-            "commandstats, counting, {} callers, {}: {}",
+            "commandstats, {} callers, {}: {}",
             row.callers,
             row.side.name(),
             row.commands

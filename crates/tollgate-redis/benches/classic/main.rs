@@ -43,6 +43,10 @@
 //! Last, on one server, counting rules at 1, 8 and 64 callers against
 //! envoyproxy/ratelimit's pipelined `INCRBY` + `EXPIRE` (`counting.rs`).
 //! `TOLLGATE_BENCH_PART=counting` runs only those, `classic` all but those.
+//! With both modules named, the same cells compare GCRA: `CL.THROTTLE`, the
+//! module's `TOLLGATE.GCRA` and the store's GCRA (batches to
+//! `TOLLGATE.CHECK`); `TOLLGATE_BENCH_PART=module` runs only those (also
+//! run with `classic`).
 
 mod counting;
 mod measure;
@@ -471,12 +475,16 @@ fn main() {
         .map(|v| v.parse().expect("TOLLGATE_BENCH_KEYS: a number of keys"));
     let topology = std::env::var("TOLLGATE_BENCH_TOPOLOGY").ok();
     let part = std::env::var("TOLLGATE_BENCH_PART").ok();
-    let (classic, counting) = match part.as_deref() {
-        None => (true, true),
-        Some("classic") => (true, false),
-        Some("counting") => (false, true),
-        Some(other) => panic!("TOLLGATE_BENCH_PART: classic or counting, not {other:?}"),
+    let (classic, counting, module) = match part.as_deref() {
+        None => (true, true, true),
+        Some("classic") => (true, false, true),
+        Some("counting") => (false, true, false),
+        Some("module") => (false, false, true),
+        Some(other) => {
+            panic!("TOLLGATE_BENCH_PART: classic, counting or module, not {other:?}")
+        }
     };
+    let module = module && modules.cell.is_some() && modules.tollgate.is_some();
     let sides: Vec<Side> = [
         Side::Classic,
         Side::Gcra,
@@ -554,8 +562,20 @@ fn main() {
             let client = redis::Client::open(deployment.store_url()).unwrap();
             let conn = client.get_multiplexed_async_connection().await.unwrap();
             let checker = Arc::new(Checker::new(conn, store));
-            let rows = counting::cells(&checker, &mut deployment.admin().await).await;
-            counting::print(&rows);
+            let rows =
+                counting::cells(&checker, &mut deployment.admin().await, &counting::SIDES).await;
+            counting::print(&rows, "Counting rules");
+        }
+        if module {
+            eprintln!("== starting Redis (single, GCRA with the modules)");
+            let deployment = Deployment::single(&modules);
+            let store = tollgate(&deployment.store_url()).await;
+            let client = redis::Client::open(deployment.store_url()).unwrap();
+            let conn = client.get_multiplexed_async_connection().await.unwrap();
+            let checker = Arc::new(Checker::new(conn, store));
+            let mut admin = deployment.admin().await;
+            let rows = counting::cells(&checker, &mut admin, &counting::MODULE_SIDES).await;
+            counting::print(&rows, "GCRA with the modules");
         }
     });
 }

@@ -16,6 +16,8 @@
 //!   server's clock, the TAT stored as the store's Lua code stores it.
 //! - **tollgate**: `DenyCache<RedisStore>`, token bucket, Redis's `TIME`, its
 //!   defaults (batching on one server, the deny cache over it).
+//! - **tollgate GCRA**: the same store, GCRA: with the module loaded, its
+//!   batches go to `TOLLGATE.CHECK`.
 //!
 //! And for counting rules (`counting.rs`), 100 per second:
 //!
@@ -82,6 +84,7 @@ pub(crate) enum Side {
     Cell,
     Module,
     Tollgate,
+    TollgateGcra,
     Envoy,
     HitCounter,
     FixedWindow,
@@ -95,6 +98,7 @@ impl Side {
             Side::Cell => "CL.THROTTLE",
             Side::Module => "tollgate module GCRA",
             Side::Tollgate => "tollgate",
+            Side::TollgateGcra => "tollgate GCRA",
             Side::Envoy => "envoyproxy pipeline",
             Side::HitCounter => "tollgate hit counter",
             Side::FixedWindow => "tollgate fixed window",
@@ -110,7 +114,9 @@ impl Side {
             Side::Cell => format!("cl:{subject}"),
             Side::Module => format!("m:{subject}"),
             Side::Envoy => format!("ratelimit_bench_user_{subject}"),
-            Side::Tollgate | Side::HitCounter | Side::FixedWindow => subject.to_owned(),
+            Side::Tollgate | Side::TollgateGcra | Side::HitCounter | Side::FixedWindow => {
+                subject.to_owned()
+            }
         }
     }
 }
@@ -211,11 +217,12 @@ impl<C: ConnectionLike + Clone + Send + Sync> Checker<C> {
                     .unwrap();
                 count <= RATE
             }
-            Side::Tollgate | Side::HitCounter | Side::FixedWindow => {
+            Side::Tollgate | Side::TollgateGcra | Side::HitCounter | Side::FixedWindow => {
                 let quota = Quota::new(RATE, std::time::Duration::from_secs(period_s)).unwrap();
                 let algorithm = match side {
                     Side::HitCounter => Algorithm::HitCounter,
                     Side::FixedWindow => Algorithm::FixedWindow,
+                    Side::TollgateGcra => Algorithm::Gcra,
                     _ => Algorithm::TokenBucket,
                 };
                 let limit = Limit {
