@@ -57,7 +57,7 @@ pub use policy::{Applied, ConfigFiles, Policy, Resolved};
 pub use policy_handle::PolicyHandle;
 pub use reload::{Fingerprint, Refusal, Reload, ReloadError, Reloader, Safeguards, Trigger};
 pub use rule::{Rule, RuleIndex};
-pub use shed::Shedding;
+pub use shed::{Shedding, ThresholdsSpec};
 pub use store_settings::StoreSettings;
 pub use tollgate_core::FailurePolicy;
 pub use tollgate_core::{ParseDurationError, parse_duration};
