@@ -48,7 +48,7 @@ pub use config::parse_yaml;
 pub use descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 pub use enforcer::{
     AdHoc, Check, Counting, Decided, DescriptorVerdict, Enforcer, NoObserver, Observer, Permit,
-    Prepared, RequestLimits, Shed, State, Verdict,
+    Prepared, Pressure, RequestLimits, Shed, State, UtilizationReport, Verdict,
 };
 pub use error::{ConfigError, ReportError, RequestError, ResetError, Unsupported};
 pub use kill_switch::KillSwitch;
