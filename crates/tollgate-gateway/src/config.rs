@@ -37,8 +37,8 @@ use std::time::Duration;
 use http::HeaderName;
 use serde::Deserialize;
 use tollgate_core::GradientConfig;
-use tollgate_http::{ForwardedHeader, ShedConfig, Shedder, Thresholds};
-use tollgate_policy::ConfigError;
+use tollgate_http::{ForwardedHeader, ShedConfig, Shedder};
+use tollgate_policy::{ConfigError, ThresholdsSpec};
 
 use crate::actions::{Prefix, RateLimitSpec};
 use crate::proxy::Upstream;
@@ -171,11 +171,7 @@ impl Default for ShedSpec {
         } = ShedConfig::default();
         Self {
             priority_header: priority_header.as_str().to_owned(),
-            thresholds: ThresholdsSpec {
-                critical: thresholds.critical,
-                high: thresholds.high,
-                low: thresholds.low,
-            },
+            thresholds: thresholds.into(),
             floor: limit.floor,
             ceiling: limit.ceiling,
             sample_window: Period(limit.sample_window),
@@ -185,15 +181,6 @@ impl Default for ShedSpec {
             retry_after: Period(retry_after),
         }
     }
-}
-
-/// `thresholds: {critical, high, low}`, each a percentage.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ThresholdsSpec {
-    critical: u32,
-    high: u32,
-    low: u32,
 }
 
 impl TryFrom<ShedSpec> for ShedSection {
@@ -211,11 +198,7 @@ impl TryFrom<ShedSpec> for ShedSection {
                 probe_interval: spec.probe_interval.0,
                 buffer_percent: spec.buffer_percent,
             },
-            thresholds: Thresholds {
-                critical: spec.thresholds.critical,
-                high: spec.thresholds.high,
-                low: spec.thresholds.low,
-            },
+            thresholds: spec.thresholds.into(),
             priority_header,
             retry_after: spec.retry_after.0,
         };

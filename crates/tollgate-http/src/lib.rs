@@ -46,6 +46,7 @@
 //! ```
 
 mod client_ip;
+mod grpc;
 pub mod headers;
 mod layer;
 pub mod problem;

@@ -1155,3 +1155,62 @@ rules:
         assert_eq!(*results.0.lock().unwrap(), [vec!["over_limit"]]);
     }
 }
+
+#[tokio::test]
+async fn over_grpc_a_shed_call_answers_unavailable() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+
+    // A shared budget of two calls an hour, shed by tier: the fixed key's
+    // value names no tier, so the calls are low and may spend half of it.
+    let budget = "
+domain: api
+shed: { priority_key: generic_key }
+rules:
+  - name: calls
+    match: [{ key: generic_key }]
+    algorithm: fixed-window
+    limit: { requests: 2, per: 1h }
+    shed: true
+";
+    let layer = RateLimitLayer::builder("api", policy(budget), MemoryStore::default())
+        .descriptor(FixedKey::new("grpc"))
+        .build();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener),
+                async {
+                    let _ = stopped.await;
+                },
+            ),
+    );
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let check = || HealthCheckRequest {
+        service: String::new(),
+    };
+    client.check(check()).await.unwrap();
+    let status = client.check(check()).await.unwrap_err();
+    assert_eq!(
+        status.code(),
+        tonic::Code::Unavailable,
+        "shed, not over a limit: {status:?}"
+    );
+    assert!(status.message().contains("sheds"), "{status:?}");
+    assert!(status.metadata().get("retry-after").is_some());
+    assert!(status.metadata().get("grpc-retry-pushback-ms").is_some());
+    drop(client);
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}

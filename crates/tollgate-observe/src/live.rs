@@ -185,6 +185,9 @@ pub struct Live {
     denied: Mutex<SpaceSaving<Denied>>,
     shadow_denied: Mutex<SpaceSaving<Denied>>,
     store_errors: AtomicU64,
+    /// Requests the enforcer shed, by domain, then tier (critical, high,
+    /// low): only domains of a config shed, so the map stays small.
+    enforcer_shed: Mutex<HashMap<String, [u64; 3]>>,
     samples: Mutex<VecDeque<Sample>>,
     config: Mutex<ConfigState>,
 }
@@ -217,6 +220,7 @@ impl Live {
             denied: Mutex::new(SpaceSaving::new(TOP_KEYS)),
             shadow_denied: Mutex::new(SpaceSaving::new(TOP_KEYS)),
             store_errors: AtomicU64::new(0),
+            enforcer_shed: Mutex::default(),
             samples: Mutex::new(samples),
             config: Mutex::new(ConfigState {
                 source,
@@ -261,6 +265,15 @@ impl Live {
         next.insert(Arc::clone(&series));
         self.index.store(Arc::new(next));
         series
+    }
+
+    /// The requests the enforcer shed in `domain` since start, by tier:
+    /// critical, high, low.
+    pub fn enforcer_shed(&self, domain: &str) -> [u64; 3] {
+        lock(&self.enforcer_shed)
+            .get(domain)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Copies every counter's total, at the service clock's now.
@@ -449,6 +462,14 @@ impl Observer for Observe {
     /// labelled as the metrics label it; offers a denied one to the top-K.
     fn decided(&self, decided: &Decided<'_>) {
         let live = &self.0;
+        if let (Some(shed), Some(domain)) = (&decided.verdict.shed, decided.domain) {
+            let mut sheds = lock(&live.enforcer_shed);
+            let by_tier = match sheds.get_mut(domain) {
+                Some(by_tier) => by_tier,
+                None => sheds.entry(domain.to_owned()).or_default(),
+            };
+            by_tier[shed.tier.index()] += 1;
+        }
         let mut slots = None;
         for (index, verdict) in decided.verdict.descriptors.iter().enumerate() {
             let (rule, kept) = match (decided.domain, &verdict.rule) {
@@ -618,7 +639,8 @@ impl From<&tollgate_http::Snapshot> for GatewayShed {
     }
 }
 
-/// What a shedding domain's service reports.
+/// A shedding domain: what its service reports, and what the enforcer
+/// shed in it (on those reports or on its shared budget).
 #[derive(Debug, Serialize)]
 pub struct Reported {
     /// The domain.
@@ -627,6 +649,9 @@ pub struct Reported {
     pub utilization: Option<f64>,
     /// Instances whose report is fresh.
     pub instances: usize,
+    /// Requests the enforcer shed since start: critical, high, low
+    /// ([`Live::enforcer_shed`]).
+    pub shed: [u64; 3],
 }
 
 #[derive(Debug, Serialize)]

@@ -48,7 +48,7 @@ pub use config::parse_yaml;
 pub use descriptor::{Descriptor, Entry, LimitOverride, Request, Unit};
 pub use enforcer::{
     AdHoc, Check, Counting, Decided, DescriptorVerdict, Enforcer, NoObserver, Observer, Permit,
-    Prepared, RequestLimits, Shed, State, Verdict,
+    Prepared, Pressure, RequestLimits, Shed, State, UtilizationReport, Verdict,
 };
 pub use error::{ConfigError, ReportError, RequestError, ResetError, Unsupported};
 pub use kill_switch::KillSwitch;
@@ -57,7 +57,7 @@ pub use policy::{Applied, ConfigFiles, Policy, Resolved};
 pub use policy_handle::PolicyHandle;
 pub use reload::{Fingerprint, Refusal, Reload, ReloadError, Reloader, Safeguards, Trigger};
 pub use rule::{Rule, RuleIndex};
-pub use shed::Shedding;
+pub use shed::{Shedding, ThresholdsSpec};
 pub use store_settings::StoreSettings;
 pub use tollgate_core::FailurePolicy;
 pub use tollgate_core::{ParseDurationError, parse_duration};

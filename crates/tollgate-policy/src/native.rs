@@ -20,10 +20,10 @@ use tollgate_core::{Algorithm, Quota};
 
 use crate::config::{ConfigErrors, File, Found};
 use crate::domain::Domain;
-use crate::rule::{Action, Limited, Numbered, Priority, Tiers, envoy_limit};
+use crate::rule::{Action, Limited, Numbered, Priority, Shares, Tiers, envoy_limit};
 use crate::shed::{ShedSpec, shedding};
 use crate::tree::Pattern;
-use crate::{FailurePolicy, Rule, parse_duration};
+use crate::{FailurePolicy, Rule, Shedding, parse_duration};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,6 +67,8 @@ struct NativeRule {
     bucket: Option<Spanned<String>>,
     tiers: Option<Spanned<TiersSpec>>,
     priority: Option<Spanned<PrioritySpec>>,
+    /// The domain's shared budget: shed by tier as it fills.
+    shed: Option<Spanned<bool>>,
     delay_after: Option<Spanned<u64>>,
 }
 
@@ -155,6 +157,7 @@ pub(crate) fn compile(file: File<'_>, root: NativeFile) -> Result<(String, Domai
                 spanned,
                 default_algorithm,
                 default_failure,
+                domain.shedding.as_ref(),
                 found,
             )
         }) else {
@@ -226,6 +229,7 @@ fn rule(
     spanned: &Spanned<NativeRule>,
     default_algorithm: Option<Algorithm>,
     default_failure: Option<FailurePolicy>,
+    shedding: Option<&Arc<Shedding>>,
     found: &mut Found,
 ) -> Option<Arc<Rule>> {
     let r = &spanned.value;
@@ -301,9 +305,20 @@ fn rule(
             .map(|(default, tiers)| (Some(default), Some(tiers))),
         (None, None) => Some((None, None)),
     };
-    let priority = match &r.priority {
-        None => Some(None),
-        Some(p) => priority(file, field, p, algorithm, &match_keys, found).map(Some),
+    let priority = match (&r.priority, &r.shed) {
+        (Some(_), Some(shed)) if shed.value => {
+            found.push(file.at(
+                shed,
+                format!("{field}.shed"),
+                "a rule has at most one of `priority` and `shed: true`: both reserve its budget by priority",
+            ));
+            None
+        }
+        (Some(p), _) => priority(file, field, p, algorithm, &match_keys, found).map(Some),
+        (None, Some(shed)) if shed.value => {
+            budget(file, field, shed, shedding, algorithm, &match_keys, found).map(Some)
+        }
+        (None, _) => Some(None),
     };
     let (algorithm, failure, (quota, tiers), priority) = (algorithm?, failure?, limits?, priority?);
     let action = quota.map_or(Action::Unlimited, |quota| {
@@ -439,8 +454,49 @@ fn priority(
     }
     Some(Priority {
         by: p.by.value.clone(),
-        default: p.default.value.clone(),
-        shares: p.shares.iter().map(|(k, v)| (k.clone(), v.value)).collect(),
+        shares: Shares::Classes {
+            default: p.default.value.clone(),
+            percent: p.shares.iter().map(|(k, v)| (k.clone(), v.value)).collect(),
+        },
+    })
+}
+
+/// A rule's `shed: true`: the domain's shared budget, each tier's share the
+/// domain's `shed` threshold, so that its pressure sheds by tier.
+fn budget(
+    file: File<'_>,
+    field: &str,
+    spanned: &Spanned<bool>,
+    shedding: Option<&Arc<Shedding>>,
+    algorithm: Option<Algorithm>,
+    match_keys: &[&str],
+    found: &mut Found,
+) -> Option<Priority> {
+    let sf = format!("{field}.shed");
+    let Some(shedding) = shedding else {
+        found.push(file.at(
+            spanned,
+            sf,
+            "`shed: true` needs the file's `shed:` section (its priority_key and thresholds)",
+        ));
+        return None;
+    };
+    if !match_keys.contains(&shedding.priority_key()) {
+        found.push(file.at(
+            spanned,
+            &sf,
+            format!(
+                "the domain's shed.priority_key {:?} is not one of the rule's match keys {match_keys:?}",
+                shedding.priority_key()
+            ),
+        ));
+    }
+    if algorithm == Some(Algorithm::TokenBucket) {
+        found.push(file.at(spanned, &sf, "a budget shed by tier needs gcra, a leaky bucket, a window or concurrency: a token bucket clamps its stored tokens to the capacity it is checked with"));
+    }
+    Some(Priority {
+        by: shedding.priority_key().to_owned(),
+        shares: Shares::Tiers(Arc::clone(shedding)),
     })
 }
 

@@ -413,9 +413,11 @@ fn match_rule(domain_name: &str, domain: &Domain, descriptor: &Descriptor, cost:
         skip.push(&tiers.by);
     }
     if let Some(priority) = &limited.priority {
-        let class = value_of(&priority.by).filter(|c| priority.shares.contains_key(*c));
-        let share = priority.shares[class.unwrap_or(&priority.default)];
-        quota = reserve(quota, limited.algorithm, share);
+        quota = reserve(
+            quota,
+            limited.algorithm,
+            priority.share(value_of(&priority.by)),
+        );
         skip.push(&priority.by);
     }
     if let Some(unit) = rule.envoy_window {

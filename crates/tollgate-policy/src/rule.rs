@@ -2,11 +2,11 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use tollgate_core::{Algorithm, FailurePolicy, Quota};
+use tollgate_core::{Algorithm, FailurePolicy, Quota, Tier};
 
-use crate::Unit;
 use crate::metadata::Metadata;
 use crate::tree::Pattern;
+use crate::{Descriptor, Shedding, Unit};
 
 /// A quota per tier: the value of the descriptor entry `by` picks it.
 #[derive(Debug, Clone)]
@@ -21,9 +21,39 @@ pub(crate) struct Tiers {
 #[derive(Debug, Clone)]
 pub(crate) struct Priority {
     pub(crate) by: String,
-    pub(crate) default: String,
-    /// Percent of the budget each class may fill, 1 to 100.
-    pub(crate) shares: HashMap<String, u64>,
+    pub(crate) shares: Shares,
+}
+
+/// How much of a reserved budget each class may fill.
+#[derive(Debug, Clone)]
+pub(crate) enum Shares {
+    /// A rule's `priority:` section: classes named freely, each with its
+    /// percent (1 to 100); a request past its class's share is limited (429).
+    Classes {
+        default: String,
+        percent: HashMap<String, u64>,
+    },
+    /// A rule's `shed: true`: the budget is its domain's shared one, each
+    /// priority tier may fill the domain's `shed` threshold of it, and a
+    /// request past its tier's share is shed (503), not limited.
+    Tiers(Arc<Shedding>),
+}
+
+impl Priority {
+    /// The share (percent) of the budget a request whose `by` entry is
+    /// `value` may fill.
+    pub(crate) fn share(&self, value: Option<&str>) -> u64 {
+        match &self.shares {
+            Shares::Classes { default, percent } => {
+                let class = value.filter(|c| percent.contains_key(*c));
+                percent[class.unwrap_or(default)]
+            }
+            Shares::Tiers(shedding) => {
+                let tier = value.map_or(Tier::Low, |v| Tier::from_header(v.as_bytes()));
+                u64::from(shedding.thresholds().of(tier))
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -292,6 +322,35 @@ impl Rule {
         self.limited()
             .and_then(|l| l.priority.as_ref())
             .map(|p| p.by.as_str())
+    }
+
+    /// Whether the rule is its domain's shared budget, shedding by tier as
+    /// it fills (`shed: true`).
+    pub fn sheds_by_tier(&self) -> bool {
+        self.shedding().is_some()
+    }
+
+    /// For its domain's shared budget (`shed: true`): the tier of
+    /// `descriptor` (one this rule matched), its share of the budget in
+    /// percent, and the domain's shedding.
+    pub(crate) fn budget_share<'a>(
+        &'a self,
+        descriptor: &Descriptor,
+    ) -> Option<(Tier, u32, &'a Shedding)> {
+        let shedding = self.shedding()?;
+        let tier = descriptor
+            .entries
+            .iter()
+            .find(|e| e.key == shedding.priority_key())
+            .map_or(Tier::Low, |e| Tier::from_header(e.value.as_bytes()));
+        Some((tier, shedding.thresholds().of(tier), shedding))
+    }
+
+    fn shedding(&self) -> Option<&Shedding> {
+        match &self.limited()?.priority.as_ref()?.shares {
+            Shares::Tiers(shedding) => Some(shedding),
+            Shares::Classes { .. } => None,
+        }
     }
 }
 

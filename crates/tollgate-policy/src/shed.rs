@@ -75,12 +75,50 @@ pub(crate) struct ShedSpec {
     retry_after: Option<Spanned<String>>,
 }
 
-#[derive(Deserialize)]
+/// `thresholds: {critical, high, low}` as a `shed` section writes them, the
+/// policy's and the gateway's alike: each tier's percent, all three given.
+/// Checked by [`Thresholds::validate`] once converted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ThresholdsSpec {
-    critical: u32,
-    high: u32,
-    low: u32,
+pub struct ThresholdsSpec {
+    /// The utilization critical requests may fill.
+    pub critical: u32,
+    /// The utilization high-priority requests may fill.
+    pub high: u32,
+    /// The utilization low-priority requests may fill.
+    pub low: u32,
+}
+
+impl From<ThresholdsSpec> for Thresholds {
+    fn from(
+        ThresholdsSpec {
+            critical,
+            high,
+            low,
+        }: ThresholdsSpec,
+    ) -> Self {
+        Thresholds {
+            critical,
+            high,
+            low,
+        }
+    }
+}
+
+impl From<Thresholds> for ThresholdsSpec {
+    fn from(
+        Thresholds {
+            critical,
+            high,
+            low,
+        }: Thresholds,
+    ) -> Self {
+        ThresholdsSpec {
+            critical,
+            high,
+            low,
+        }
+    }
 }
 
 /// The section's [`Shedding`], each bad field reported at its line.
@@ -100,13 +138,9 @@ pub(crate) fn shedding(
     };
     let thresholds = match &spec.thresholds {
         Some(t) => found.keep(
-            Thresholds {
-                critical: t.value.critical,
-                high: t.value.high,
-                low: t.value.low,
-            }
-            .validate()
-            .map_err(|e| file.at(t, "shed.thresholds", e.to_string())),
+            Thresholds::from(t.value)
+                .validate()
+                .map_err(|e| file.at(t, "shed.thresholds", e.to_string())),
         ),
         None => Some(Thresholds::default()),
     };

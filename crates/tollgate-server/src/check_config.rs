@@ -367,7 +367,14 @@ fn row(domain: &str, rule: &Rule) -> RuleRow {
     flags.extend(rule.replaces().iter().map(|r| format!("replaces:{r}")));
     flags.extend(rule.bucket().map(|b| format!("bucket:{b}")));
     flags.extend(rule.tiered_by().map(|k| format!("tiers:{k}")));
-    flags.extend(rule.priority_by().map(|k| format!("priority:{k}")));
+    flags.extend(rule.priority_by().map(|k| {
+        let kind = if rule.sheds_by_tier() {
+            "shed"
+        } else {
+            "priority"
+        };
+        format!("{kind}:{k}")
+    }));
     RuleRow {
         domain: domain.to_owned(),
         rule: rule.id().to_owned(),

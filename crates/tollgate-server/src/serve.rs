@@ -59,7 +59,8 @@ use tollgate_store::FastClock;
 /// How long requests in flight may take to finish once a shutdown starts.
 pub const GRACE: Duration = Duration::from_secs(10);
 
-/// How long one Redis round trip of the quota service may take.
+/// How long one Redis round trip of the quota service, or of shared
+/// utilization reports, may take: neither is a request's check.
 const RLQS_REDIS_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How often histograms are folded for `/metrics`.
@@ -402,8 +403,21 @@ async fn launch(
         let enforcer = Arc::clone(&enforcer);
         Some(Box::new(move || enforcer.store().health()))
     };
+    let shared_reports = enforcer.store().redis().map(|redis| {
+        Arc::new(utilization::Shared::new(
+            redis.cells("utilization", RLQS_REDIS_TIMEOUT),
+        ))
+    });
+    if let Some(shared) = &shared_reports {
+        tokio::spawn(utilization::follow(
+            Arc::clone(shared),
+            Arc::clone(&enforcer),
+            stopped.clone(),
+        ));
+    }
     let state = Arc::new(AppState {
         enforcer: Arc::clone(&enforcer),
+        shared_reports,
         metrics: metrics_handle.clone(),
         store_metrics,
         store_health,

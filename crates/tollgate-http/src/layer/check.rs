@@ -124,9 +124,13 @@ impl Denied {
     pub(crate) fn response(&self, answer: Answer) -> Response<Bytes> {
         let Reported { verdict, style } = &self.0;
         if let Some(shed) = &verdict.shed {
-            // Shed on the utilization the service reports: the same 503 as
-            // the shedder in front of an upstream answers, not a 429 (the
-            // client is not over a limit of its own).
+            // Shed on the utilization the service reports or its shared
+            // budget: the same 503 (UNAVAILABLE to gRPC) as the shedder in
+            // front of an upstream answers, not a 429 (the client is not
+            // over a limit of its own).
+            if answer == Answer::Grpc {
+                return shed::overloaded_grpc(shed.retry_after);
+            }
             let (seconds, body) = shed::overloaded_body(shed.retry_after);
             return shed::overloaded(body, HeaderValue::from(seconds));
         }

@@ -21,14 +21,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, VARY};
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use tollgate_core::Nanos;
 
-use crate::HeaderStyle;
 use crate::headers::{
     LimitReport, ceil_millis, ceil_secs, most_restrictive, reset_epoch_secs, retry_after_secs,
 };
 use crate::problem::{self, Format};
+use crate::{HeaderStyle, grpc};
 
 /// How a denied request is answered, from what the request says of its client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,11 +46,7 @@ impl Answer {
     /// request never needs it, and a browser's `Accept` takes longer to read
     /// than the check.
     pub(crate) fn of(headers: &HeaderMap) -> Self {
-        let grpc = headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/grpc"));
-        if grpc {
+        if grpc::is_grpc(headers) {
             Self::Grpc
         } else {
             Self::Http(Format::negotiate(headers))
@@ -231,7 +227,7 @@ fn make(
     let retry_after = retry_after_secs(&reported.decision);
     let message = problem::message(reported.name, retry_after);
     let format = match answer {
-        Answer::Grpc => return grpc_status(headers, GRPC_RESOURCE_EXHAUSTED, &message),
+        Answer::Grpc => return grpc::trailers_only(headers, grpc::RESOURCE_EXHAUSTED, &message),
         Answer::Http(format) => format,
     };
     let body = problem::body(format, limits, &message, retry_after);
@@ -245,26 +241,6 @@ fn make(
     );
     // The body's format follows `Accept`: caches must know.
     headers.insert(VARY, HeaderValue::from_static("accept"));
-    response
-}
-
-/// gRPC's `RESOURCE_EXHAUSTED`.
-const GRPC_RESOURCE_EXHAUSTED: u16 = 8;
-
-/// A gRPC trailers-only response: HTTP 200, the status in the headers, no body.
-fn grpc_status(headers: HeaderMap, code: u16, message: &str) -> Response<Bytes> {
-    let mut response = Response::new(Bytes::new());
-    *response.headers_mut() = headers;
-    let h = response.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    h.insert(
-        HeaderName::from_static("grpc-status"),
-        HeaderValue::from(code),
-    );
-    // Printable ASCII without `%` needs no percent-encoding.
-    if let Ok(message) = HeaderValue::from_str(message) {
-        h.insert(HeaderName::from_static("grpc-message"), message);
-    }
     response
 }
 

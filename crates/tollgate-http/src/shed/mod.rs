@@ -11,5 +11,5 @@ mod shedder;
 pub use layer::ShedLayer;
 pub use service::Shed;
 pub use shedder::{InFlight, Overloaded, ShedConfig, ShedConfigError, Shedder, Snapshot};
-pub(crate) use shedder::{overloaded, overloaded_body};
+pub(crate) use shedder::{overloaded, overloaded_body, overloaded_grpc};
 pub use tollgate_core::{Thresholds, ThresholdsError, Tier};

@@ -18,7 +18,8 @@ use crate::ResponseBody;
 /// is low). It is let through while the requests in flight, over the
 /// [`Shedder`]'s learned limit, are under its tier's threshold; otherwise it
 /// is answered here with `503 Service Unavailable`, `Retry-After` and a JSON
-/// body (`{"error": "overloaded", …}`) and never reaches the inner service.
+/// body (`{"error": "overloaded", …}`), or a gRPC call with `UNAVAILABLE`,
+/// and never reaches the inner service.
 /// The time from the call to the inner service's response is a latency
 /// sample that moves the limit.
 #[derive(Debug, Clone)]
@@ -74,7 +75,7 @@ where
         };
         match self.shedder.admit(tier) {
             Ok(in_flight) => ResponseFuture::called(self.inner.call(request), in_flight),
-            Err(_) => ResponseFuture::shed(self.shedder.response()),
+            Err(_) => ResponseFuture::shed(self.shedder.response(request.headers())),
         }
     }
 }

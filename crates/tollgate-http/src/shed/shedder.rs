@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::grpc;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
@@ -246,11 +247,17 @@ impl Shedder {
         }
     }
 
-    /// A shed request's answer: `503` with `Retry-After` and a JSON body
-    /// (Stripe answers load shedding with 503, not 429: the client is not
-    /// over its own limit, the service is full).
-    pub fn response(&self) -> Response<Bytes> {
-        overloaded(self.body.clone(), self.retry_after.clone())
+    /// A shed request's answer, to a client that sent `headers`: `503` with
+    /// `Retry-After` and a JSON body (Stripe answers load shedding with
+    /// 503, not 429: the client is not over its own limit, the service is
+    /// full); to a gRPC client, its equivalent, `UNAVAILABLE`
+    /// ([`overloaded_grpc`]).
+    pub fn response(&self, headers: &HeaderMap) -> Response<Bytes> {
+        if grpc::is_grpc(headers) {
+            overloaded_grpc(self.config.retry_after)
+        } else {
+            overloaded(self.body.clone(), self.retry_after.clone())
+        }
     }
 }
 
@@ -275,6 +282,24 @@ pub(crate) fn overloaded(body: Bytes, retry_after: HeaderValue) -> Response<Byte
     headers.insert(RETRY_AFTER, retry_after);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
+}
+
+/// A shed call's answer to a gRPC client: `UNAVAILABLE` (retryable, where
+/// `RESOURCE_EXHAUSTED` is a limit's) in a trailers-only response, with
+/// `Retry-After` and gRPC's retry pushback (`grpc-retry-pushback-ms`) so
+/// a client's retry policy waits as long.
+pub(crate) fn overloaded_grpc(retry_after: Duration) -> Response<Bytes> {
+    let seconds = (retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0)).max(1);
+    let mut headers = HeaderMap::new();
+    headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+    headers.insert(
+        HeaderName::from_static("grpc-retry-pushback-ms"),
+        HeaderValue::from(seconds.saturating_mul(1000)),
+    );
+    let message = format!(
+        "the service is overloaded and sheds this call's priority tier; retry in {seconds} s"
+    );
+    grpc::trailers_only(headers, grpc::UNAVAILABLE, &message)
 }
 
 /// `in_flight` over `limit`, in percent, saturating.
@@ -366,12 +391,37 @@ mod tests {
             retry_after: Duration::from_millis(1_500),
             ..ShedConfig::default()
         };
-        let response = Shedder::new(config).unwrap().response();
+        let response = Shedder::new(config).unwrap().response(&HeaderMap::new());
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[RETRY_AFTER], "2");
         let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
         assert_eq!(body["error"], "overloaded");
         assert_eq!(body["retry_after"], 2);
+    }
+
+    #[test]
+    fn a_shed_grpc_call_gets_unavailable_not_resource_exhausted() {
+        let config = ShedConfig {
+            retry_after: Duration::from_millis(1_500),
+            ..ShedConfig::default()
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc+proto"),
+        );
+        let response = Shedder::new(config).unwrap().response(&headers);
+        assert_eq!(response.status(), StatusCode::OK, "trailers-only");
+        let h = response.headers();
+        assert_eq!(h[CONTENT_TYPE], "application/grpc");
+        assert_eq!(h["grpc-status"], "14", "UNAVAILABLE");
+        assert_eq!(h[RETRY_AFTER], "2");
+        assert_eq!(h["grpc-retry-pushback-ms"], "2000");
+        assert!(
+            h["grpc-message"].to_str().unwrap().contains("retry in 2 s"),
+            "{h:?}"
+        );
+        assert!(response.body().is_empty());
     }
 
     #[test]

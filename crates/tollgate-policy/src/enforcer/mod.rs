@@ -61,8 +61,9 @@ pub use observer::{Decided, NoObserver, Observer};
 pub use permit::Permit;
 use plan::{Call, Mode, Plan, Settings, Step};
 pub use request::{AdHoc, Check, Prepared, RequestLimits};
-pub use verdict::{DescriptorVerdict, Shed, State, Verdict};
+pub use verdict::{DescriptorVerdict, Pressure, Shed, State, Verdict};
 
+pub use reports::UtilizationReport;
 use reports::{MAX_INSTANCES, Reports};
 
 use crate::{
@@ -466,6 +467,34 @@ impl<S: Store> Enforcer<S> {
             })
     }
 
+    /// The fresh reports of `domain`'s service this enforcer knows of, each
+    /// instance's latest: what a replica shares with the others through
+    /// the store. Empty when the domain does not shed.
+    pub fn utilization_reports(&self, domain: &str) -> Vec<UtilizationReport> {
+        let policy = self.policy.guard();
+        let Some(shedding) = policy.shedding(domain) else {
+            return Vec::new();
+        };
+        self.reports
+            .fresh(domain, self.clock.now(), shedding.report_ttl())
+    }
+
+    /// Takes the reports another replica shares through the store (its
+    /// [`Enforcer::utilization_reports`]) into what `domain`'s checks are
+    /// shed by: each instance's later report wins, stale ones are dropped.
+    /// Nothing happens for a domain that does not shed.
+    pub fn merge_utilization_reports(
+        &self,
+        domain: &str,
+        reports: impl IntoIterator<Item = UtilizationReport>,
+    ) {
+        let policy = self.policy.guard();
+        if let Some(shedding) = policy.shedding(domain) {
+            self.reports
+                .merge(domain, reports, self.clock.now(), shedding.report_ttl());
+        }
+    }
+
     /// The utilization `domain`'s service reports now: the mean of its
     /// instances' fresh reports, and how many there are. `None` when the
     /// domain does not shed or has no fresh report.
@@ -510,9 +539,40 @@ impl<S: Store> Enforcer<S> {
         let tier = shedding.tier(request.descriptors);
         (!shedding.thresholds().admits(tier, utilization.percent())).then(|| Shed {
             tier,
-            utilization,
+            pressure: Pressure::Reported(utilization),
             retry_after: shedding.retry_after(),
         })
+    }
+
+    /// The shed of a denied request that only its domain's shared budgets
+    /// (rules with `shed: true`) denied, each past the share of a tier below
+    /// critical: the budget has room, the tier's share of it does not, so
+    /// the request is shed (503) rather than limited (429). Critical, whose
+    /// share is the whole budget, is limited when the budget is spent.
+    fn budget_shed(request: &Request<'_>, verdict: &Verdict) -> Option<Shed> {
+        let mut shed: Option<Shed> = None;
+        for (d, descriptor) in verdict.descriptors.iter().zip(request.descriptors) {
+            if d.allowed() {
+                continue;
+            }
+            if d.state != State::Limited {
+                return None;
+            }
+            let (tier, share, shedding) = d.rule.as_ref()?.budget_share(descriptor)?;
+            if share >= 100 {
+                return None;
+            }
+            let retry_after = d
+                .decision
+                .and_then(|d| d.retry_after())
+                .unwrap_or(shedding.retry_after());
+            shed = Some(Shed {
+                tier,
+                pressure: Pressure::Budget(share),
+                retry_after: shed.map_or(retry_after, |s| s.retry_after.max(retry_after)),
+            });
+        }
+        shed
     }
 
     /// The limits of `request` under `policy`, and whether its descriptors
@@ -646,6 +706,9 @@ impl<S: Store> Enforcer<S> {
             permit,
             shed: None,
         };
+        if !verdict.allowed() {
+            verdict.shed = Self::budget_shed(request, &verdict).map(Box::new);
+        }
         // Limits checked on their own may have admitted a request that
         // another denied: it holds no concurrency then.
         if !verdict.allowed() && !verdict.permit.is_empty() {

@@ -1,5 +1,7 @@
 //! The utilization reports of the services behind the domains that shed
-//! ([`Reports`]): each instance's latest, counted while fresh.
+//! ([`Reports`]): each instance's latest, counted while fresh. This is the
+//! view every check reads; replicas that share a store merge each other's
+//! reports into it ([`Reports::merge`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,6 +21,19 @@ type Instances = HashMap<String, (Utilization, Nanos)>;
 #[derive(Debug, Default)]
 pub(crate) struct Reports {
     domains: Mutex<HashMap<String, Instances>>,
+}
+
+/// One instance's latest utilization report, as replicas share them
+/// through the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UtilizationReport {
+    /// The reporting instance (empty for an unnamed one).
+    pub instance: String,
+    /// What it reported.
+    pub utilization: Utilization,
+    /// When, in the enforcer clock's nanoseconds (the Unix epoch's with
+    /// the wall clock every replica reads).
+    pub at: Nanos,
 }
 
 /// Why a report was refused.
@@ -44,6 +59,48 @@ impl Reports {
         }
         instances.insert(instance.to_owned(), (utilization, now));
         Ok(())
+    }
+
+    /// Takes `reports` (another replica's view of `domain`) into this one:
+    /// each instance's later report wins, and reports older than `ttl` at
+    /// `now` are dropped, as are any past [`MAX_INSTANCES`].
+    pub(crate) fn merge(
+        &self,
+        domain: &str,
+        reports: impl IntoIterator<Item = UtilizationReport>,
+        now: Nanos,
+        ttl: Duration,
+    ) {
+        let mut domains = self.lock();
+        let instances = domains.entry(domain.to_owned()).or_default();
+        instances.retain(|_, (_, at)| fresh(*at, now, ttl));
+        for report in reports.into_iter().filter(|r| fresh(r.at, now, ttl)) {
+            let full = instances.len() >= MAX_INSTANCES;
+            match instances.get_mut(&report.instance) {
+                Some(kept) if kept.1 >= report.at => {}
+                Some(kept) => *kept = (report.utilization, report.at),
+                None if full => {}
+                None => {
+                    instances.insert(report.instance, (report.utilization, report.at));
+                }
+            }
+        }
+    }
+
+    /// `domain`'s reports made within `ttl` of `now`, each instance's latest.
+    pub(crate) fn fresh(&self, domain: &str, now: Nanos, ttl: Duration) -> Vec<UtilizationReport> {
+        let domains = self.lock();
+        domains.get(domain).map_or_else(Vec::new, |instances| {
+            instances
+                .iter()
+                .filter(|(_, (_, at))| fresh(*at, now, ttl))
+                .map(|(instance, &(utilization, at))| UtilizationReport {
+                    instance: instance.clone(),
+                    utilization,
+                    at,
+                })
+                .collect()
+        })
     }
 
     /// The mean of `domain`'s reports made within `ttl` of `now` (the
@@ -135,6 +192,45 @@ mod tests {
             reports.current("api", 19 * SECOND, TTL),
             None,
             "no fresh report sheds nothing"
+        );
+    }
+
+    #[test]
+    fn merged_reports_keep_each_instances_latest_while_fresh() {
+        let reports = Reports::default();
+        reports
+            .report("api", "a", percent(90), 5 * SECOND, TTL)
+            .unwrap();
+        let shared = |instance: &str, p, at| UtilizationReport {
+            instance: instance.to_owned(),
+            utilization: percent(p),
+            at,
+        };
+        reports.merge(
+            "api",
+            [
+                shared("a", 10, 4 * SECOND),
+                shared("b", 30, 6 * SECOND),
+                shared("stale", 99, 0),
+            ],
+            11 * SECOND,
+            TTL,
+        );
+        assert_eq!(
+            reports.current("api", 11 * SECOND, TTL),
+            Some((percent(60), 2)),
+            "a's own later report wins; a stale one is dropped"
+        );
+        let mut fresh = reports.fresh("api", 11 * SECOND, TTL);
+        fresh.sort_by(|x, y| x.instance.cmp(&y.instance));
+        assert_eq!(
+            fresh,
+            [shared("a", 90, 5 * SECOND), shared("b", 30, 6 * SECOND)]
+        );
+        reports.merge("api", [shared("a", 20, 7 * SECOND)], 11 * SECOND, TTL);
+        assert_eq!(
+            reports.current("api", 11 * SECOND, TTL),
+            Some((percent(25), 2))
         );
     }
 

@@ -131,10 +131,12 @@ pub struct Verdict {
     /// [`Enforcer::release`](crate::Enforcer::release) when it ends. Empty unless a concurrency limit
     /// admitted it.
     pub permit: Permit,
-    /// The request was shed before any limit was checked: its domain's
-    /// service reports a utilization past its tier's threshold. Nothing was
-    /// charged. Boxed: most verdicts have none, and a verdict lives in
-    /// every door's check future, which must stay small.
+    /// The request was shed: its domain's service reports a utilization
+    /// past its tier's threshold (decided before any limit was checked), or
+    /// its domain's shared budget is past its tier's share (decided by the
+    /// store, all-or-nothing). Nothing was charged. Boxed: most verdicts
+    /// have none, and a verdict lives in every door's check future, which
+    /// must stay small.
     pub shed: Option<Box<Shed>>,
 }
 
@@ -144,10 +146,24 @@ pub struct Verdict {
 pub struct Shed {
     /// The request's tier.
     pub tier: Tier,
-    /// The utilization it was shed at.
-    pub utilization: Utilization,
-    /// When to try again (the domain's `shed.retry_after`).
+    /// The pressure that shed it.
+    pub pressure: Pressure,
+    /// When to try again: for a report, the domain's `shed.retry_after`;
+    /// for the budget, when the store says the tier's share has room again.
     pub retry_after: Duration,
+}
+
+/// The pressure a request was shed on: whichever passed its tier's
+/// threshold first (a request is shed when the larger of the two does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pressure {
+    /// The utilization its domain's service reported (or the check carried).
+    Reported(Utilization),
+    /// Its domain's shared budget (a rule with `shed: true`): charging the
+    /// request would take the budget's spent fraction past this share (the
+    /// tier's threshold, in percent). The store answers only that, not by
+    /// how much.
+    Budget(u32),
 }
 
 impl Verdict {

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use tollgate_core::{Clock, ManualClock, Tier, Utilization};
 use tollgate_policy::{
-    Check, Descriptor, Enforcer, Entry, Policy, ReportError, Request, RequestLimits, Shed, Verdict,
+    Check, Descriptor, Enforcer, Entry, Policy, Pressure, ReportError, Request, RequestLimits,
+    Shed, Verdict,
 };
 use tollgate_store::{MemoryConfig, MemoryStore};
 
@@ -132,7 +133,7 @@ async fn a_shed_request_is_charged_nothing_and_says_why() {
             verdict.shed,
             Some(Box::new(Shed {
                 tier: Tier::Low,
-                utilization: percent(60),
+                pressure: Pressure::Reported(percent(60)),
                 retry_after: Duration::from_secs(2),
             })),
             "no priority entry is low"
@@ -177,7 +178,10 @@ async fn the_fleet_is_the_mean_of_its_instances_reports() {
         .unwrap();
     assert_eq!(enforcer.reported_utilization("api"), Some((percent(55), 2)));
     let verdict = check(&enforcer, "api", Some("low"), None).await;
-    assert_eq!(verdict.shed.map(|s| s.utilization), Some(percent(55)));
+    assert_eq!(
+        verdict.shed.map(|s| s.pressure),
+        Some(Pressure::Reported(percent(55)))
+    );
     assert!(check(&enforcer, "api", Some("high"), None).await.allowed());
 }
 
@@ -252,6 +256,151 @@ async fn an_instance_name_past_the_value_limit_is_refused() {
     enforcer
         .report_utilization("api", "pod-1", percent(10))
         .unwrap();
+}
+
+/// Ten requests a minute for the whole fleet, whatever the user: the
+/// domain's shared budget, shed by tier as it fills.
+const BUDGET: &str = "
+domain: api
+shed:
+  thresholds: { critical: 100, high: 70, low: 50 }
+  retry_after: 2s
+rules:
+  - name: fleet
+    match: [{ key: priority }]
+    algorithm: fixed-window
+    limit: { requests: 10, per: 1m }
+    shed: true
+";
+
+/// One check of the fleet budget at `tier`.
+async fn spend(enforcer: &Enforcer<MemoryStore<ManualClock>>, tier: &str) -> Verdict {
+    let descriptors = [Descriptor {
+        entries: vec![Entry::new("priority", tier)],
+        ..Descriptor::default()
+    }];
+    enforcer
+        .enforce(Check::Policy(Request {
+            domain: "api",
+            descriptors: &descriptors,
+            hits_addend: 1,
+        }))
+        .await
+        .expect("a valid request")
+}
+
+#[tokio::test]
+async fn a_shared_budget_sheds_each_tier_past_its_share_and_limits_critical_past_the_whole() {
+    let Fixture { enforcer, .. } = fixture(BUDGET);
+    // Low may spend the budget up to 50 %: five of ten.
+    for _ in 0..5 {
+        assert!(spend(&enforcer, "low").await.allowed());
+    }
+    let shed = spend(&enforcer, "low").await;
+    let expected = |tier, share| Shed {
+        tier,
+        pressure: Pressure::Budget(share),
+        // The fixed window's end: when the tier's share has room again.
+        retry_after: Duration::from_secs(59),
+    };
+    assert_eq!(shed.shed.as_deref(), Some(&expected(Tier::Low, 50)));
+    assert!(!shed.allowed() && shed.permit.is_empty());
+    assert_eq!(
+        spend(&enforcer, "unknown").await.shed.map(|s| s.tier),
+        Some(Tier::Low),
+        "an unknown tier is low"
+    );
+    // A shed was charged nothing: high still gets its two to 70 %.
+    for _ in 0..2 {
+        assert!(
+            spend(&enforcer, "HIGH").await.allowed(),
+            "tiers in any case"
+        );
+    }
+    assert_eq!(
+        spend(&enforcer, "high").await.shed.as_deref(),
+        Some(&expected(Tier::High, 70))
+    );
+    // Critical spends the rest, then is over the limit: limited, not shed.
+    for _ in 0..3 {
+        assert!(spend(&enforcer, "critical").await.allowed());
+    }
+    let limited = spend(&enforcer, "critical").await;
+    assert!(!limited.allowed() && limited.shed.is_none());
+}
+
+#[tokio::test]
+async fn a_request_another_limit_denies_is_limited_not_shed() {
+    let text = "
+domain: api
+shed: {}
+rules:
+  - name: fleet
+    match: [{ key: priority }]
+    algorithm: gcra
+    limit: { requests: 100, per: 1s }
+    shed: true
+  - name: per-user
+    match: [{ key: user }]
+    limit: { requests: 1, per: 1h }
+";
+    let Fixture { enforcer, .. } = fixture(text);
+    let descriptors = [
+        Descriptor {
+            entries: vec![Entry::new("priority", "low")],
+            ..Descriptor::default()
+        },
+        Descriptor {
+            entries: vec![Entry::new("user", "u1")],
+            ..Descriptor::default()
+        },
+    ];
+    let with_user = async || {
+        enforcer
+            .enforce(Check::Policy(Request {
+                domain: "api",
+                descriptors: &descriptors,
+                hits_addend: 1,
+            }))
+            .await
+            .unwrap()
+    };
+    assert!(with_user().await.allowed());
+    for _ in 0..49 {
+        assert!(spend(&enforcer, "low").await.allowed());
+    }
+    // Past low's share of the budget and over the user's own limit.
+    let verdict = with_user().await;
+    assert!(!verdict.allowed() && verdict.shed.is_none());
+    assert_eq!(
+        spend(&enforcer, "low").await.shed.map(|s| s.tier),
+        Some(Tier::Low)
+    );
+}
+
+#[test]
+fn a_shared_budget_needs_the_domains_shed_section_and_its_priority_key() {
+    let refused = |text: &str| Policy::parse("test.yaml", text).unwrap_err().to_string();
+    let rule = "rules:\n  - name: fleet\n    match: [{ key: tier }]\n    limit: { requests: 10, per: 1s }\n    shed: true\n";
+    let e = refused(&format!("domain: api\n{rule}"));
+    assert!(
+        e.contains("test.yaml:6:") && e.contains("rules[0].shed") && e.contains("`shed:` section"),
+        "{e}"
+    );
+    let e = refused(&format!("domain: api\nshed: {{}}\n{rule}"));
+    assert!(
+        e.contains("shed.priority_key \"priority\" is not one of the rule's match keys"),
+        "{e}"
+    );
+    let e = refused(&format!(
+        "domain: api\nshed: {{ priority_key: tier }}\n{rule}    algorithm: token-bucket\n"
+    ));
+    assert!(e.contains("a token bucket clamps"), "{e}");
+    Policy::parse(
+        "test.yaml",
+        &format!("domain: api\nshed: {{ priority_key: tier }}\n{rule}"),
+    )
+    .expect("a budget keyed by the domain's priority key");
 }
 
 #[test]

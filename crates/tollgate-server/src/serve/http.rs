@@ -377,6 +377,7 @@ async fn live_json<S: Store + 'static>(
                     domain: domain.to_owned(),
                     utilization: reported.map(|(u, _)| f64::from(u.percent()) / 100.0),
                     instances: reported.map_or(0, |(_, n)| n),
+                    shed: state.live.enforcer_shed(domain),
                 }
             })
             .collect(),
@@ -463,6 +464,7 @@ mod tests {
             store_metrics: None,
             store_health: None,
             quotas: None,
+            shared_reports: None,
             gateway_shedder: None,
             live: test_live(),
             admin_token: admin_token.map(|t| t.parse().expect("a token")),
@@ -580,6 +582,7 @@ mod tests {
                 store_metrics: None,
                 store_health: None,
                 quotas: None,
+                shared_reports: None,
                 gateway_shedder: None,
                 live: test_live(),
                 admin_token: None,
@@ -645,6 +648,7 @@ mod tests {
                 store_metrics: None,
                 store_health: None,
                 quotas: None,
+                shared_reports: None,
                 gateway_shedder: None,
                 live: test_live(),
                 admin_token: None,

@@ -54,7 +54,7 @@ use tollgate_policy::{Descriptor, Entry, LimitOverride, Request, Unit, parse_dur
 use super::state::{ApiError, AppState};
 use tollgate_http::headers::ceil_millis;
 use tollgate_observe::metrics::{self, Api, CheckResult};
-use tollgate_policy::{AdHoc, Check, DescriptorVerdict, Enforcer, Shed, Verdict};
+use tollgate_policy::{AdHoc, Check, DescriptorVerdict, Enforcer, Pressure, Shed, Verdict};
 
 /// A check against the policy.
 #[derive(Debug, Deserialize)]
@@ -621,16 +621,34 @@ fn render(verdict: &Verdict, style: HeaderStyle) -> Response {
 fn shed_response(shed: &Shed, verdict: &Verdict) -> Response {
     let seconds = shed.retry_after.as_secs() + u64::from(shed.retry_after.subsec_nanos() > 0);
     let tier = shed.tier.name();
-    let percent = shed.utilization.percent();
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "allowed": false,
         "code": "shed",
-        "message": format!("the service is at {percent} % of its capacity and sheds {tier}-priority requests; retry in {seconds} s"),
         "tier": tier,
-        "utilization": f64::from(percent) / 100.0,
         "retry_after_ms": ceil_millis(shed.retry_after),
         "descriptors": verdict.descriptors.iter().map(descriptor).collect::<Vec<_>>(),
     });
+    let (message, field, percent) = match shed.pressure {
+        Pressure::Reported(utilization) => {
+            let percent = utilization.percent();
+            (
+                format!(
+                    "the service is at {percent} % of its capacity and sheds {tier}-priority requests; retry in {seconds} s"
+                ),
+                "utilization",
+                percent,
+            )
+        }
+        Pressure::Budget(share) => (
+            format!(
+                "the shared budget is past {share} % spent, where {tier}-priority requests are shed; retry in {seconds} s"
+            ),
+            "budget_share",
+            share,
+        ),
+    };
+    body["message"] = message.into();
+    body[field] = (f64::from(percent) / 100.0).into();
     let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
     response
         .headers_mut()

@@ -30,6 +30,9 @@ pub(crate) struct AppState<S> {
     /// The Rate Limit Quota Service's rules as Envoys hold them, for
     /// `/live.json`; `None` where no quota service runs.
     pub(crate) quotas: Option<Box<dyn Fn() -> Vec<live::QuotaView> + Send + Sync>>,
+    /// Where utilization reports are shared with the other replicas
+    /// (`--redis`); `None` in memory, where they stay in this instance.
+    pub(crate) shared_reports: Option<Arc<super::utilization::Shared>>,
     /// The gateway's load shedder, shown on the live page; `None` without
     /// one.
     pub(crate) gateway_shedder: Option<Arc<tollgate_http::Shedder>>,

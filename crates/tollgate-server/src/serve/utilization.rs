@@ -10,17 +10,130 @@
 //! mean of its instances' fresh reports, each instance's latest replacing
 //! its last. Answers `{"domain": "api", "utilization": 0.61, "instances":
 //! 3}`, what the domain's checks are shed at now.
+//!
+//! Reports live in the store: in memory, the receiving instance's; with
+//! `--redis`, in Redis too ([`Shared`]), so a report posted to one replica
+//! sheds at every replica alike.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use tollgate_core::{Store, Utilization};
+use tokio::sync::watch;
+use tollgate_core::{Store, StoreError, Utilization};
+use tollgate_policy::{Enforcer, UtilizationReport};
+use tollgate_redis::Cells;
 
 use super::state::{ApiError, AppState};
+
+/// How often a replica reads the reports the others shared: a report
+/// posted to one replica sheds at the others within this.
+pub(crate) const SYNC: Duration = Duration::from_secs(1);
+
+/// A write that lost to another replica's is tried again this many times.
+const ATTEMPTS: u32 = 8;
+
+/// The utilization reports of every shedding domain, shared by the replicas
+/// of one Redis: each domain's fresh reports (each instance's latest) in one
+/// compare-and-set cell, `utilization:<domain>`, which lapses one
+/// `shed.report_ttl` after its last write, so a fleet that stops reporting
+/// leaves nothing behind.
+pub(crate) struct Shared {
+    cells: Cells,
+}
+
+/// A report as the cell keeps it: instance, percent, epoch nanoseconds.
+type Wire = (String, u32, u64);
+
+impl Shared {
+    pub(crate) fn new(cells: Cells) -> Self {
+        Self { cells }
+    }
+
+    /// Takes the shared reports of `domain` into `enforcer`'s, then writes
+    /// back the union (this replica's own included), pruned of stale ones.
+    pub(crate) async fn publish<S: Store>(
+        &self,
+        enforcer: &Enforcer<S>,
+        domain: &str,
+    ) -> Result<(), StoreError> {
+        let Some(ttl) = enforcer.policy().shedding(domain).map(|s| s.report_ttl()) else {
+            return Ok(());
+        };
+        for _ in 0..ATTEMPTS {
+            let version = self.pull(enforcer, domain).await?;
+            let reports: Vec<Wire> = enforcer
+                .utilization_reports(domain)
+                .into_iter()
+                .map(|r| (r.instance, r.utilization.percent(), r.at))
+                .collect();
+            let value = serde_json::to_vec(&reports).expect("reports serialize");
+            if self.cells.put(&key(domain), version, &value, ttl).await? {
+                return Ok(());
+            }
+        }
+        Err(StoreError::Backend {
+            retryable: true,
+            source: format!("the reports of {domain:?} kept changing under {ATTEMPTS} writes")
+                .into(),
+        })
+    }
+
+    /// Takes the shared reports of `domain` into `enforcer`'s; returns the
+    /// cell's version (`None`: no cell).
+    async fn pull<S: Store>(
+        &self,
+        enforcer: &Enforcer<S>,
+        domain: &str,
+    ) -> Result<Option<u64>, StoreError> {
+        let Some(cell) = self.cells.get(&key(domain)).await? else {
+            return Ok(None);
+        };
+        // A cell this build cannot read is written over by the next report.
+        let reports: Vec<Wire> = serde_json::from_slice(&cell.value).unwrap_or_default();
+        enforcer.merge_utilization_reports(
+            domain,
+            reports
+                .into_iter()
+                .map(|(instance, percent, at)| UtilizationReport {
+                    instance,
+                    utilization: Utilization::from_percent(percent),
+                    at,
+                }),
+        );
+        Ok(Some(cell.version))
+    }
+}
+
+fn key(domain: &str) -> String {
+    format!("utilization:{domain}")
+}
+
+/// Every [`SYNC`], takes what the other replicas shared of every shedding
+/// domain into `enforcer`, until `stopped`.
+pub(crate) async fn follow<S: Store>(
+    shared: Arc<Shared>,
+    enforcer: Arc<Enforcer<S>>,
+    mut stopped: watch::Receiver<()>,
+) {
+    let mut ticks = tokio::time::interval(SYNC);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stopped.changed() => return,
+        }
+        let policy = enforcer.policy();
+        for domain in policy.domains().filter(|d| policy.shedding(d).is_some()) {
+            if let Err(e) = shared.pull(&enforcer, domain).await {
+                tracing::debug!("cannot read the utilization reports of {domain:?}: {e}");
+            }
+        }
+    }
+}
 
 /// The body of `POST /v1/utilization`.
 #[derive(Debug, Deserialize)]
@@ -63,6 +176,12 @@ pub(crate) async fn report<S: Store + 'static>(
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
             Ok(report.domain)
         });
+    if let (Ok(domain), Some(shared)) = (&answer, &state.shared_reports)
+        && let Err(e) = shared.publish(&state.enforcer, domain).await
+    {
+        // Kept here all the same, and offered again with the next report.
+        tracing::warn!("cannot share the utilization report of {domain:?} through Redis: {e}");
+    }
     match answer {
         Ok(domain) => {
             // Read back rather than echoed: what checks are shed at is the

@@ -220,9 +220,9 @@ fn every_file_in_deploy_parses() {
         }
     }
     // configmap, deployment, service, redis (3), and nothing lost; beside
-    // them the two Envoy configs, the alert rules and the dashboard.
+    // them the three Envoy configs, the alert rules and the dashboard.
     assert_eq!(manifests, 6, "{files:?}");
-    assert_eq!(files.len(), 8, "{files:?}");
+    assert_eq!(files.len(), 9, "{files:?}");
 }
 
 #[test]

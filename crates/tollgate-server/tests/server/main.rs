@@ -26,6 +26,7 @@ mod reliability;
 mod reload;
 mod rlqs_state;
 mod shed;
+mod shedders;
 mod simulate;
 mod tls;
 mod utilization;

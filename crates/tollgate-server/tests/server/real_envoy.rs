@@ -98,7 +98,7 @@ impl Envoy {
 
     /// Starts Envoy with `deploy/envoy/<file>` edited by `edit`, pointed at
     /// `tollgate`'s gRPC port and `upstream`, and waits until it proxies.
-    async fn with(
+    pub(crate) async fn with(
         binary: &PathBuf,
         file: &str,
         tollgate: SocketAddr,
@@ -154,7 +154,7 @@ impl Envoy {
         panic!("Envoy did not start proxying");
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/", self.listen)
     }
 }
@@ -186,18 +186,20 @@ pub(crate) async fn admitted(client: &reqwest::Client, envoy: &Envoy, user: &str
 }
 
 #[test]
-fn the_deploy_config_validates() {
+fn the_deploy_configs_validate() {
     let Some(binary) = envoy() else { return };
-    let out = Command::new(binary)
-        .args(["--mode", "validate", "-c"])
-        .arg(deploy("rlqs.yaml"))
-        .output()
-        .expect("envoy runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for file in ["rlqs.yaml", "envoy.yaml", "shed.yaml"] {
+        let out = Command::new(&binary)
+            .args(["--mode", "validate", "-c"])
+            .arg(deploy(file))
+            .output()
+            .expect("envoy runs");
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// Envoy 1.40 reports every 5 s, whatever `reporting_interval` says.
@@ -435,7 +437,7 @@ async fn rls(
 /// The deploy config's 50 ms for an answer, as a second: on a loaded test
 /// machine a late answer would be an admit, and these tests are about
 /// answers, not their speed.
-fn patient(config: String) -> String {
+pub(crate) fn patient(config: String) -> String {
     config.replace("timeout: 0.05s", "timeout: 1s")
 }
 

@@ -122,7 +122,9 @@ async fn the_http_api_sheds_by_tier_with_503_and_retry_after_until_the_report_la
         .expect("a JSON body");
     assert_eq!(
         live["shedding"],
-        json!({"gateway": null, "reported": [{"domain": "api", "utilization": 0.6, "instances": 1}]})
+        json!({"gateway": null, "reported": [
+            {"domain": "api", "utilization": 0.6, "instances": 1, "shed": [0, 0, 1]}
+        ]})
     );
 
     // The service stops reporting: ten seconds later it is no longer shed for.
