@@ -38,15 +38,17 @@ pub mod bodies;
 use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use futures_util::task::AtomicWaker;
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
-use hyper::server::conn::http1;
+use hyper::server::conn::{http1, http2};
 use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -269,15 +271,17 @@ impl Acceptor {
             .max_header_size(MAX_HEAD_SIZE)
             .max_buf_size(MAX_BUF_SIZE)
             .header_read_timeout(None);
-        let mut auto = match self.protocol {
+        match self.protocol {
             Protocol::Http1 => return Builders::Http1(http1),
-            Protocol::Http2 => auto::Builder::new(TokioExecutor::new()).http2_only(),
-            // hyper-util's builder cannot set hyper's head limit, so an
-            // HTTP/1 head here is bounded by the read buffer only (which a
-            // head read in one piece can pass): the gateway, facing any
-            // client, speaks through hyper's own builder instead.
-            Protocol::Any => auto::Builder::new(TokioExecutor::new()),
-        };
+            // Made for each connection, with the executor of its streams.
+            Protocol::Http2 => return Builders::Http2,
+            Protocol::Any => {}
+        }
+        // hyper-util's builder cannot set hyper's head limit, so an HTTP/1
+        // head here is bounded by the read buffer only (which a head read in
+        // one piece can pass): the gateway, facing any client, speaks through
+        // hyper's own builder instead.
+        let mut auto = auto::Builder::new(TokioExecutor::new());
         auto.http1()
             .timer(TokioTimer::new())
             .keep_alive(true)
@@ -286,21 +290,22 @@ impl Acceptor {
             .header_read_timeout(None);
         auto.http2()
             .timer(TokioTimer::new())
-            .max_header_list_size(u32::try_from(MAX_HEAD_SIZE).unwrap_or(u32::MAX));
-        if self.protocol == Protocol::Http2 {
-            Builders::Http2(auto)
-        } else {
-            Builders::Auto(auto)
-        }
+            .max_header_list_size(MAX_HEADER_LIST_SIZE);
+        Builders::Auto(auto)
     }
 }
+
+/// An HTTP/2 request's header list, at most.
+const MAX_HEADER_LIST_SIZE: u32 = MAX_HEAD_SIZE as u32;
 
 /// The connection builder of each [`Protocol`].
 enum Builders {
     /// hyper's own: it alone bounds an HTTP/1 head's size.
     Http1(http1::Builder),
-    /// hyper-util's, for HTTP/2 only, its writes [`Coalesced`].
-    Http2(auto::Builder<TokioExecutor>),
+    /// hyper's, for HTTP/2 only, made for each connection: its streams run
+    /// on the connection's task ([`OnTask`]) and its writes are
+    /// [`Coalesced`].
+    Http2,
     /// hyper-util's, for either version.
     Auto(auto::Builder<TokioExecutor>),
 }
@@ -322,19 +327,108 @@ impl Builders {
                 let connection = http1.serve_connection(io, service);
                 watch.serve(connection, |c| c.graceful_shutdown()).await;
             }
-            Builders::Http2(auto) => {
+            Builders::Http2 => {
                 let io = Coalesced {
                     io,
                     deferred: false,
                 };
-                let connection = auto.serve_connection(io, service);
-                watch.serve(connection, |c| c.graceful_shutdown()).await;
+                let streams = Streams::default();
+                let mut http2 = http2::Builder::new(streams.clone());
+                http2
+                    .timer(TokioTimer::new())
+                    .max_header_list_size(MAX_HEADER_LIST_SIZE);
+                let connection = OnTask::new(http2.serve_connection(io, service), streams);
+                watch
+                    .serve(connection, |c| c.connection().graceful_shutdown())
+                    .await;
             }
             Builders::Auto(auto) => {
                 let connection = auto.serve_connection(io, service);
                 watch.serve(connection, |c| c.graceful_shutdown()).await;
             }
         }
+    }
+}
+
+/// The streams an HTTP/2 connection has begun and not yet polled: the
+/// executor hyper hands each stream's future to (and, for `CONNECT`, the
+/// upgraded stream's), so that it runs on the connection's own task
+/// ([`OnTask`]).
+///
+/// Spawned as tasks of their own, as hyper-util's executor does, each
+/// stream cost its task's allocation and registration, and its spawn woke
+/// a parked worker to steal it: a futex or eventfd wake, a context switch,
+/// and the stream's answer crossing back to the connection's worker, on
+/// every call. Envoy keeps one connection per worker with every call in
+/// flight on it, so this cost every call (`scripts/bench-rls-cpu`).
+/// Connections still spread over the runtime's workers.
+#[derive(Clone, Default)]
+struct Streams(Arc<std::sync::Mutex<Vec<StreamFuture>>>);
+
+type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl Streams {
+    /// The streams begun since the last call.
+    fn take(&self) -> Vec<StreamFuture> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for Streams {
+    fn execute(&self, stream: F) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Box::pin(stream));
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An HTTP/2 connection with its streams: each poll polls the
+    /// connection, then the streams it began ([`Streams`]) and those woken
+    /// since. Streams left when the connection ends are dropped with it, as
+    /// hyper's own tasks find their connection gone.
+    struct OnTask<C> {
+        #[pin]
+        connection: C,
+        streams: Streams,
+        running: FuturesUnordered<StreamFuture>,
+    }
+}
+
+impl<C> OnTask<C> {
+    fn new(connection: C, streams: Streams) -> Self {
+        Self {
+            connection,
+            streams,
+            running: FuturesUnordered::new(),
+        }
+    }
+
+    fn connection(self: Pin<&mut Self>) -> Pin<&mut C> {
+        self.project().connection
+    }
+}
+
+impl<C: Future> Future for OnTask<C> {
+    type Output = C::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<C::Output> {
+        let this = self.project();
+        let ended = this.connection.poll(cx);
+        loop {
+            let begun = this.streams.take();
+            let none_begun = begun.is_empty();
+            this.running.extend(begun);
+            // Polls the woken streams until none is ready (it yields, and
+            // wakes this task, after a few dozen).
+            while let Poll::Ready(Some(())) = this.running.poll_next_unpin(cx) {}
+            // A stream polled may have begun another (an upgrade's).
+            if none_begun {
+                break;
+            }
+        }
+        ended
     }
 }
 
@@ -985,6 +1079,58 @@ mod tests {
             sent.windows(4).any(|w| w[3] == 7 && w[..3] == [0, 0, 8]),
             "{sent:?}"
         );
+    }
+
+    /// Every stream of an HTTP/2 connection runs on the connection's task
+    /// (no task of its own, see [`Streams`]), and connections on tasks of
+    /// their own.
+    #[tokio::test]
+    async fn an_http2_connections_streams_run_on_its_task() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let (_stop, stopped) = watch::channel(());
+        tokio::spawn(async move {
+            let limits = ConnectionLimits {
+                max_connections: 8,
+                header_read_timeout: HEAD,
+                idle_timeout: IDLE,
+            };
+            Acceptor::new("test", limits, Protocol::Http2)
+                .serve(listener, stopped, |_peer| {
+                    hyper::service::service_fn(|_request| async {
+                        // Where the answer's future is polled.
+                        let task = tokio::task::id().to_string();
+                        Ok::<_, std::convert::Infallible>(Response::new(task))
+                    })
+                })
+                .await;
+        });
+        let tasks_of_one_connection = || async {
+            let stream = TcpStream::connect(addr).await.expect("connect");
+            let (sender, connection) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                    .await
+                    .expect("handshake");
+            tokio::spawn(connection);
+            let ask = || {
+                let mut sender = sender.clone();
+                async move {
+                    let request = Request::get(format!("http://{addr}/"))
+                        .body(String::new())
+                        .expect("request");
+                    let answer = sender.send_request(request).await.expect("answer");
+                    let body = http_body_util::BodyExt::collect(answer.into_body())
+                        .await
+                        .expect("body");
+                    String::from_utf8(body.to_bytes().to_vec()).expect("text")
+                }
+            };
+            let tasks = futures_util::future::join_all((0..4).map(|_| ask())).await;
+            assert!(tasks.iter().all(|t| *t == tasks[0]), "{tasks:?}");
+            tasks[0].clone()
+        };
+        let (one, other) = tokio::join!(tasks_of_one_connection(), tasks_of_one_connection());
+        assert_ne!(one, other, "each connection has its task");
     }
 
     #[test]
