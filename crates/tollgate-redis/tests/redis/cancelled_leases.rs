@@ -69,14 +69,28 @@ async fn regression_a_leasing_check_dropped_while_redis_took_its_units_lost_them
     }
     assert_eq!(taken().await, admitted);
 
-    // Polled once (its call to Redis is on its way), then dropped, as a
-    // fallback's timeout drops it.
+    // Sent to a Redis that holds it (paused for writes), then dropped, as
+    // a fallback's timeout drops it: Redis takes the units when it resumes.
+    server.cli(&["CLIENT", "PAUSE", "600000", "WRITE"]);
     {
         let limits = [limit()];
         let mut check = pin!(hybrid.check(&limits));
-        let polled = check.as_mut().poll(&mut Context::from_waker(Waker::noop()));
-        assert!(polled.is_pending(), "waits for Redis");
+        let mut held = false;
+        for _ in 0..1000 {
+            let polled = check.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+            assert!(polled.is_pending(), "waits for Redis");
+            if server
+                .cli(&["INFO", "clients"])
+                .contains("blocked_clients:1")
+            {
+                held = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(held, "the leasing call never reached Redis");
     }
+    server.cli(&["CLIENT", "UNPAUSE"]);
     eventually("Redis took the unit and the lease", || async {
         taken().await == admitted + 1 + max_lease
     })
