@@ -347,6 +347,18 @@ pub trait Store: Send + Sync {
         false
     }
 
+    /// The outcome [`Store::check`] would give `limits` now, where this
+    /// store knows it without waiting for anything and without changing any
+    /// state: a deny it remembers for every limit (the deny cache). Only a
+    /// deny qualifies (an admit consumes), so the outcome holds no lease.
+    /// `None`, the default, when only a check can tell. A caller that cannot
+    /// afford to wait (a door past its bound on calls in flight) answers
+    /// what this knows and sheds the rest.
+    fn known(&self, limits: &[Limit<'_>]) -> Option<Outcome> {
+        let _ = limits;
+        None
+    }
+
     /// Whether the store reaches its state now, for readiness probes. A
     /// networked store answers checks even when it does not (each limit's
     /// [`FailurePolicy`] decides), so only this tells. Stores that hold their

@@ -159,6 +159,9 @@ fn totals(limits: &[Limit<'_>]) -> SmallVec<[u64; 4]> {
         .collect()
 }
 
+/// The indices of a request's limits the cache does not know.
+type Unknown = SmallVec<[usize; 4]>;
+
 /// The deny cache's counters, monotonic since it was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DenyCacheStats {
@@ -228,27 +231,25 @@ impl<S: LeaseStore> DenyCache<S> {
         self.len() == 0
     }
 
-    /// The limits a cached deny answered but did not know (it charged them
-    /// nothing) are read from the inner store at cost 0, and reported as a
-    /// store reports the admitting limits of a denied check (what each alone
-    /// would have left after the request's cost, see [`Outcome`]) rather
-    /// than whole; left whole if the read fails. A request of one limit, the
-    /// common case, costs no call.
-    async fn read_the_others(&self, limits: &[Limit<'_>], now: Nanos, outcome: &mut Outcome) {
-        let others: SmallVec<[usize; 4]> = limits
-            .iter()
-            .zip(totals(limits))
-            .enumerate()
-            .filter(|(_, (l, cost))| self.denials.lookup(l, *cost, now).is_none())
-            .map(|(i, _)| i)
-            .collect();
-        if others.is_empty() {
+    /// The limits a cached deny answered but did not know (`unknown`: it
+    /// charged them nothing) are read from the inner store at cost 0, and
+    /// reported as a store reports the admitting limits of a denied check
+    /// (what each alone would have left after the request's cost, see
+    /// [`Outcome`]) rather than whole; left whole if the read fails. A
+    /// request of one limit, the common case, costs no call.
+    async fn read_the_others(
+        &self,
+        limits: &[Limit<'_>],
+        unknown: &[usize],
+        outcome: &mut Outcome,
+    ) {
+        if unknown.is_empty() {
             return;
         }
         let reads: SmallVec<[Limit<'_>; 4]> =
-            others.iter().map(|&i| limits[i].with_cost(0)).collect();
+            unknown.iter().map(|&i| limits[i].with_cost(0)).collect();
         if let Ok(read) = self.inner.check(&reads).await {
-            for (&i, mut decision) in others.iter().zip(read.decisions) {
+            for (&i, mut decision) in unknown.iter().zip(read.decisions) {
                 if decision.allowed() {
                     decision = decision
                         .with_remaining(decision.remaining().saturating_sub(limits[i].cost));
@@ -258,8 +259,9 @@ impl<S: LeaseStore> DenyCache<S> {
         }
     }
 
-    /// A deny from the cache when one of the limits is cached as denied.
-    fn cached(&self, limits: &[Limit<'_>], now: Nanos) -> Option<Outcome> {
+    /// A deny from the cache when one of the limits is cached as denied,
+    /// and the indices of the limits it does not know (reported whole).
+    fn cached(&self, limits: &[Limit<'_>], now: Nanos) -> Option<(Outcome, Unknown)> {
         if !self.denials.enabled() || limits.is_empty() {
             return None;
         }
@@ -271,12 +273,18 @@ impl<S: LeaseStore> DenyCache<S> {
         if hits.iter().all(Option::is_none) {
             return None;
         }
+        let unknown = hits
+            .iter()
+            .enumerate()
+            .filter(|(_, hit)| hit.is_none())
+            .map(|(i, _)| i)
+            .collect();
         let decisions = limits
             .iter()
             .zip(hits)
             .map(|(l, hit)| hit.unwrap_or_else(|| l.untouched()))
             .collect();
-        Some(Outcome::new(decisions))
+        Some((Outcome::new(decisions), unknown))
     }
 
     /// Checks `limits`; see [`LeaseStore::check_stamped`].
@@ -295,9 +303,9 @@ impl<S: LeaseStore> DenyCache<S> {
         F: Future<Output = Result<Stamped, StoreError>>,
     {
         let now = self.clock.now();
-        if let Some(mut outcome) = self.cached(limits, now) {
+        if let Some((mut outcome, unknown)) = self.cached(limits, now) {
             self.hits.fetch_add(1, Ordering::Relaxed);
-            self.read_the_others(limits, now, &mut outcome).await;
+            self.read_the_others(limits, &unknown, &mut outcome).await;
             return Ok(Stamped {
                 outcome,
                 decided_at: None,
@@ -333,6 +341,18 @@ impl<S: LeaseStore> Store for DenyCache<S> {
 
     async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
         Ok(self.check_limits(limits).await?.outcome)
+    }
+
+    /// The cached deny, when the cache knows every limit of the request:
+    /// the answer [`Store::check`] gives then, with no call (a limit it
+    /// does not know would be read from the inner store).
+    fn known(&self, limits: &[Limit<'_>]) -> Option<Outcome> {
+        let (outcome, unknown) = self.cached(limits, self.clock.now())?;
+        if !unknown.is_empty() {
+            return None;
+        }
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        Some(outcome)
     }
 
     fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
@@ -485,6 +505,35 @@ mod tests {
             100,
             "no deny consumed `other`"
         );
+    }
+
+    #[tokio::test]
+    async fn what_is_known_is_a_deny_of_every_limit_answered_without_the_inner_store() {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let memory = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
+        let store = DenyCache::with_clock(memory, 64, Arc::clone(&clock) as _);
+        let hot = Limit::new(
+            "hot",
+            Quota::per_second(10).unwrap().with_burst(1).unwrap(),
+            Algorithm::Gcra,
+        );
+        let other = Limit::new("other", Quota::per_second(100).unwrap(), Algorithm::Gcra);
+        assert_eq!(store.known(&[hot]), None, "nothing denied yet");
+        assert!(store.check(&[hot]).await.unwrap().allowed());
+        assert!(!store.check(&[hot]).await.unwrap().allowed());
+        clock.advance(Duration::from_millis(40));
+        let known = store.known(&[hot]).expect("a deny the cache holds");
+        assert_eq!(
+            known,
+            store.check(&[hot]).await.unwrap(),
+            "what a check answers"
+        );
+        assert_eq!(store.stats(), DenyCacheStats { hits: 2, misses: 2 });
+        // A limit it does not know would be read from the inner store.
+        assert_eq!(store.known(&[hot, other]), None);
+        assert_eq!(store.known(&[hot.with_cost(0)]), None, "a read is no deny");
+        clock.advance(Duration::from_millis(60));
+        assert_eq!(store.known(&[hot]), None, "its retry has come");
     }
 
     #[tokio::test]

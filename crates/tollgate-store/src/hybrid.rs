@@ -166,10 +166,9 @@ impl Book {
 }
 
 /// The extras a check asked for, counted in [`Book::asked`] until it keeps
-/// them ([`Shared::keep`]) or ends otherwise (denied, failed, or dropped
-/// while awaiting the inner store).
-struct Asked<'a, S> {
-    shared: &'a Shared<S>,
+/// them ([`Shared::keep`]) or ends otherwise (denied or failed).
+struct Asked<S> {
+    shared: Arc<Shared<S>>,
     ids: SmallVec<[String; 4]>,
     extras: SmallVec<[u64; 4]>,
     /// Per limit, what the instance holds before and after (`None`: no
@@ -177,7 +176,7 @@ struct Asked<'a, S> {
     leased: SmallVec<[Option<Leased>; 4]>,
 }
 
-impl<S> Drop for Asked<'_, S> {
+impl<S> Drop for Asked<S> {
     fn drop(&mut self) {
         if self.extras.iter().all(|&e| e == 0) {
             return;
@@ -265,7 +264,7 @@ impl<S: LeaseStore + 'static> Hybrid<S> {
     }
 }
 
-impl<S: LeaseStore> Hybrid<S> {
+impl<S: LeaseStore + 'static> Hybrid<S> {
     /// The store underneath.
     pub fn inner(&self) -> &S {
         &self.shared.inner
@@ -314,7 +313,32 @@ impl<S: LeaseStore> Hybrid<S> {
     }
 }
 
-impl<S: LeaseStore> Shared<S> {
+/// A request's limits, owned: for a task that outlives the check that
+/// made it.
+struct Owned {
+    keys: SmallVec<[String; 4]>,
+    /// The limits, their keys left out.
+    limits: SmallVec<[Limit<'static>; 4]>,
+}
+
+impl Owned {
+    fn of(limits: &[Limit<'_>]) -> Self {
+        Self {
+            keys: limits.iter().map(|l| l.key.to_owned()).collect(),
+            limits: limits.iter().map(|l| Limit { key: "", ..*l }).collect(),
+        }
+    }
+
+    fn limits(&self) -> SmallVec<[Limit<'_>; 4]> {
+        self.limits
+            .iter()
+            .zip(&self.keys)
+            .map(|(l, key)| Limit { key, ..*l })
+            .collect()
+    }
+}
+
+impl<S: LeaseStore + 'static> Shared<S> {
     fn max_lease(&self, limit: &Limit<'_>) -> u64 {
         let part = limit.capacity() as f64 * self.config.max_lease_fraction;
         (part as u64).max(1)
@@ -358,7 +382,7 @@ impl<S: LeaseStore> Shared<S> {
         Some(Outcome::new(decisions))
     }
 
-    async fn check(&self, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
+    async fn check(self: &Arc<Self>, limits: &[Limit<'_>]) -> Result<Stamped, StoreError> {
         let now = self.clock.now();
         if let Some(outcome) = self.try_local(limits, now) {
             bump(&self.counters.local_decisions);
@@ -389,36 +413,76 @@ impl<S: LeaseStore> Shared<S> {
         // topping up to at most `max_lease` held or asked for.
         let ask = self.ask(limits);
         if ask.extras.iter().any(|&e| e > 0) {
-            let asked: SmallVec<[Limit<'_>; 4]> = limits
-                .iter()
-                .zip(&ask.extras)
-                .map(|(l, &e)| Limit {
-                    cost: l.cost.saturating_add(e),
-                    ..*l
-                })
-                .collect();
-            bump(&self.counters.inner_checks);
-            let leased = ask.leased.clone();
-            let mut stamped = self
-                .inner
-                .check_leasing(&asked, self.holder(2 * self.config.lease_ttl), &leased)
-                .await?;
-            if stamped.outcome.allowed() {
-                if let Some(times) = &stamped.decided_at {
-                    self.keep(limits, ask, times, &mut stamped.outcome, now);
+            let leased = if self.inner.decides_at_once() {
+                // Ready at its first poll: never left mid-call.
+                self.lease(limits, ask, now).await?
+            } else {
+                // To completion in a task of its own: the inner store takes
+                // the units whether or not this check is still awaited (a
+                // fallback's timeout drops it), and units taken but never
+                // kept were lost: the store's record of what this instance
+                // holds is overwritten by its next lease.
+                let owned = Owned::of(limits);
+                let shared = Arc::clone(self);
+                let task =
+                    tokio::spawn(async move { shared.lease(&owned.limits(), ask, now).await });
+                match task.await {
+                    Ok(leased) => leased?,
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    Err(e) => {
+                        return Err(StoreError::Backend {
+                            source: e.into(),
+                            retryable: false,
+                        });
+                    }
                 }
+            };
+            if let Some(stamped) = leased {
                 return Ok(stamped);
             }
+        } else {
+            drop(ask);
         }
-        drop(ask);
         bump(&self.counters.inner_checks);
         self.inner.check_stamped(limits).await
+    }
+
+    /// Checks `limits` with the extra units `ask` sized, and keeps them as
+    /// leases if the inner store admits: `None` when it denies (the caller
+    /// then checks the cost alone).
+    async fn lease(
+        &self,
+        limits: &[Limit<'_>],
+        ask: Asked<S>,
+        now: Nanos,
+    ) -> Result<Option<Stamped>, StoreError> {
+        let asked: SmallVec<[Limit<'_>; 4]> = limits
+            .iter()
+            .zip(&ask.extras)
+            .map(|(l, &e)| Limit {
+                cost: l.cost.saturating_add(e),
+                ..*l
+            })
+            .collect();
+        bump(&self.counters.inner_checks);
+        let holder = self.holder(2 * self.config.lease_ttl);
+        let mut stamped = self
+            .inner
+            .check_leasing(&asked, holder, &ask.leased)
+            .await?;
+        if !stamped.outcome.allowed() {
+            return Ok(None);
+        }
+        if let Some(times) = &stamped.decided_at {
+            self.keep(limits, ask, times, &mut stamped.outcome, now);
+        }
+        Ok(Some(stamped))
     }
 
     /// The extra units to ask for with `limits`, each sized by its key's
     /// history and topped up to at most `max_lease` held or asked for,
     /// counted as asked for until the check ends.
-    fn ask(&self, limits: &[Limit<'_>]) -> Asked<'_, S> {
+    fn ask(self: &Arc<Self>, limits: &[Limit<'_>]) -> Asked<S> {
         let ids: SmallVec<[String; 4]> = limits.iter().map(budget).collect();
         let mut book = self.leases.lock();
         let mut leased = SmallVec::new();
@@ -449,7 +513,7 @@ impl<S: LeaseStore> Shared<S> {
             })
             .collect();
         Asked {
-            shared: self,
+            shared: Arc::clone(self),
             ids,
             extras,
             leased,
@@ -460,7 +524,7 @@ impl<S: LeaseStore> Shared<S> {
     fn keep(
         &self,
         limits: &[Limit<'_>],
-        mut asked: Asked<'_, S>,
+        mut asked: Asked<S>,
         times: &[u64],
         outcome: &mut Outcome,
         now: Nanos,
@@ -630,7 +694,7 @@ impl<S: LeaseStore> Shared<S> {
     }
 }
 
-impl<S: LeaseStore> Store for Hybrid<S> {
+impl<S: LeaseStore + 'static> Store for Hybrid<S> {
     fn supports(&self, algorithm: Algorithm, quota: &Quota) -> Result<(), StoreError> {
         self.inner().supports(algorithm, quota)
     }
@@ -672,7 +736,7 @@ impl<S: LeaseStore> Store for Hybrid<S> {
     }
 }
 
-impl<S: LeaseStore> LeaseStore for Hybrid<S> {
+impl<S: LeaseStore + 'static> LeaseStore for Hybrid<S> {
     fn check_stamped(
         &self,
         limits: &[Limit<'_>],

@@ -2,27 +2,24 @@
 //!
 //! To Envoy's rate limit filter a late answer is no answer: with
 //! `failure_mode_deny: false` it admits the request. So a call that cannot be
-//! checked in time is answered at once, while the caller still listens, with
-//! the configured [`OverloadAnswer`]:
+//! checked in time is answered at once, while the caller still listens:
 //!
 //! - past the bound on calls in flight (over every connection: each
-//!   connection's own is HTTP/2's concurrent streams), a new call is answered
-//!   before its message is read;
+//!   connection's own is HTTP/2's concurrent streams), a new call is read but
+//!   not checked;
 //! - a call first reached past three quarters of its deadline (it queued
-//!   behind others) is answered without being checked: the last quarter is the
-//!   answer's way back. Past the whole deadline nobody listens, and it gets
+//!   behind others) is not checked either: the last quarter is the answer's
+//!   way back. Past the whole deadline nobody listens, and it gets
 //!   `DEADLINE_EXCEEDED`.
+//!
+//! Such a call is answered what is known without the store
+//! (`Enforcer::enforce_known`: a key the deny cache knows is over gets its
+//! full `OVER_LIMIT` answer, a request with nothing to count its `OK`), and
+//! otherwise the configured [`OverloadAnswer`].
 
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-
-use bytes::Bytes;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use http_body_util::{BodyExt, Full};
-use prost::Message;
-use tonic::Status;
 
 /// What an overloaded gRPC door answers a call it cannot check in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -95,14 +92,9 @@ impl Overload {
     }
 
     /// The overload answer, counted.
-    pub(crate) fn answer(&self) -> hyper::Response<tonic::body::Body> {
+    pub(crate) fn answer(&self) -> OverloadAnswer {
         self.shed.fetch_add(1, Ordering::Relaxed);
-        match self.answer {
-            OverloadAnswer::Unavailable => {
-                Status::unavailable("overloaded: the call could not be checked in time").into_http()
-            }
-            OverloadAnswer::OverLimit => over_limit(),
-        }
+        self.answer
     }
 }
 
@@ -113,30 +105,6 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// A `ShouldRateLimit` answer of `OVER_LIMIT` with no descriptor statuses
-/// (the request was not checked), status `OK` in the trailers.
-fn over_limit() -> hyper::Response<tonic::body::Body> {
-    let message = RateLimitResponse {
-        overall_code: Code::OverLimit as i32,
-        ..RateLimitResponse::default()
-    }
-    .encode_to_vec();
-    let length = u32::try_from(message.len()).expect("a few bytes");
-    let mut framed = Vec::with_capacity(5 + message.len());
-    framed.push(0);
-    framed.extend_from_slice(&length.to_be_bytes());
-    framed.extend_from_slice(&message);
-    let mut trailers = hyper::HeaderMap::new();
-    trailers.insert("grpc-status", hyper::header::HeaderValue::from_static("0"));
-    let body = Full::new(Bytes::from(framed)).with_trailers(async move { Some(Ok(trailers)) });
-    let mut response = hyper::Response::new(tonic::body::Body::new(body));
-    response.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/grpc"),
-    );
-    response
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ use tollgate_listen::bodies::{Bodies, Refused, Reserved};
 
 use super::answer::{self, Answer, Answered, Families, Outcome, Refusal, Reply, RequestDescriptor};
 use super::encode;
-use super::overload::Overload;
+use super::overload::{InFlight, Overload, OverloadAnswer};
 
 /// The path of `ShouldRateLimit`.
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -71,18 +71,16 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
 
     fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
         if request.uri().path() == PATH {
-            let overload = Arc::clone(&self.rls.inner.overload);
-            let Some(place) = overload.enter() else {
-                return Box::pin(std::future::ready(Ok(overload.answer())));
-            };
+            // Past the bound the call is still read: what is known without
+            // the store (a key the deny cache knows is over) is answered,
+            // and only the rest gets the overload answer.
+            let place = self.rls.inner.overload.enter();
             let bodies = Arc::clone(&self.rls.inner.bodies);
-            let rls = match bodies.reserve(None) {
-                Ok(reserved) => Unary {
-                    rls: Arc::clone(&self.rls.inner),
-                    reserved: Some(reserved),
-                },
+            let reserved = match bodies.reserve(None) {
+                Ok(reserved) => reserved,
                 Err(refused) => return Box::pin(std::future::ready(Ok(refusal(refused)))),
             };
+            let rls = Arc::clone(&self.rls.inner);
             let budget = grpc_timeout(request.headers())
                 .map_or(bodies.read_timeout(), |t| t.min(bodies.read_timeout()));
             let arrived = tokio::time::Instant::now();
@@ -90,21 +88,21 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
             // The last quarter of the deadline is the answer's way back.
             let answer_by = arrived + budget * 3 / 4;
             Box::pin(async move {
-                let _place = place;
                 // Queued past its deadline: its caller has given up on the
                 // answer (Envoy's filter has admitted or denied by its
-                // failure mode), so no work is spent on it. Queued almost
-                // that long, it is answered at once rather than late.
-                let now = tokio::time::Instant::now();
-                if now >= deadline {
+                // failure mode), so no work is spent on it.
+                if tokio::time::Instant::now() >= deadline {
                     return Ok(too_late());
                 }
-                if now >= answer_by {
-                    return Ok(overload.answer());
-                }
+                let unary = Unary {
+                    rls,
+                    reserved: Some(reserved),
+                    place,
+                    answer_by,
+                };
                 let mut grpc = Grpc::new(AnswerCodec::new())
                     .max_decoding_message_size(bodies.max_bytes() as usize);
-                match tokio::time::timeout_at(deadline, grpc.unary(rls, request)).await {
+                match tokio::time::timeout_at(deadline, grpc.unary(unary, request)).await {
                     Ok(response) => Ok(too_large_is_exhausted(response)),
                     Err(_) => Ok(too_late()),
                 }
@@ -235,11 +233,22 @@ struct Unary<S> {
     /// The call's share of the request body budget, held while its message
     /// is read and let go once it is decoded.
     reserved: Option<Reserved>,
+    /// The call's place among those in flight, held until it is answered;
+    /// `None` past the bound.
+    place: Option<InFlight>,
+    /// Three quarters of the way to the call's deadline: decoded later (it
+    /// queued, or its message came slowly), it is not checked, answered at
+    /// once rather than late. The last quarter is the answer's way back.
+    answer_by: tokio::time::Instant,
 }
 
+/// What a call is answered: its checked request, or `None`, not checked
+/// (the `OVER_LIMIT` overload answer).
+type UnaryResult<S> = Result<Response<Option<Checked<S>>>, Status>;
+
 impl<S: Store + 'static> UnaryService<RateLimitRequest> for Unary<S> {
-    type Response = Checked<S>;
-    type Future = BoxFuture<Result<Response<Checked<S>>, Status>>;
+    type Response = Option<Checked<S>>;
+    type Future = BoxFuture<UnaryResult<S>>;
 
     fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
         // Decoded: the message's bytes are no longer held.
@@ -256,8 +265,52 @@ impl<S: Store + 'static> UnaryService<RateLimitRequest> for Unary<S> {
                 ))));
             }
         }
+        // Not checked, past the bound or too late: only what is known
+        // without the store is answered, the rest shed.
+        if self.place.is_none() || tokio::time::Instant::now() >= self.answer_by {
+            return Box::pin(std::future::ready(known(rls, request.into_inner())));
+        }
         Box::pin(answered(Arc::clone(rls), request.into_inner()))
     }
+}
+
+/// Answers `request` from what is known without the store
+/// ([`Enforcer::enforce_known`]), told to the [`Answered`] hook; what is not
+/// known gets the overload answer.
+fn known<S: Store + 'static>(rls: &Arc<Rls<S>>, request: RateLimitRequest) -> UnaryResult<S> {
+    let started = Instant::now();
+    let Some(checked) = check_known(rls, request) else {
+        return match rls.overload.answer() {
+            OverloadAnswer::OverLimit => Ok(Response::new(None)),
+            OverloadAnswer::Unavailable => Err(Status::unavailable(
+                "overloaded: the call could not be checked in time",
+            )),
+        };
+    };
+    (rls.answered)(outcome_of(&checked), started.elapsed());
+    checked.map(|c| Response::new(Some(c)))
+}
+
+/// [`should_rate_limit`] from what is known without the store; `None` when
+/// that is not enough.
+fn check_known<S: Store>(
+    rls: &Arc<Rls<S>>,
+    request: RateLimitRequest,
+) -> Option<Result<Checked<S>, Status>> {
+    let (domain, descriptors, hits_addend) = match parse(request) {
+        Ok(parsed) => parsed,
+        Err(refused) => return Some(Err(refused)),
+    };
+    let verdict = rls.enforcer.enforce_known(&Request {
+        domain: &domain,
+        descriptors: &descriptors,
+        hits_addend,
+    })?;
+    Some(
+        verdict
+            .map_err(|e| status(e.into()))
+            .map(|verdict| checked(Arc::clone(rls), domain, descriptors, hits_addend, verdict)),
+    )
 }
 
 /// [`should_rate_limit`], told to the service's [`Answered`] hook.
@@ -269,12 +322,12 @@ impl<S: Store + 'static> UnaryService<RateLimitRequest> for Unary<S> {
 fn answered<S: Store + 'static>(
     rls: Arc<Rls<S>>,
     request: RateLimitRequest,
-) -> impl Future<Output = Result<Response<Checked<S>>, Status>> + Send {
+) -> impl Future<Output = UnaryResult<S>> + Send {
     let started = Instant::now();
     let answered = rls.answered;
     should_rate_limit(rls, request).map(move |checked| {
         answered(outcome_of(&checked), started.elapsed());
-        checked.map(Response::new)
+        checked.map(|c| Response::new(Some(c)))
     })
 }
 
@@ -329,7 +382,7 @@ fn buffer() -> BufferSettings {
 }
 
 impl<S: Store + 'static> Codec for AnswerCodec<S> {
-    type Encode = Checked<S>;
+    type Encode = Option<Checked<S>>;
     type Decode = RateLimitRequest;
     type Encoder = AnswerEncoder<S>;
     type Decoder = ProstDecoder<RateLimitRequest>;
@@ -346,11 +399,23 @@ impl<S: Store + 'static> Codec for AnswerCodec<S> {
 struct AnswerEncoder<S>(PhantomData<fn() -> S>);
 
 impl<S: Store + 'static> Encoder for AnswerEncoder<S> {
-    type Item = Checked<S>;
+    type Item = Option<Checked<S>>;
     type Error = Status;
 
-    fn encode(&mut self, checked: Checked<S>, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        encode::response(&checked.answer(), buf);
+    fn encode(&mut self, checked: Self::Item, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        match checked {
+            Some(checked) => encode::response(&checked.answer(), buf),
+            // Not checked: over the limit, with no descriptor statuses.
+            None => encode::response(
+                &Answer {
+                    ok: false,
+                    statuses: Vec::new(),
+                    headers: Vec::new(),
+                    dynamic_metadata: None,
+                },
+                buf,
+            ),
+        }
         Ok(())
     }
 
@@ -365,13 +430,7 @@ async fn should_rate_limit<S: Store>(
     rls: Arc<Rls<S>>,
     request: RateLimitRequest,
 ) -> Result<Checked<S>, Status> {
-    let RateLimitRequest {
-        domain,
-        descriptors: given,
-        hits_addend,
-    } = request;
-    let descriptors = answer::descriptors(&domain, descriptors(given)).map_err(status)?;
-    let hits_addend = u64::from(hits_addend);
+    let (domain, descriptors, hits_addend) = parse(request)?;
     // Envoy's protocol has no release call: a concurrency permit lapses
     // after its rule's period.
     let verdict = rls
@@ -383,15 +442,38 @@ async fn should_rate_limit<S: Store>(
         }))
         .await
         .map_err(|e| status(e.into()))?;
+    Ok(checked(rls, domain, descriptors, hits_addend, verdict))
+}
+
+/// A request's domain, descriptors and `hits_addend`; a malformed one fails
+/// with the reason.
+fn parse(request: RateLimitRequest) -> Result<(String, Vec<Descriptor>, u64), Status> {
+    let RateLimitRequest {
+        domain,
+        descriptors: given,
+        hits_addend,
+    } = request;
+    let descriptors = answer::descriptors(&domain, descriptors(given)).map_err(status)?;
+    Ok((domain, descriptors, u64::from(hits_addend)))
+}
+
+/// The request and its verdict, with how to answer them.
+fn checked<S: Store>(
+    rls: Arc<Rls<S>>,
+    domain: String,
+    descriptors: Vec<Descriptor>,
+    hits_addend: u64,
+    verdict: Verdict,
+) -> Checked<S> {
     let families = rls.reply.families(&rls.enforcer, &domain);
-    Ok(Checked {
+    Checked {
         domain,
         descriptors,
         hits_addend,
         verdict,
         rls,
         families,
-    })
+    }
 }
 
 /// The failure a refusal is: envoyproxy/ratelimit's own refusals with its

@@ -159,6 +159,22 @@ impl<S> fmt::Debug for Enforcer<S> {
     }
 }
 
+/// The store calls a request's plan makes ([`Enforcer::calls`]).
+struct Calls<'r> {
+    /// Each descriptor's verdict before the calls.
+    descriptors: Vec<DescriptorVerdict>,
+    /// Enforcing limits checked together: all-or-nothing.
+    enforce: Batched<'r>,
+    /// Enforcing limits checked each in a call of its own.
+    alone: Batched<'r>,
+    /// Shadow limits checked together.
+    shadow: Batched<'r>,
+    /// Shadow limits checked each in a call of its own.
+    shadow_alone: Batched<'r>,
+    /// `enforce` is only read at cost 0: a blocked rule denied the request.
+    peek: bool,
+}
+
 /// Which store call a batch of limits goes in.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Batch {
@@ -419,6 +435,23 @@ impl<S: Store> Enforcer<S> {
         }
     }
 
+    /// Decides `request` as [`Enforcer::enforce`] would, if that needs no
+    /// store call, or only calls the store answers from what it knows
+    /// ([`Store::known`]: a deny cache that knows every limit is over);
+    /// `None` otherwise, having asked nothing and charged nothing. The
+    /// answer is the one [`Enforcer::enforce`] gives, observed alike: a
+    /// door that cannot wait for the store (past its bound on calls in
+    /// flight) answers these first and sheds the rest.
+    pub fn enforce_known(&self, request: &Request<'_>) -> Option<Result<Verdict, RequestError>> {
+        let policy = self.policy.guard();
+        let (resolved, each) = match self.resolve(&policy, request) {
+            Ok(resolved) => resolved,
+            Err(error) => return Some(Err(error)),
+        };
+        let shed = self.shed_now(request, policy.shedding(request.domain), None);
+        self.decide_known(request, &resolved, each, shed)
+    }
+
     async fn enforce_policy(
         &self,
         request: &Request<'_>,
@@ -599,6 +632,87 @@ impl<S: Store> Enforcer<S> {
         Ok((resolved, each))
     }
 
+    /// The store calls `request`'s plan makes: each descriptor's verdict
+    /// before them, and the limits of each call. Made and spent in a
+    /// function of its own, so that the plan's steps are not kept in the
+    /// future across the store calls.
+    fn calls<'r>(
+        &self,
+        request: &Request<'_>,
+        resolved: &'r [Resolved],
+        each: bool,
+        started_at: Nanos,
+    ) -> Calls<'r> {
+        let settings = Settings {
+            shadow_mode: self.shadow_mode,
+            quota_mode: self.quota_mode,
+            each,
+        };
+        let mut calls = Calls {
+            descriptors: Vec::with_capacity(resolved.len()),
+            enforce: Batched::new(),
+            alone: Batched::new(),
+            shadow: Batched::new(),
+            shadow_alone: Batched::new(),
+            peek: false,
+        };
+        let plan = Plan::new(resolved, settings, |rule| {
+            self.kill_switch.enforced(request.domain, rule.id())
+        });
+        for (index, (resolved, step)) in resolved.iter().zip(plan.0).enumerate() {
+            calls.descriptors.push(step.verdict(resolved, started_at));
+            let (Resolved::Limit(applied), Step::Check { call, mode, .. }) = (resolved, step)
+            else {
+                continue;
+            };
+            let batch = match (mode, call) {
+                (Mode::Enforce, Call::Together) => &mut calls.enforce,
+                (Mode::Enforce, Call::Peek) => {
+                    calls.peek = true;
+                    &mut calls.enforce
+                }
+                (Mode::Enforce, Call::Alone) => &mut calls.alone,
+                (_, Call::Alone) => &mut calls.shadow_alone,
+                (_, Call::Together | Call::Peek) => &mut calls.shadow,
+            };
+            batch.push((index, applied));
+        }
+        calls
+    }
+
+    /// Whether the store enforces every limit of `calls` exactly. Config
+    /// rules were checked when their config loaded (see
+    /// `Enforcer::unsupported`); a request's own override was not.
+    fn supported(&self, batches: [&Batched<'_>; 4]) -> Result<(), RequestError> {
+        for (index, applied) in batches.into_iter().flatten() {
+            self.store
+                .supports(applied.algorithm, &applied.quota)
+                .map_err(|e| RequestError::UnsupportedLimit {
+                    descriptor: Some(*index),
+                    reason: reason(e),
+                })?;
+        }
+        Ok(())
+    }
+
+    /// The verdict on a shed request, observed: shed before any store
+    /// call, so it is charged nothing.
+    fn shed_verdict(
+        &self,
+        request: &Request<'_>,
+        descriptors: Vec<DescriptorVerdict>,
+        started_at: Nanos,
+        shed: Box<Shed>,
+    ) -> Verdict {
+        let verdict = Verdict {
+            descriptors,
+            started_at,
+            permit: Permit::default(),
+            shed: Some(shed),
+        };
+        self.observed(request, verdict)
+    }
+
     /// Decides `request`, whose limits are `resolved` ([`Enforcer::resolve`]):
     /// plans each descriptor's step ([`Plan`]), then makes the plan's store
     /// calls.
@@ -611,69 +725,19 @@ impl<S: Store> Enforcer<S> {
         shed: Option<Box<Shed>>,
     ) -> Result<Verdict, RequestError> {
         let started_at = self.clock.now();
-        let settings = Settings {
-            shadow_mode: self.shadow_mode,
-            quota_mode: self.quota_mode,
-            each,
-        };
-        let mut descriptors: Vec<DescriptorVerdict> = Vec::with_capacity(resolved.len());
-        let mut enforce = Batched::new();
-        let mut alone = Batched::new();
-        let mut shadow = Batched::new();
-        let mut shadow_alone = Batched::new();
-        let mut peek = false;
-        // The plan is made and spent in a block of its own, so that its steps
-        // are not kept in the future across the store calls below.
-        {
-            let plan = Plan::new(resolved, settings, |rule| {
-                self.kill_switch.enforced(request.domain, rule.id())
-            });
-            for (index, (resolved, step)) in resolved.iter().zip(plan.0).enumerate() {
-                descriptors.push(step.verdict(resolved, started_at));
-                let (Resolved::Limit(applied), Step::Check { call, mode, .. }) = (resolved, step)
-                else {
-                    continue;
-                };
-                let batch = match (mode, call) {
-                    (Mode::Enforce, Call::Together) => &mut enforce,
-                    (Mode::Enforce, Call::Peek) => {
-                        peek = true;
-                        &mut enforce
-                    }
-                    (Mode::Enforce, Call::Alone) => &mut alone,
-                    (_, Call::Alone) => &mut shadow_alone,
-                    (_, Call::Together | Call::Peek) => &mut shadow,
-                };
-                batch.push((index, applied));
-            }
-        }
-
-        // Shed before any store call, so a shed request is charged nothing.
+        // Taken apart at once: the future keeps only the parts.
+        let Calls {
+            mut descriptors,
+            enforce,
+            alone,
+            shadow,
+            shadow_alone,
+            peek,
+        } = self.calls(request, resolved, each, started_at);
         if let Some(shed) = shed {
-            let verdict = Verdict {
-                descriptors,
-                started_at,
-                permit: Permit::default(),
-                shed: Some(shed),
-            };
-            return Ok(self.observed(request, verdict));
+            return Ok(self.shed_verdict(request, descriptors, started_at, shed));
         }
-
-        // Config rules were checked when their config loaded (see
-        // `Enforcer::unsupported`); a request's own override was not.
-        for (index, applied) in enforce
-            .iter()
-            .chain(&alone)
-            .chain(&shadow)
-            .chain(&shadow_alone)
-        {
-            self.store
-                .supports(applied.algorithm, &applied.quota)
-                .map_err(|e| RequestError::UnsupportedLimit {
-                    descriptor: Some(*index),
-                    reason: reason(e),
-                })?;
-        }
+        self.supported([&enforce, &alone, &shadow, &shadow_alone])?;
 
         // Each batch's future is made only when it has limits: most
         // requests have one batch.
@@ -716,6 +780,93 @@ impl<S: Store> Enforcer<S> {
             self.release(permit).await;
         }
         Ok(self.observed(request, verdict))
+    }
+
+    /// Decides `request` as [`Enforcer::decide_resolved`] does when every
+    /// store call its plan makes is answered by what the store knows
+    /// ([`Store::known`]), with no call; `None` when one is not.
+    fn decide_known(
+        &self,
+        request: &Request<'_>,
+        resolved: &[Resolved],
+        each: bool,
+        shed: Option<Box<Shed>>,
+    ) -> Option<Result<Verdict, RequestError>> {
+        let started_at = self.clock.now();
+        let calls = self.calls(request, resolved, each, started_at);
+        if let Some(shed) = shed {
+            return Some(Ok(self.shed_verdict(
+                request,
+                calls.descriptors,
+                started_at,
+                shed,
+            )));
+        }
+        if let Err(error) = self.supported([
+            &calls.enforce,
+            &calls.alone,
+            &calls.shadow,
+            &calls.shadow_alone,
+        ]) {
+            return Some(Err(error));
+        }
+        // A peek reads at cost 0, which no deny answers.
+        if calls.peek {
+            return None;
+        }
+        let known = |batch: &[(usize, &Applied)]| {
+            let limits: Limits<'_> = batch.iter().map(|(_, a)| a.limit()).collect();
+            self.store.known(&limits)
+        };
+        let each_known = |batch: &Batched<'_>| -> Option<SmallVec<[Outcome; 2]>> {
+            batch
+                .iter()
+                .map(|one| known(std::slice::from_ref(one)))
+                .collect()
+        };
+        // Every call is asked before any is recorded: a request is answered
+        // whole from what is known, or not at all.
+        let enforce = match calls.enforce.is_empty() {
+            true => None,
+            false => Some(known(&calls.enforce)?),
+        };
+        let alone = each_known(&calls.alone)?;
+        let shadow = match calls.shadow.is_empty() {
+            true => None,
+            false => Some(known(&calls.shadow)?),
+        };
+        let shadow_alone = each_known(&calls.shadow_alone)?;
+
+        let mut descriptors = calls.descriptors;
+        // What is known is a deny, which takes no lease: the permit stays
+        // empty.
+        let mut permit = Permit::default();
+        if let Some(outcome) = enforce {
+            permit = self.record(
+                &mut descriptors,
+                &calls.enforce,
+                Ok(outcome),
+                Batch::Enforce,
+            );
+        }
+        for (one, outcome) in calls.alone.iter().zip(alone) {
+            let one = std::slice::from_ref(one);
+            permit.extend(self.record(&mut descriptors, one, Ok(outcome), Batch::Enforce));
+        }
+        if let Some(outcome) = shadow {
+            permit.extend(self.record(&mut descriptors, &calls.shadow, Ok(outcome), Batch::Shadow));
+        }
+        for (one, outcome) in calls.shadow_alone.iter().zip(shadow_alone) {
+            let one = std::slice::from_ref(one);
+            permit.extend(self.record(&mut descriptors, one, Ok(outcome), Batch::Shadow));
+        }
+        let verdict = Verdict {
+            descriptors,
+            started_at,
+            permit,
+            shed: None,
+        };
+        Some(Ok(self.observed(request, verdict)))
     }
 
     /// `verdict`, once the observer has seen it decided for `request`.

@@ -13,7 +13,7 @@ use tollgate_policy::{
     AdHoc, Check, Counting, Decided, Descriptor, Enforcer, Entry, FailurePolicy, LimitOverride,
     Observer, Policy, Request, State, Unit, Verdict,
 };
-use tollgate_store::{MemoryConfig, MemoryStore};
+use tollgate_store::{DenyCache, MemoryConfig, MemoryStore};
 
 /// A store that is always down.
 struct DownStore;
@@ -860,4 +860,87 @@ async fn store_calls_are_timed_by_the_timer_given() {
             .allowed()
     );
     assert_eq!(*timed.0.lock().unwrap(), [Duration::from_millis(3)]);
+}
+
+/// What [`Enforcer::enforce_known`] answers for `descriptors` of `domain`.
+fn known<S: Store>(
+    enforcer: &Enforcer<S>,
+    domain: &str,
+    descriptors: &[Descriptor],
+) -> Option<Verdict> {
+    enforcer
+        .enforce_known(&Request {
+            domain,
+            descriptors,
+            hits_addend: 1,
+        })
+        .map(|verdict| verdict.expect("a valid request"))
+}
+
+#[tokio::test]
+async fn what_is_known_without_the_store_is_answered_as_enforce_answers_it() {
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let memory = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
+    let store = DenyCache::with_clock(memory, 64, Arc::clone(&clock) as _);
+    let seen = Seen::default();
+    let enforcer = Enforcer::new(
+        Policy::parse_all([("native.yaml", POLICY), ("envoy.yaml", ENVOY)]).unwrap(),
+        store,
+    )
+    .with_observer(Arc::new(seen.clone()));
+    let ann = [descriptor("user", "ann")];
+    // Not known: nothing answered, nothing charged.
+    assert!(known(&enforcer, "api", &ann).is_none());
+    for _ in 0..2 {
+        assert!(run(&enforcer, "api", &ann).await.allowed());
+    }
+    assert!(!run(&enforcer, "api", &ann).await.allowed());
+    // Denied by the store: the deny cache knows it now.
+    let full = run(&enforcer, "api", &ann).await;
+    let fast = known(&enforcer, "api", &ann).expect("known over");
+    assert!(!fast.allowed());
+    assert_eq!(
+        format!("{:?}", fast.descriptors),
+        format!("{:?}", full.descriptors)
+    );
+    // A limit the cache does not know beside it: not known as a whole.
+    let both = [descriptor("user", "ann"), descriptor("global", "all")];
+    assert!(known(&enforcer, "api", &both).is_none());
+    // Nothing to count: known.
+    assert!(
+        known(&enforcer, "api", &[descriptor("unmatched", "x")])
+            .expect("known")
+            .allowed()
+    );
+    // envoyproxy/ratelimit's counting, each descriptor alone.
+    let tight = [descriptor("tight", "t")];
+    assert!(run(&enforcer, "envoy", &tight).await.allowed());
+    assert!(!run(&enforcer, "envoy", &tight).await.allowed());
+    assert!(
+        !known(&enforcer, "envoy", &tight)
+            .expect("known over")
+            .allowed()
+    );
+    // Each answer is a decision the observers see.
+    let results: Vec<Vec<&str>> = seen
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, _, r)| r.clone())
+        .collect();
+    assert_eq!(
+        results,
+        [
+            vec!["ok"],
+            vec!["ok"],
+            vec!["over_limit"],
+            vec!["over_limit"],
+            vec!["over_limit"],
+            vec!["no_rule"],
+            vec!["ok"],
+            vec!["over_limit"],
+            vec!["over_limit"],
+        ]
+    );
 }

@@ -2,6 +2,7 @@
 //! Cluster that the tests start on loopback ports (see `support`). Redis must be
 //! installed (`./scripts/test` installs it); a missing one fails, never skips.
 
+mod cancelled_leases;
 mod cells;
 mod cluster;
 mod crashed_leases;

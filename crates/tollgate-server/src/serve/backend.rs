@@ -584,6 +584,13 @@ impl Store for Backend {
         }
     }
 
+    fn known(&self, limits: &[Limit<'_>]) -> Option<Outcome> {
+        match self {
+            Backend::Memory(m) => m.known(limits),
+            Backend::Redis(r) => r.known(limits),
+        }
+    }
+
     async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
         match self {
             Backend::Memory(m) => m.check(limits).await,

@@ -81,7 +81,9 @@ pub(crate) struct Args {
     pub(crate) max_value_bytes: usize,
 
     /// The most gRPC checks in flight at once, over every connection; past
-    /// it, a call is answered `--overload-answer` before its message is read.
+    /// it, a call is read but not checked: answered what is known without
+    /// the store (a key the deny cache knows is over), else
+    /// `--overload-answer`.
     #[arg(
         long,
         env = "TOLLGATE_MAX_CHECKS_IN_FLIGHT",

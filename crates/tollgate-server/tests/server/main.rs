@@ -19,6 +19,7 @@ mod http;
 mod in_process;
 mod live_page;
 mod overload;
+mod peak;
 mod real_envoy;
 mod redis;
 mod redis_tls;

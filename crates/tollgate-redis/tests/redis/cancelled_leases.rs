@@ -1,0 +1,113 @@
+//! Issue 39 on a real `redis-server`: a hybrid check that leases units and
+//! is dropped while Redis takes them (a fallback's timeout cancels it)
+//! keeps the units it took, as leases of this instance.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Waker};
+use std::time::Duration;
+
+use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store};
+use tollgate_store::conformance;
+use tollgate_store::{Hybrid, HybridConfig};
+
+use crate::support::{RedisServer, manual_store};
+
+fn limit() -> Limit<'static> {
+    Limit {
+        key: "dropped",
+        // Capacity 10,000 (no refill: the clock never moves).
+        quota: Quota::per_hour(10_000).unwrap(),
+        algorithm: Algorithm::Gcra,
+        cost: 1,
+        failure: FailurePolicy::Local,
+    }
+}
+
+/// Waits (a bounded number of looks) until `done` says the store got there.
+async fn eventually<F: Future<Output = bool>>(what: &str, mut done: impl FnMut() -> F) {
+    for _ in 0..1000 {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("never: {what}");
+}
+
+#[tokio::test]
+async fn regression_a_leasing_check_dropped_while_redis_took_its_units_lost_them() {
+    let server = RedisServer::start();
+    let clock = conformance::clock();
+    let redis = manual_store(&server.url(), &clock).await;
+    // max_lease = 0.5% of 10,000 = 50 units.
+    let config = HybridConfig {
+        max_lease_fraction: 0.005,
+        ..HybridConfig::default()
+    };
+    let max_lease = 50;
+    let hybrid = Arc::new(Hybrid::with_clock(redis, config, Arc::clone(&clock) as _));
+    let taken = || async {
+        let read = hybrid
+            .inner()
+            .check(&[Limit { cost: 0, ..limit() }])
+            .await
+            .unwrap();
+        10_000 - read.decisions[0].remaining()
+    };
+    // Grow the key's lease to its cap, then spend what is held: the next
+    // check asks Redis for its unit and a lease of 50.
+    let mut admitted = 0u64;
+    for _ in 0..200 {
+        assert!(hybrid.check(&[limit()]).await.unwrap().allowed());
+        admitted += 1;
+    }
+    while hybrid.held_units() > 0 {
+        assert!(hybrid.check(&[limit()]).await.unwrap().allowed());
+        admitted += 1;
+    }
+    assert_eq!(taken().await, admitted);
+
+    // Sent to a Redis that holds it (paused for writes), then dropped, as
+    // a fallback's timeout drops it: Redis takes the units when it resumes.
+    server.cli(&["CLIENT", "PAUSE", "600000", "WRITE"]);
+    {
+        let limits = [limit()];
+        let mut check = pin!(hybrid.check(&limits));
+        let mut held = false;
+        for _ in 0..1000 {
+            let polled = check.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+            assert!(polled.is_pending(), "waits for Redis");
+            if server
+                .cli(&["INFO", "clients"])
+                .contains("blocked_clients:1")
+            {
+                held = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(held, "the leasing call never reached Redis");
+    }
+    server.cli(&["CLIENT", "UNPAUSE"]);
+    eventually("Redis took the unit and the lease", || async {
+        taken().await == admitted + 1 + max_lease
+    })
+    .await;
+    // Once: 0 units held, the 50 taken for it lost (the store's record of
+    // this instance overwritten by its next lease).
+    eventually("the lease is kept", || async {
+        hybrid.held_units() == max_lease
+    })
+    .await;
+    // Spent locally, then given back whole: Redis keeps only what was
+    // admitted, and the unit of the check nobody waited for.
+    for _ in 0..10 {
+        assert!(hybrid.check(&[limit()]).await.unwrap().allowed());
+        admitted += 1;
+    }
+    hybrid.flush().await;
+    assert_eq!(hybrid.held_units(), 0);
+    assert_eq!(taken().await, admitted + 1);
+}
