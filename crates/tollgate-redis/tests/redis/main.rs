@@ -14,3 +14,4 @@ mod single;
 mod stack;
 mod support;
 mod tls;
+mod ttl_once;
