@@ -2,7 +2,6 @@
 //! redis-cell does, and the `TOLLGATE.*` commands agreeing with the store's
 //! Lua code on one key, and the store using the module when it is loaded.
 
-mod bytes;
 mod mixed;
 mod store;
 mod throttle;
