@@ -23,7 +23,21 @@
 //! The window is the request's time divided by the period, so the store
 //! needs the time before it sends: the injected clock's, or Redis's `TIME`
 //! as [`RedisClock`] follows it.
+//!
+//! The TTL goes once per window and key, not once per check: a window's key
+//! this store already gave a TTL ([`Expiring`]) gets the `INCRBY` alone, one
+//! command where envoyproxy/ratelimit sends two. Whatever made the key anew
+//! in between (a reset, an eviction, its expiry on a clock a little apart)
+//! shows in the answer: an `INCRBY` answering exactly its cost made the key,
+//! and the TTL follows at once ([`Window::created`]). So every key an
+//! `INCRBY` makes gets its TTL from the check that made it, in the same
+//! pipeline or right after; only a follow-up that never lands (the process
+//! stops, or Redis goes away, between the two) leaves a key without one, and
+//! that key is the count of the window in its name, which no later window
+//! reads: a stale key, never a limit held shut.
 
+use std::hash::BuildHasher;
+use std::hash::RandomState;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -92,6 +106,54 @@ async fn sample(conn: &Conn) -> RedisResult<(Instant, u64)> {
     Ok((sent + rtt / 2, secs.saturating_mul(1_000_000) + micros))
 }
 
+/// Window keys this store has given a TTL, as hashes in a fixed table: a
+/// key whose slot another key took since is sent its TTL again (harmless:
+/// `NX`), and a key removed since is told by its `INCRBY`'s answer.
+pub(crate) struct Expiring {
+    slots: Box<[AtomicU64]>,
+    hasher: RandomState,
+}
+
+/// Slots of [`Expiring`] (8 bytes each, 128 KiB): about this many busy
+/// windows at once are sent `INCRBY` alone.
+const EXPIRING_SLOTS: usize = 1 << 14;
+
+impl Expiring {
+    pub(crate) fn new() -> Self {
+        Self {
+            slots: (0..EXPIRING_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// The key's hash (never 0, the empty slot's) and its slot.
+    fn locate(&self, key: &str) -> (u64, &AtomicU64) {
+        let hash = self.hasher.hash_one(key) | 1;
+        // The table's size is a power of two: the low bits pick the slot.
+        let slot = &self.slots[(hash >> 1) as usize & (EXPIRING_SLOTS - 1)];
+        (hash, slot)
+    }
+
+    /// Whether this store gave `key` its TTL (a false "no" costs one
+    /// `PEXPIRE … NX`, and a false "yes" is caught by [`Window::created`]).
+    pub(crate) fn has(&self, key: &str) -> bool {
+        let (hash, slot) = self.locate(key);
+        slot.load(Ordering::Relaxed) == hash
+    }
+
+    /// Notes that `key` has its TTL.
+    pub(crate) fn insert(&self, key: &str) {
+        let (hash, slot) = self.locate(key);
+        slot.store(hash, Ordering::Relaxed);
+    }
+
+    /// Notes that `key` may lack its TTL: its next check sends one.
+    pub(crate) fn forget(&self, key: &str) {
+        let (hash, slot) = self.locate(key);
+        let _ = slot.compare_exchange(hash, 0, Ordering::Relaxed, Ordering::Relaxed);
+    }
+}
+
 /// What a native check of one window sends.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Plan {
@@ -140,6 +202,13 @@ impl Window {
             now_us,
             until_end,
         }
+    }
+
+    /// Whether an `INCRBY` answering `answer` made the window's key (the
+    /// count before it was 0: absent, or given back to 0, which has its
+    /// TTL already; a second `PEXPIRE … NX` moves nothing).
+    pub(crate) fn created(&self, answer: i64) -> bool {
+        matches!(self.plan, Plan::Count { .. }) && answer == self.cost_i64()
     }
 
     /// The cost given back with `DECRBY` after [`Window::decide`] denied a

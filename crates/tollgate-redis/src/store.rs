@@ -15,7 +15,7 @@ use crate::batch::{BatchError, Batcher, Job};
 use crate::code::{Code, Kind};
 use crate::conn::{Conn, ConnectError, connect};
 use crate::keys::{redis_keys, slot, window_key};
-use crate::native::{Plan, RedisClock, Window};
+use crate::native::{Expiring, Plan, RedisClock, Window};
 use crate::nodes::{NodeBatchers, domain_slots};
 use crate::script::{self, MAX_COUNT, MAX_MICROS, Params, decode, micros_up, parse_check};
 use crate::stats::{Counters, bump};
@@ -41,6 +41,8 @@ pub struct RedisStore {
     time: Time,
     /// Whether the server takes `PEXPIRE … NX` (Redis ≥ 7.0).
     pexpire_nx: bool,
+    /// Native counting's window keys that have their TTL.
+    expiring: Expiring,
     /// Whether checks the module takes go to its `TOLLGATE.CHECK`.
     module: bool,
     counters: Counters,
@@ -201,6 +203,7 @@ impl RedisStore {
             counters: Counters::default(),
             time,
             pexpire_nx,
+            expiring: Expiring::new(),
             module,
             lease_secret: RandomState::new(),
             next_lease: AtomicU64::new(0),
@@ -320,8 +323,32 @@ impl RedisStore {
                 pipe.cmd("INCRBY")
                     .arg(&window.key)
                     .arg(prepared.params.cost);
-                self.expire_once(&mut pipe, &window.key, ttl_ms);
-                let (count,): (i64,) = self.timed(self.conn.query_pipe(&pipe)).await?;
+                let expiring = self.expiring.has(&window.key);
+                if !expiring {
+                    self.expire_once(&mut pipe, &window.key, ttl_ms);
+                }
+                let (count,): (i64,) = match self.timed(self.conn.query_pipe(&pipe)).await {
+                    Ok(answer) => answer,
+                    Err(e) => {
+                        // The INCRBY may still land, on a key made anew:
+                        // the window's next check sends the TTL again.
+                        self.expiring.forget(&window.key);
+                        return Err(e);
+                    }
+                };
+                self.expiring.insert(&window.key);
+                if expiring && window.created(count) {
+                    // Made anew since its TTL was set: it gets its own now.
+                    let mut pipe = redis::pipe();
+                    self.expire_once(&mut pipe, &window.key, ttl_ms);
+                    if let Err(e) = self.timed(self.conn.query_pipe::<()>(&pipe)).await {
+                        // The count stands; the window's next check sends
+                        // the TTL again (and were there none, the key
+                        // outlives its window, which no later window reads).
+                        tracing::warn!(error = %e, "setting a window's TTL failed");
+                        self.expiring.forget(&window.key);
+                    }
+                }
                 Some(count)
             }
         };

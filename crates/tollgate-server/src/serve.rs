@@ -287,6 +287,7 @@ async fn launch(
     tracing::info!(
         store = store.describe(),
         redis_code = store.redis_code(),
+        redis_module = store.redis_module(),
         "store ready"
     );
     let live = Arc::new(live::Live::new(Arc::clone(&clock), source));

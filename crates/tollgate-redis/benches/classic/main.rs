@@ -40,13 +40,14 @@
 //! `TOLLGATE_BENCH_KEYS=100000` runs one key count only,
 //! `TOLLGATE_BENCH_TOPOLOGY=single` (or `cluster`) one topology only.
 //!
-//! Last, on one server, counting rules at 1, 8 and 64 callers against
-//! envoyproxy/ratelimit's pipelined `INCRBY` + `EXPIRE` (`counting.rs`).
-//! `TOLLGATE_BENCH_PART=counting` runs only those, `classic` all but those.
-//! With both modules named, the same cells compare GCRA: `CL.THROTTLE`, the
-//! module's `TOLLGATE.GCRA` and the store's GCRA (batches to
-//! `TOLLGATE.CHECK`); `TOLLGATE_BENCH_PART=module` runs only those (also
-//! run with `classic`).
+//! Last, on one server, one limit a check at 1, 8 and 64 callers, on
+//! 100,000 and 1,000 keys: counting rules against envoyproxy/ratelimit's
+//! pipelined `INCRBY` + `EXPIRE` and Limitador's scripts, beside the code's
+//! and the modules' cost (`counting.rs`). `TOLLGATE_BENCH_PART=counting`
+//! runs only those, `classic` all but those. With both modules named, the
+//! same cells compare GCRA: `CL.THROTTLE`, the module's `TOLLGATE.GCRA` and
+//! the store's GCRA (batches to `TOLLGATE.CHECK`);
+//! `TOLLGATE_BENCH_PART=module` runs only those (also run with `classic`).
 
 mod counting;
 mod measure;
@@ -460,6 +461,36 @@ fn print_tables(rows: &[Row]) {
     }
 }
 
+/// envoyproxy/ratelimit's pipeline on a Redis another program measures
+/// (`scripts/bench-envoy-redis`, whose Tollgate serves Envoy on the same
+/// server): `TOLLGATE_BENCH_DECISIONS` checks (default 100,000) by
+/// `TOLLGATE_BENCH_CALLERS` callers (default 50) on 100,000 keys, against
+/// `TOLLGATE_BENCH_REDIS`; prints its Redis CPU and reads per decision.
+async fn peer() {
+    let var = |name: &str, default: u64| {
+        std::env::var(name).map_or(default, |v| {
+            v.parse().unwrap_or_else(|_| panic!("{name}: a number"))
+        })
+    };
+    let url = std::env::var("TOLLGATE_BENCH_REDIS").expect("TOLLGATE_BENCH_REDIS: the Redis URL");
+    let (decisions, callers) = (
+        var("TOLLGATE_BENCH_DECISIONS", 100_000),
+        var("TOLLGATE_BENCH_CALLERS", 50),
+    );
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut admin = vec![client.get_multiplexed_async_connection().await.unwrap()];
+    let checker = Arc::new(Checker::new(conn, tollgate(&url).await));
+    let cell = (100_000, callers as usize);
+    counting::run(&checker, Side::Envoy, cell, decisions / 10, 1, &mut admin).await;
+    let (rate, cpu, reads) =
+        counting::run(&checker, Side::Envoy, cell, decisions, 2, &mut admin).await;
+    println!(
+        "envoyproxy pipeline, {callers} callers, {decisions} decisions: {rate:.0} decisions/s, Redis CPU {:.2} µs/decision, {reads:.3} reads/decision",
+        cpu * 1e6
+    );
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -480,8 +511,9 @@ fn main() {
         Some("classic") => (true, false, true),
         Some("counting") => (false, true, false),
         Some("module") => (false, false, true),
+        Some("peer") => return runtime.block_on(peer()),
         Some(other) => {
-            panic!("TOLLGATE_BENCH_PART: classic, counting or module, not {other:?}")
+            panic!("TOLLGATE_BENCH_PART: classic, counting, module or peer, not {other:?}")
         }
     };
     let module = module && modules.cell.is_some() && modules.tollgate.is_some();
@@ -557,14 +589,29 @@ fn main() {
         }
         if counting {
             eprintln!("== starting Redis (single, counting)");
-            let deployment = Deployment::single(&Modules::default());
-            let store = tollgate(&deployment.store_url()).await;
-            let client = redis::Client::open(deployment.store_url()).unwrap();
+            let deployment = Deployment::single(&modules);
+            // Without the module, so that its token bucket side is a call
+            // of the code; the modules' sides are the module part's.
+            let url = deployment.store_url();
+            let store = RedisStore::connect(&url, RedisConfig { module: false, ..config() });
+            let store = DenyCache::new(store.await.unwrap(), 65_536);
+            let client = redis::Client::open(url).unwrap();
             let conn = client.get_multiplexed_async_connection().await.unwrap();
-            let checker = Arc::new(Checker::new(conn, store));
-            let rows =
-                counting::cells(&checker, &mut deployment.admin().await, &counting::SIDES).await;
-            counting::print(&rows, "Counting rules");
+            let mut checker = Checker::new(conn, store);
+            let mut sides = counting::SIDES.to_vec();
+            match std::env::var_os("TOLLGATE_LIMITADOR_SCRIPT") {
+                Some(path) => {
+                    let script = std::fs::read_to_string(&path)
+                        .unwrap_or_else(|e| panic!("TOLLGATE_LIMITADOR_SCRIPT {path:?}: {e}"));
+                    checker = checker.with_limitador(&script);
+                    sides.insert(1, Side::Limitador);
+                }
+                None => println!(
+                    "limitador scripts skipped: TOLLGATE_LIMITADOR_SCRIPT does not name its update script (scripts/bench-redis extracts it)"
+                ),
+            }
+            let rows = counting::cells(&Arc::new(checker), &sides, &mut deployment.admin().await).await;
+            counting::print(&rows, "One limit a check");
         }
         if module {
             eprintln!("== starting Redis (single, GCRA with the modules)");
@@ -574,7 +621,7 @@ fn main() {
             let conn = client.get_multiplexed_async_connection().await.unwrap();
             let checker = Arc::new(Checker::new(conn, store));
             let mut admin = deployment.admin().await;
-            let rows = counting::cells(&checker, &mut admin, &counting::MODULE_SIDES).await;
+            let rows = counting::cells(&checker, &counting::MODULE_SIDES, &mut admin).await;
             counting::print(&rows, "GCRA with the modules");
         }
     });

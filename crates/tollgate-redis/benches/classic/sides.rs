@@ -26,8 +26,16 @@
 //!   in seconds from the client's clock, and `INCRBY key 1` and `EXPIRE key
 //!   <unit>` go in one pipeline; admitted while the count is at most the
 //!   limit;
+//! - **limitador scripts**: Limitador's `redis` storage as it checks one
+//!   counter (`AsyncRedisStorage::check_and_update`, without rate limit
+//!   headers, its default): `MGET` the counter, decide, then `EVALSHA` of its
+//!   update script (`INCRBY`; on a counter's first hit `EXPIRE` and `SADD` to
+//!   its limit's set). The script is Limitador's own, extracted from its
+//!   source tarball at bench time (`scripts/bench-redis`; the file named by
+//!   `TOLLGATE_LIMITADOR_SCRIPT`); keys shaped as its JSON ones;
 //! - **tollgate hit counter** and **tollgate fixed window**: the same store,
-//!   one limit per check, so counted natively (`INCRBY`, `PEXPIRE … NX`).
+//!   one limit per check, so counted natively (`INCRBY`, with `PEXPIRE … NX`
+//!   on a window's first check from the store).
 //!
 //! The classic script and Tollgate's token bucket admit the same; GCRA with a
 //! tolerance of `(burst - 1) × interval` admits the same as a token bucket too
@@ -77,6 +85,10 @@ return { 1, 0 }
 /// The quota: `RATE` per period, bursts of `RATE`.
 const RATE: u64 = 100;
 
+/// Limitador's limit as its keys spell it (serde_json of the limit).
+const LIMITADOR_LIMIT: &str =
+    r#"{"namespace":"bench","seconds":1,"max_value":100,"conditions":[],"variables":["user"]}"#;
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Side {
     Classic,
@@ -88,6 +100,7 @@ pub(crate) enum Side {
     Envoy,
     HitCounter,
     FixedWindow,
+    Limitador,
 }
 
 impl Side {
@@ -102,6 +115,7 @@ impl Side {
             Side::Envoy => "envoyproxy pipeline",
             Side::HitCounter => "tollgate hit counter",
             Side::FixedWindow => "tollgate fixed window",
+            Side::Limitador => "limitador scripts",
         }
     }
 
@@ -114,6 +128,9 @@ impl Side {
             Side::Cell => format!("cl:{subject}"),
             Side::Module => format!("m:{subject}"),
             Side::Envoy => format!("ratelimit_bench_user_{subject}"),
+            Side::Limitador => format!(
+                r#"namespace:{{bench}},counter:{{"limit":{LIMITADOR_LIMIT},"set_variables":{{"user":"{subject}"}}}}"#
+            ),
             Side::Tollgate | Side::TollgateGcra | Side::HitCounter | Side::FixedWindow => {
                 subject.to_owned()
             }
@@ -126,6 +143,8 @@ impl Side {
 pub(crate) struct Checker<C> {
     classic: redis::Script,
     gcra: redis::Script,
+    /// Limitador's update script, when given.
+    limitador: Option<redis::Script>,
     pub(crate) conn: C,
     pub(crate) store: DenyCache<RedisStore>,
 }
@@ -135,9 +154,16 @@ impl<C: ConnectionLike + Clone + Send + Sync> Checker<C> {
         Self {
             classic: redis::Script::new(CLASSIC),
             gcra: redis::Script::new(GCRA),
+            limitador: None,
             conn,
             store,
         }
+    }
+
+    /// With Limitador's update script (its source), for [`Side::Limitador`].
+    pub(crate) fn with_limitador(mut self, script: &str) -> Self {
+        self.limitador = Some(redis::Script::new(script));
+        self
     }
 
     /// One check of `key` (as [`Side::key`] gives it), with the quota scaled
@@ -216,6 +242,29 @@ impl<C: ConnectionLike + Clone + Send + Sync> Checker<C> {
                     .await
                     .unwrap();
                 count <= RATE
+            }
+            Side::Limitador => {
+                let script = self.limitador.as_ref().expect("Limitador's script");
+                let (value,): (Option<u64>,) = redis::cmd("MGET")
+                    .arg(key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                if value.unwrap_or(0) + 1 > RATE {
+                    return false;
+                }
+                let limit_key = format!("namespace:{{bench}},limit:{LIMITADOR_LIMIT}");
+                // A pipeline of one invocation, as Limitador sends one per
+                // counter of the request; loaded on NOSCRIPT as it does.
+                let mut invocation = script.key(key);
+                invocation.key(limit_key).arg(period_s).arg(1);
+                let mut pipe = redis::pipe();
+                pipe.invoke_script(&invocation).ignore();
+                if pipe.query_async::<()>(&mut conn).await.is_err() {
+                    invocation.load_async(&mut conn).await.unwrap();
+                    pipe.query_async::<()>(&mut conn).await.unwrap();
+                }
+                true
             }
             Side::Tollgate | Side::TollgateGcra | Side::HitCounter | Side::FixedWindow => {
                 let quota = Quota::new(RATE, std::time::Duration::from_secs(period_s)).unwrap();

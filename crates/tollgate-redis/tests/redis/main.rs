@@ -15,3 +15,4 @@ mod single;
 mod stack;
 mod support;
 mod tls;
+mod ttl_once;

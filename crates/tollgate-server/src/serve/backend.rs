@@ -539,7 +539,6 @@ impl Backend {
         })
     }
 
-    /// Which store this is, for the start-up log.
     /// How Redis runs the store's code (`function` or `script`); `None`
     /// without Redis.
     pub(crate) fn redis_code(&self) -> Option<&'static str> {
@@ -553,6 +552,16 @@ impl Backend {
         }
     }
 
+    /// Whether single GCRA and bucket checks go to the Tollgate module's
+    /// commands (loaded on the server); `None` without Redis.
+    pub(crate) fn redis_module(&self) -> Option<bool> {
+        match self {
+            Backend::Memory(_) => None,
+            Backend::Redis(stack) => Some(stack.inner().inner().redis().uses_module()),
+        }
+    }
+
+    /// Which store this is, for the start-up log.
     pub(crate) fn describe(&self) -> &'static str {
         match self {
             Backend::Memory(_) => "memory",

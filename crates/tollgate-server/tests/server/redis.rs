@@ -28,9 +28,16 @@ async fn two_instances_on_one_redis_share_one_limit() {
     let b = Server::with_config(&[("shared.yaml", HOURLY)], &args);
     let mut clients = [a.grpc_client().await, b.grpc_client().await];
     assert!(
-        a.wait_for_log(&["store ready", "redis_code=\"function\""], common::STARTUP)
-            .await,
-        "Redis 7 runs the code as a function: {}",
+        a.wait_for_log(
+            &[
+                "store ready",
+                "redis_code=\"function\"",
+                "redis_module=false"
+            ],
+            common::STARTUP
+        )
+        .await,
+        "Redis 7 without the module runs the code as a function: {}",
         a.log()
     );
     let mut admitted = 0;
