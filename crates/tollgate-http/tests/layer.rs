@@ -914,7 +914,6 @@ async fn over_http_a_plain_hyper_server_passes_the_peer_as_a_socket_addr() {
 #[tokio::test]
 async fn over_grpc_a_tonic_server_answers_resource_exhausted() {
     use tonic_health::pb::HealthCheckRequest;
-    use tonic_health::pb::health_client::HealthClient;
 
     let calls = "
 domain: api
@@ -923,32 +922,7 @@ rules:
     match: [{ key: generic_key, value: grpc }]
     limit: { requests: 2, per: 1h }
 ";
-    // tonic records the peer as its own `TcpConnectInfo`; a fixed key keeps
-    // this test about the gRPC answer.
-    let layer = RateLimitLayer::builder("api", policy(calls), MemoryStore::default())
-        .descriptor(FixedKey::new("grpc"))
-        .build();
-    let (_reporter, health) = tonic_health::server::health_reporter();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .layer(layer)
-            .add_service(health)
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener),
-                async {
-                    let _ = stopped.await;
-                },
-            ),
-    );
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = HealthClient::new(channel);
+    let (mut client, stop, server) = health_behind(calls).await;
     let check = || HealthCheckRequest {
         service: String::new(),
     };
@@ -1159,7 +1133,6 @@ rules:
 #[tokio::test]
 async fn over_grpc_a_shed_call_answers_unavailable() {
     use tonic_health::pb::HealthCheckRequest;
-    use tonic_health::pb::health_client::HealthClient;
 
     // A shared budget of two calls an hour, shed by tier: the fixed key's
     // value names no tier, so the calls are low and may spend half of it.
@@ -1173,7 +1146,37 @@ rules:
     limit: { requests: 2, per: 1h }
     shed: true
 ";
-    let layer = RateLimitLayer::builder("api", policy(budget), MemoryStore::default())
+    let (mut client, stop, server) = health_behind(budget).await;
+    let check = || HealthCheckRequest {
+        service: String::new(),
+    };
+    client.check(check()).await.unwrap();
+    let status = client.check(check()).await.unwrap_err();
+    assert_eq!(
+        status.code(),
+        tonic::Code::Unavailable,
+        "shed, not over a limit: {status:?}"
+    );
+    assert!(status.message().contains("sheds"), "{status:?}");
+    assert!(status.metadata().get("retry-after").is_some());
+    assert!(status.metadata().get("grpc-retry-pushback-ms").is_some());
+    drop(client);
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
+
+/// tonic's health service behind a [`RateLimitLayer`] of `policy_text`
+/// (every call keyed `generic_key: grpc`: tonic records the peer as its own
+/// `TcpConnectInfo`, and a fixed key keeps a test about the gRPC answer), on
+/// a real listener: a client, the server's stop and its task.
+async fn health_behind(
+    policy_text: &str,
+) -> (
+    tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) {
+    let layer = RateLimitLayer::builder("api", policy(policy_text), MemoryStore::default())
         .descriptor(FixedKey::new("grpc"))
         .build();
     let (_reporter, health) = tonic_health::server::health_reporter();
@@ -1196,21 +1199,6 @@ rules:
         .connect()
         .await
         .unwrap();
-    let mut client = HealthClient::new(channel);
-    let check = || HealthCheckRequest {
-        service: String::new(),
-    };
-    client.check(check()).await.unwrap();
-    let status = client.check(check()).await.unwrap_err();
-    assert_eq!(
-        status.code(),
-        tonic::Code::Unavailable,
-        "shed, not over a limit: {status:?}"
-    );
-    assert!(status.message().contains("sheds"), "{status:?}");
-    assert!(status.metadata().get("retry-after").is_some());
-    assert!(status.metadata().get("grpc-retry-pushback-ms").is_some());
-    drop(client);
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    let client = tonic_health::pb::health_client::HealthClient::new(channel);
+    (client, stop, server)
 }

@@ -4,25 +4,15 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store};
-use tollgate_store::conformance;
-use tollgate_store::{Hybrid, HybridConfig};
+use tollgate_core::{Limit, Store};
 
-use crate::support::{RedisServer, manual_store};
+use crate::support::{MAX_LEASE, RedisServer, gcra_of_10_000, hybrid_of};
 
 fn limit() -> Limit<'static> {
-    Limit {
-        key: "dropped",
-        // Capacity 10,000 (no refill: the clock never moves).
-        quota: Quota::per_hour(10_000).unwrap(),
-        algorithm: Algorithm::Gcra,
-        cost: 1,
-        failure: FailurePolicy::Local,
-    }
+    gcra_of_10_000("dropped")
 }
 
 /// Waits (a bounded number of looks) until `done` says the store got there.
@@ -39,15 +29,8 @@ async fn eventually<F: Future<Output = bool>>(what: &str, mut done: impl FnMut()
 #[tokio::test]
 async fn regression_a_leasing_check_dropped_while_redis_took_its_units_lost_them() {
     let server = RedisServer::start();
-    let clock = conformance::clock();
-    let redis = manual_store(&server.url(), &clock).await;
-    // max_lease = 0.5% of 10,000 = 50 units.
-    let config = HybridConfig {
-        max_lease_fraction: 0.005,
-        ..HybridConfig::default()
-    };
-    let max_lease = 50;
-    let hybrid = Arc::new(Hybrid::with_clock(redis, config, Arc::clone(&clock) as _));
+    let hybrid = hybrid_of(&server).await;
+    let max_lease = MAX_LEASE;
     let taken = || async {
         let read = hybrid
             .inner()

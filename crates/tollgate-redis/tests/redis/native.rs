@@ -10,7 +10,7 @@ use tollgate_redis::{RedisConfig, RedisStore};
 use tollgate_store::MemoryStore;
 use tollgate_store::conformance;
 
-use crate::support::{RedisServer, manual_store, manual_store_with};
+use crate::support::{RedisServer, command_calls, manual_store, manual_store_with};
 
 fn limit(key: &str, quota: Quota, algorithm: Algorithm, cost: u64) -> Limit<'_> {
     Limit {
@@ -20,17 +20,6 @@ fn limit(key: &str, quota: Quota, algorithm: Algorithm, cost: u64) -> Limit<'_> 
         cost,
         failure: FailurePolicy::Local,
     }
-}
-
-/// A command's calls since the server's stats were reset.
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    server
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// The window's count key of a limit at the clock's time.
@@ -75,8 +64,8 @@ async fn a_limit_alone_is_counted_natively_on_the_count_the_script_steps() {
     // Per algorithm: five checks alone of a non-zero cost, each an INCRBY
     // (the read of cost 0 a GET), and two beside the GCRA limit, each an
     // FCALL.
-    assert_eq!(calls(&server, "incrby"), 2 * 5);
-    assert_eq!(calls(&server, "fcall"), 2 * 2);
+    assert_eq!(command_calls(&server, "incrby"), 2 * 5);
+    assert_eq!(command_calls(&server, "fcall"), 2 * 2);
 }
 
 /// A fixed window gives a denied check's units back; a hit counter keeps

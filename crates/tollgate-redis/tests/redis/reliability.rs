@@ -4,37 +4,21 @@
 use std::sync::Arc;
 
 use tokio::task::JoinSet;
-use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store};
-use tollgate_store::conformance;
-use tollgate_store::{Hybrid, HybridConfig};
+use tollgate_core::{Limit, Store};
 
-use crate::support::{RedisServer, manual_store};
+use crate::support::{MAX_LEASE, RedisServer, gcra_of_10_000, hybrid_of};
 
 const KEY: &str = "contended";
 
 fn limit() -> Limit<'static> {
-    Limit {
-        key: KEY,
-        // Capacity 10,000 (no refill: the clock never moves).
-        quota: Quota::per_hour(10_000).unwrap(),
-        algorithm: Algorithm::Gcra,
-        cost: 1,
-        failure: FailurePolicy::Local,
-    }
+    gcra_of_10_000(KEY)
 }
 
 #[tokio::test]
 async fn regression_concurrent_misses_of_one_key_held_many_times_the_lease_cap() {
     let server = RedisServer::start();
-    let clock = conformance::clock();
-    let redis = manual_store(&server.url(), &clock).await;
-    // max_lease = 0.5% of 10,000 = 50 units.
-    let config = HybridConfig {
-        max_lease_fraction: 0.005,
-        ..HybridConfig::default()
-    };
-    let max_lease = 50;
-    let hybrid = Arc::new(Hybrid::with_clock(redis, config, Arc::clone(&clock) as _));
+    let hybrid = hybrid_of(&server).await;
+    let max_lease = MAX_LEASE;
     let mut admitted = 0u64;
     // Grow the key's lease to its cap (each lease spent while live doubles
     // the next), then spend what is held, so that the next checks all miss.

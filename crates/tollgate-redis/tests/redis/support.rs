@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, ManualClock, Store};
+use tollgate_core::{Algorithm, FailurePolicy, Limit, ManualClock, Quota, Store};
 use tollgate_redis::{RedisConfig, RedisStore, TimeSource};
 use tollgate_store::conformance::{Scenario, scenarios};
+use tollgate_store::{Hybrid, HybridConfig};
 
 pub(crate) use tollgate_testkit::{RedisCluster, RedisServer, cli, free_port, wait_until};
 
@@ -58,15 +59,48 @@ pub(crate) async fn manual_store_with(
         .expect("connect to the test Redis")
 }
 
-/// The `FCALL`s a server ran since its stats were last reset.
-pub(crate) fn fcalls(server: &RedisServer) -> usize {
+/// A command's calls (`command` in lower case) since the server's stats were
+/// last reset.
+pub(crate) fn command_calls(server: &RedisServer, command: &str) -> u64 {
     server
         .cli(&["INFO", "commandstats"])
         .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
         .and_then(|v| v.split(',').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// The `FCALL`s a server ran since its stats were last reset.
+pub(crate) fn fcalls(server: &RedisServer) -> usize {
+    usize::try_from(command_calls(server, "fcall")).unwrap_or(usize::MAX)
+}
+
+/// A GCRA limit on `key` of capacity 10,000 (no refill: the tests' clock
+/// never moves).
+pub(crate) fn gcra_of_10_000(key: &str) -> Limit<'_> {
+    Limit {
+        key,
+        quota: Quota::per_hour(10_000).unwrap(),
+        algorithm: Algorithm::Gcra,
+        cost: 1,
+        failure: FailurePolicy::Local,
+    }
+}
+
+/// Units a hybrid instance leases at most of [`gcra_of_10_000`]: 0.5%.
+pub(crate) const MAX_LEASE: u64 = 50;
+
+/// A hybrid instance over `server` on a frozen clock, leasing at most
+/// [`MAX_LEASE`] units of a [`gcra_of_10_000`] key.
+pub(crate) async fn hybrid_of(server: &RedisServer) -> Arc<Hybrid<RedisStore>> {
+    let clock = tollgate_store::conformance::clock();
+    let redis = manual_store(&server.url(), &clock).await;
+    let config = HybridConfig {
+        max_lease_fraction: 0.005,
+        ..HybridConfig::default()
+    };
+    Arc::new(Hybrid::with_clock(redis, config, clock as _))
 }
 
 /// Concurrent checks share calls (batches; on a cluster, across the slots

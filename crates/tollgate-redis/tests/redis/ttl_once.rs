@@ -7,18 +7,7 @@ use std::time::Duration;
 
 use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store};
 
-use crate::support::{RedisServer, manual_store};
-
-/// A command's calls since the server's stats were reset.
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    server
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
+use crate::support::{RedisServer, command_calls, manual_store};
 
 /// Every key of the server with its `PTTL` (-1: none).
 fn ttls(server: &RedisServer) -> Vec<(String, i64)> {
@@ -61,8 +50,8 @@ async fn a_windows_ttl_is_sent_once_and_again_for_a_key_made_anew() {
         }
     }
     // Ten checks of each window, one TTL each.
-    assert_eq!(calls(&server, "incrby"), 20);
-    assert_eq!(calls(&server, "pexpire"), 2);
+    assert_eq!(command_calls(&server, "incrby"), 20);
+    assert_eq!(command_calls(&server, "pexpire"), 2);
     let keys = ttls(&server);
     assert_eq!(keys.len(), 2, "{keys:?}");
     assert!(keys.iter().all(|(_, ttl)| *ttl > 0), "{keys:?}");
@@ -76,7 +65,7 @@ async fn a_windows_ttl_is_sent_once_and_again_for_a_key_made_anew() {
         let outcome = store.check(&[limit("busy", algorithm)]).await.unwrap();
         assert_eq!(outcome.decisions[0].remaining(), 999, "a count made anew");
     }
-    assert_eq!(calls(&server, "pexpire"), 4);
+    assert_eq!(command_calls(&server, "pexpire"), 4);
     let again = ttls(&server);
     assert_eq!(again.len(), 2, "{again:?}");
     assert!(again.iter().all(|(_, ttl)| *ttl > 0), "{again:?}");
@@ -87,7 +76,7 @@ async fn a_windows_ttl_is_sent_once_and_again_for_a_key_made_anew() {
         .check(&[limit("busy", Algorithm::HitCounter)])
         .await
         .unwrap();
-    assert_eq!(calls(&server, "pexpire"), 5);
+    assert_eq!(command_calls(&server, "pexpire"), 5);
 }
 
 /// Two stores (two instances) count the same keys concurrently while a

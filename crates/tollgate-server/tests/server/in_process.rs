@@ -105,6 +105,66 @@ pub(crate) async fn upstream() -> (String, Arrivals) {
     (format!("http://{addr}"), arrivals)
 }
 
+/// A gateway in front of a recording [`upstream`], the policy `file` (named
+/// `name`) read both as the service's config and, for its `gateway:`
+/// section, as the gateway's: the service, what reached the upstream, and
+/// the two directories, which live as long as the test keeps them.
+pub(crate) async fn gateway_of(
+    name: &str,
+    file: &str,
+) -> (Running, Arrivals, [tempfile::TempDir; 2]) {
+    let (upstream, arrivals) = upstream().await;
+    let gateway = config_dir(&[("gateway.yaml", file)]);
+    let gateway_config = gateway.path().join("gateway.yaml");
+    let (running, dir) = start(
+        &[(name, file)],
+        &[
+            "--proxy-listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--gateway-config",
+            gateway_config.to_str().expect("a UTF-8 temp path"),
+        ],
+    )
+    .await;
+    (running, arrivals, [gateway, dir])
+}
+
+/// The paths that reached the upstream, in order.
+pub(crate) fn arrived(arrivals: &Arrivals) -> Vec<String> {
+    arrivals
+        .lock()
+        .expect("arrivals lock")
+        .iter()
+        .map(|(path, _)| path.clone())
+        .collect()
+}
+
+/// The service's `/live.json`.
+pub(crate) async fn live_json(running: &Running) -> serde_json::Value {
+    client()
+        .get(format!("http://{}/live.json", running.http_addr()))
+        .send()
+        .await
+        .expect("the HTTP API answers")
+        .json()
+        .await
+        .expect("a JSON body")
+}
+
+/// The service's `/metrics` text.
+pub(crate) async fn metrics(running: &Running) -> String {
+    client()
+        .get(format!("http://{}/metrics", running.http_addr()))
+        .send()
+        .await
+        .expect("the HTTP API answers")
+        .text()
+        .await
+        .expect("a text body")
+}
+
 /// The instant `path` reached the upstream, if it did.
 fn arrival(arrivals: &Arrivals, path: &str) -> Option<Instant> {
     arrivals
@@ -275,7 +335,7 @@ async fn wait_for_readyz(running: &Running, needles: &[&str]) -> String {
 }
 
 /// The value of the counter line that starts with `series` (0 when absent).
-fn counter(metrics: &str, series: &str) -> u64 {
+pub(crate) fn counter(metrics: &str, series: &str) -> u64 {
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))

@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use crate::common::{Redis, Server, config_dir};
-use crate::in_process::{client, start, upstream};
+use crate::common::{Redis, Server};
+use crate::in_process::{arrived, client, counter, gateway_of, live_json, metrics};
 use crate::real_envoy::{self, Envoy};
 
 use serde_json::{Value, json};
@@ -40,31 +40,9 @@ gateway:
             headers: [{ name: x-priority, present_match: false }]
 ";
 
-/// The value of the series `series` (name and labels as rendered) in a
-/// Prometheus text.
-fn value(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
 #[tokio::test(start_paused = true)]
 async fn the_gateway_sheds_each_tier_past_its_share_of_the_fleet_budget_with_503() {
-    let (upstream, arrivals) = upstream().await;
-    let gateway = config_dir(&[("gateway.yaml", FLEET)]);
-    let gateway_config = gateway.path().join("gateway.yaml");
-    let (running, _dir) = start(
-        &[("stripe.yaml", FLEET)],
-        &[
-            "--proxy-listen",
-            "127.0.0.1:0",
-            "--upstream",
-            &upstream,
-            "--gateway-config",
-            gateway_config.to_str().expect("a UTF-8 temp path"),
-        ],
-    )
-    .await;
+    let (running, arrivals, _dirs) = gateway_of("stripe.yaml", FLEET).await;
     let base = format!("http://{}", running.gateway_addr().expect("a gateway"));
     let get = async |path: &str, tier: Option<&str>| {
         let mut request = client().get(format!("{base}{path}"));
@@ -110,12 +88,7 @@ async fn the_gateway_sheds_each_tier_past_its_share_of_the_fleet_budget_with_503
     assert_eq!(status, 429);
     assert!(retry_after.is_some());
 
-    let paths: Vec<String> = arrivals
-        .lock()
-        .expect("arrivals lock")
-        .iter()
-        .map(|(path, _)| path.clone())
-        .collect();
+    let paths = arrived(&arrivals);
     assert_eq!(
         paths,
         [
@@ -130,36 +103,19 @@ async fn the_gateway_sheds_each_tier_past_its_share_of_the_fleet_budget_with_503
         ],
         "no shed or limited request reaches the upstream"
     );
-    let metrics = client()
-        .get(format!("http://{}/metrics", running.http_addr()))
-        .send()
-        .await
-        .expect("the HTTP API answers")
-        .text()
-        .await
-        .expect("a text body");
-    let shed = |labels: &str| value(&metrics, &format!("tollgate_{labels}"));
-    assert_eq!(
-        shed(r#"checks_total{api="gateway",result="shed"}"#),
-        Some(3.0)
-    );
+    let metrics = metrics(&running).await;
+    let shed = |labels: &str| counter(&metrics, &format!("tollgate_{labels}"));
+    assert_eq!(shed(r#"checks_total{api="gateway",result="shed"}"#), 3);
     assert_eq!(
         shed(r#"enforcer_shed_total{domain="stripe",tier="low"}"#),
-        Some(2.0)
+        2
     );
     assert_eq!(
         shed(r#"enforcer_shed_total{domain="stripe",tier="high"}"#),
-        Some(1.0)
+        1
     );
     // The live page's shedding panel shows the enforcer's sheds by tier.
-    let live: Value = client()
-        .get(format!("http://{}/live.json", running.http_addr()))
-        .send()
-        .await
-        .expect("the HTTP API answers")
-        .json()
-        .await
-        .expect("a JSON body");
+    let live: Value = live_json(&running).await;
     assert_eq!(
         live["shedding"]["reported"],
         json!([{"domain": "stripe", "utilization": null, "instances": 0, "shed": [0, 1, 2]}]),

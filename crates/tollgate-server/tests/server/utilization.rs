@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use crate::common::{config_dir, rls_request};
-use crate::in_process::{client, start, upstream};
+use crate::common::rls_request;
+use crate::in_process::{arrived, client, gateway_of, live_json, metrics, start};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -95,14 +95,7 @@ async fn the_http_api_sheds_by_tier_with_503_and_retry_after_until_the_report_la
     let (status, _, body) = post(&running, "/v1/check", check("critical")).await;
     assert_eq!(status, 429, "{body}");
 
-    let metrics = client()
-        .get(format!("http://{}/metrics", running.http_addr()))
-        .send()
-        .await
-        .expect("the HTTP API answers")
-        .text()
-        .await
-        .expect("a text body");
+    let metrics = metrics(&running).await;
     for line in [
         r#"tollgate_reported_utilization{domain="api"} 0.6"#,
         r#"tollgate_reported_instances{domain="api"} 1"#,
@@ -112,14 +105,7 @@ async fn the_http_api_sheds_by_tier_with_503_and_retry_after_until_the_report_la
         assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
     }
 
-    let live: Value = client()
-        .get(format!("http://{}/live.json", running.http_addr()))
-        .send()
-        .await
-        .expect("the HTTP API answers")
-        .json()
-        .await
-        .expect("a JSON body");
+    let live: Value = live_json(&running).await;
     assert_eq!(
         live["shedding"],
         json!({"gateway": null, "reported": [
@@ -270,22 +256,8 @@ gateway:
 
 #[tokio::test(start_paused = true)]
 async fn the_gateway_sheds_on_reported_utilization_with_503_before_the_upstream() {
-    let (upstream, arrivals) = upstream().await;
     // The policy's own file, read again for its `gateway:` section.
-    let gateway = config_dir(&[("gateway.yaml", GATEWAY)]);
-    let gateway_config = gateway.path().join("gateway.yaml");
-    let (running, _dir) = start(
-        &[("api.yaml", GATEWAY)],
-        &[
-            "--proxy-listen",
-            "127.0.0.1:0",
-            "--upstream",
-            &upstream,
-            "--gateway-config",
-            gateway_config.to_str().expect("a UTF-8 temp path"),
-        ],
-    )
-    .await;
+    let (running, arrivals, _dirs) = gateway_of("api.yaml", GATEWAY).await;
     let (status, _) = report(&running, json!({"domain": "api", "utilization": 0.9})).await;
     assert_eq!(status, 200);
     let base = format!("http://{}", running.gateway_addr().expect("a gateway"));
@@ -303,25 +275,13 @@ async fn the_gateway_sheds_on_reported_utilization_with_503_before_the_upstream(
     assert_eq!(status, 503);
     assert_eq!(retry_after.expect("a Retry-After"), "3");
     assert_eq!(get("/critical", "critical").await.0, 200);
-    let paths: Vec<String> = arrivals
-        .lock()
-        .expect("arrivals lock")
-        .iter()
-        .map(|(path, _)| path.clone())
-        .collect();
+    let paths = arrived(&arrivals);
     assert_eq!(
         paths,
         ["/critical"],
         "a shed request never reaches the upstream"
     );
-    let metrics = client()
-        .get(format!("http://{}/metrics", running.http_addr()))
-        .send()
-        .await
-        .expect("the HTTP API answers")
-        .text()
-        .await
-        .expect("a text body");
+    let metrics = metrics(&running).await;
     let line = r#"tollgate_checks_total{api="gateway",result="shed"} 1"#;
     assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
 }
