@@ -789,6 +789,19 @@ mod tests {
 
     use super::*;
 
+    /// `live`'s snapshot of `policy` as JSON, with nothing disabled, no
+    /// store, no quotas and no shedding.
+    fn bare_json(live: &Live, policy: &Policy) -> serde_json::Value {
+        serde_json::to_value(live.snapshot(
+            policy,
+            Vec::new(),
+            None,
+            Vec::new(),
+            Shedding::default(),
+        ))
+        .expect("serializable")
+    }
+
     /// A clock the test moves.
     #[derive(Debug, Default)]
     struct Manual(AtomicU64);
@@ -858,14 +871,7 @@ rules:
                 .await;
             }
         }
-        let snapshot = live.snapshot(
-            &enforcer.policy(),
-            Vec::new(),
-            None,
-            Vec::new(),
-            Shedding::default(),
-        );
-        let json = serde_json::to_value(&snapshot).expect("serializable");
+        let json = bare_json(&live, &enforcer.policy());
         let series = |rule: &str, result: &str| {
             json["decisions"]
                 .as_array()
@@ -895,14 +901,7 @@ rules:
         assert_eq!(json["config"]["rules"], 2);
         // A second sample makes one point of history.
         live.sample();
-        let json = serde_json::to_value(live.snapshot(
-            &enforcer.policy(),
-            Vec::new(),
-            None,
-            Vec::new(),
-            Shedding::default(),
-        ))
-        .expect("serializable");
+        let json = bare_json(&live, &enforcer.policy());
         assert_eq!(
             json["history"]["decisions_per_second"],
             serde_json::json!([8.0])
@@ -939,14 +938,7 @@ rules:
             }
         }
         let ok = |live: &Live| {
-            let json = serde_json::to_value(live.snapshot(
-                &handle.guard(),
-                Vec::new(),
-                None,
-                Vec::new(),
-                Shedding::default(),
-            ))
-            .expect("serializable");
+            let json = bare_json(live, &handle.guard());
             json["decisions"]
                 .as_array()
                 .expect("a list")
@@ -998,14 +990,7 @@ rules:
         enforcer.policy_handle().store(new);
         enforce(&enforcer, &both).await;
         enforce(&observed(in_flight), &both).await;
-        let json = serde_json::to_value(live.snapshot(
-            &enforcer.policy(),
-            Vec::new(),
-            None,
-            Vec::new(),
-            Shedding::default(),
-        ))
-        .expect("serializable");
+        let json = bare_json(&live, &enforcer.policy());
         // Every series of the label set, so a rule counted in two shows.
         let totals = |rule: &str, result: &str| {
             let all = json["decisions"].as_array().expect("a list").iter();
