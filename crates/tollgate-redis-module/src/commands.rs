@@ -7,8 +7,10 @@ use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, KeyType, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::bucket::{Kind, parse};
-use crate::request::{Request, check};
-use crate::step::{State, decimal};
+use crate::raw_key::RawKey;
+use crate::request::{Db, Decide, Request, check};
+use crate::sets::{Sets, Visit, release};
+use crate::step::{State, Stepped, decimal};
 
 /// The time now in nanoseconds since 1970: the clock Redis's `TIME` reads.
 fn clock_ns() -> u64 {
@@ -150,16 +152,143 @@ fn key_name<'a>(
     if sent.as_slice() == name {
         return sent;
     }
-    made.insert(ctx.create_string(name))
+    made.insert(RedisString::create_from_slice(ctx.get_raw(), name))
 }
 
 const CHECK_USAGE: &str =
-    "ERR usage: TOLLGATE.CHECK <numkeys> <key> ... c|d <extra ttl ms> <request> ...";
+    "ERR usage: TOLLGATE.CHECK <numkeys> <key> ... c|d|l <extra ttl ms> <request or lease> ...";
 
-/// `TOLLGATE.CHECK`: the store's Lua code's entry point (`run`), natively,
-/// for requests whose limits each keep one string: the same keys, the same
-/// arguments, the same reply. Every request is decoded before any is
-/// checked, so a bad one fails the call with nothing written.
+/// A call's keys in Redis, by position, as `check` and `release` read and
+/// write them. Each write is replicated as the command that makes it, not
+/// the call: a replica deciding again on its own clock could decide
+/// otherwise.
+struct Keys<'c> {
+    ctx: &'c Context,
+    own: &'c [RedisString],
+    /// Each string state as `check` read it (a window's name made), kept
+    /// open to write it: one lookup per key, not two.
+    opened: Vec<Option<(Option<RedisString>, RedisKeyWritable)>>,
+    extra_ms: u64,
+    clock_ns: u64,
+}
+
+fn message(e: RedisError) -> String {
+    match e {
+        RedisError::String(s) => s,
+        other => other.to_string(),
+    }
+}
+
+impl Db for Keys<'_> {
+    fn string(
+        &mut self,
+        k: usize,
+        name: &[u8],
+        decide: &mut Decide<'_>,
+    ) -> Result<Stepped, String> {
+        let mut made = None;
+        let key = self
+            .ctx
+            .open_key_writable(key_name(self.ctx, &self.own[k], name, &mut made));
+        let stepped = with_stored(&key, decide).map_err(message);
+        self.opened[k] = Some((made, key));
+        stepped
+    }
+}
+
+impl Sets for Keys<'_> {
+    fn total(&mut self, k: usize) -> Result<i64, String> {
+        let key = self.ctx.open_key_writable(&self.own[k + 1]);
+        with_stored(&key, |v| {
+            v.map_or(Ok(0), |v| {
+                std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| "ERR a key does not hold its limit's state".to_owned())
+            })
+        })
+        .map_err(message)
+    }
+
+    fn last(&mut self, k: usize) -> Result<Option<u64>, String> {
+        RawKey::sorted(self.ctx, &self.own[k])?.last()
+    }
+
+    fn each(
+        &mut self,
+        k: usize,
+        above: Option<u64>,
+        upto: u64,
+        f: &mut Visit<'_>,
+    ) -> Result<(), String> {
+        RawKey::sorted(self.ctx, &self.own[k])?.each(above, upto, f)
+    }
+
+    fn remove(&mut self, k: usize, member: &[u8]) -> Result<bool, String> {
+        let removed = RawKey::sorted(self.ctx, &self.own[k])?.remove(member)?;
+        if removed {
+            self.ctx
+                .replicate("ZREM", &[self.own[k].as_slice(), member][..]);
+        }
+        Ok(removed)
+    }
+
+    fn add(&mut self, k: usize, score: u64, member: &[u8]) -> Result<(), String> {
+        RawKey::sorted(self.ctx, &self.own[k])?.add(score, member)?;
+        let mut digits = itoa::Buffer::new();
+        let score = digits.format(score).as_bytes();
+        self.ctx
+            .replicate("ZADD", &[self.own[k].as_slice(), score, member][..]);
+        Ok(())
+    }
+
+    fn set_total(&mut self, k: usize, total: i64, keep_ttl: bool) -> Result<(), String> {
+        let name = &self.own[k + 1];
+        let mut digits = itoa::Buffer::new();
+        let value = digits.format(total).as_bytes();
+        {
+            let key = self.ctx.open_key_writable(name);
+            with_stored(&key, |_| Ok(())).map_err(message)?;
+            key.as_string_dma()
+                .and_then(|mut dma| dma.write(value).map(drop))
+                .map_err(message)?;
+        }
+        if keep_ttl {
+            self.ctx
+                .replicate("SET", &[name.as_slice(), value, b"KEEPTTL"][..]);
+        } else {
+            // `SET`, which the code calls, drops the TTL.
+            RawKey::open(self.ctx, name).set_ttl_ms(None)?;
+            self.ctx.replicate("SET", &[name.as_slice(), value][..]);
+        }
+        Ok(())
+    }
+
+    fn expire(&mut self, k: usize, aux: bool, ttl_us: u64, at_least: bool) -> Result<(), String> {
+        let name = &self.own[k + usize::from(aux)];
+        let ms = ttl_us.div_ceil(1000).max(1).saturating_add(self.extra_ms);
+        let key = RawKey::open(self.ctx, name);
+        if at_least
+            && key
+                .ttl_ms()
+                .is_some_and(|t| t >= i64::try_from(ms).unwrap_or(i64::MAX))
+        {
+            return Ok(());
+        }
+        key.set_ttl_ms(Some(ms))?;
+        let mut at = itoa::Buffer::new();
+        let expire_at = at.format((self.clock_ns / 1_000_000).saturating_add(ms));
+        self.ctx
+            .replicate("PEXPIREAT", &[name.as_slice(), expire_at.as_bytes()][..]);
+        Ok(())
+    }
+}
+
+/// `TOLLGATE.CHECK`: the store's Lua code's entry point (`run`), natively:
+/// the same keys, the same arguments, the same reply, for the ops `c`
+/// (check), `d` (dry run) and `l` (release leases). Every request is
+/// decoded before any is checked, so a bad one fails the call with nothing
+/// written.
 fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let usage = || RedisError::Str(CHECK_USAGE);
     let numkeys = args
@@ -181,9 +310,10 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let commit = match op.as_slice() {
         b"c" => true,
         b"d" => false,
+        b"l" => return release_leases(ctx, keys, blobs),
         other => {
             return Err(RedisError::String(format!(
-                "ERR TOLLGATE.CHECK takes the ops c (check) and d (dry run), got {}",
+                "ERR TOLLGATE.CHECK takes the ops c (check), d (dry run) and l (release), got {}",
                 other.escape_ascii()
             )));
         }
@@ -193,12 +323,7 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let mut taken = 0;
     for blob in blobs {
         let request = Request::parse(blob.as_slice()).map_err(RedisError::String)?;
-        if !request.in_strings().map_err(RedisError::String)? {
-            return Err(RedisError::Str(
-                "ERR TOLLGATE.CHECK takes limits whose state is one string (not a sliding log's or a concurrency limit's)",
-            ));
-        }
-        taken += request.len();
+        taken += request.keys().map_err(RedisError::String)?;
         requests.push(request);
     }
     if taken != numkeys {
@@ -210,38 +335,26 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let mut reply = Vec::with_capacity(taken * 40 + requests.len() * 16);
     let mut from = 0;
     for request in &requests {
-        let own = &keys[from..from + request.len()];
-        from += request.len();
+        let n = request.keys().map_err(RedisError::String)?;
+        let own = &keys[from..from + n];
+        from += n;
         let now_us = request.time.unwrap_or(clock / 1000);
         let slices: Vec<&[u8]> = own.iter().map(RedisString::as_slice).collect();
-        // Each limit's key as it read it (a window's name made), kept open
-        // to write it: one lookup per key, not two.
-        let mut opened: Vec<Option<(Option<RedisString>, RedisKeyWritable)>> =
-            own.iter().map(|_| None).collect();
-        let writes = check(
-            request,
-            &slices,
-            now_us,
-            commit,
-            &mut |i, name, decide| {
-                let mut made = None;
-                let key = ctx.open_key_writable(key_name(ctx, &own[i], name, &mut made));
-                let stepped = with_stored(&key, decide).map_err(|e| match e {
-                    RedisError::String(s) => s,
-                    other => other.to_string(),
-                });
-                opened[i] = Some((made, key));
-                stepped
-            },
-            &mut reply,
-        )
-        .map_err(RedisError::String)?;
+        let mut db = Keys {
+            ctx,
+            own,
+            opened: own.iter().map(|_| None).collect(),
+            extra_ms,
+            clock_ns: clock,
+        };
+        let writes = check(request, &slices, now_us, commit, &mut db, &mut reply)
+            .map_err(RedisError::String)?;
         for w in writes {
             // A write is for the key its limit read (`check`'s `Write`).
-            let (made, key) = opened[w.limit]
+            let (made, key) = db.opened[w.at]
                 .as_ref()
                 .ok_or(RedisError::Str("ERR a write for a key not read"))?;
-            let name = made.as_ref().unwrap_or(&own[w.limit]);
+            let name = made.as_ref().unwrap_or(&own[w.at]);
             let ttl_ms = w.ttl_us.div_ceil(1000).max(1).saturating_add(extra_ms);
             write_state(
                 ctx,
@@ -254,6 +367,30 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
     }
     Ok(RedisValue::StringBuffer(reply))
+}
+
+/// Op `l`: releases each lease (`<cost>|<id>`) from its set, the keys two
+/// per lease (the set, its count), as the code's op `l`. Answers an empty
+/// array, as the code does.
+fn release_leases(ctx: &Context, keys: &[RedisString], members: &[RedisString]) -> RedisResult {
+    if keys.len() != 2 * members.len() {
+        return Err(RedisError::String(format!(
+            "ERR {} leases take {} keys, got {}",
+            members.len(),
+            2 * members.len(),
+            keys.len()
+        )));
+    }
+    let mut db = Keys {
+        ctx,
+        own: keys,
+        opened: Vec::new(),
+        extra_ms: 0,
+        clock_ns: clock_ns(),
+    };
+    let members: Vec<&[u8]> = members.iter().map(RedisString::as_slice).collect();
+    release(&mut db, &members).map_err(RedisError::String)?;
+    Ok(RedisValue::Array(Vec::new()))
 }
 
 mod entry {

@@ -10,20 +10,27 @@
 //!   (policing), a step of a bucket on the state tollgate-redis's Lua code
 //!   keeps, so that instances using the code and the module agree on a key;
 //! - `TOLLGATE.CHECK`, the Lua code's entry point natively: the same keys,
-//!   arguments and reply, for requests whose limits each keep one string.
+//!   arguments and reply, for every algorithm (the sliding log's and
+//!   concurrency's sorted sets too), and the code's lease release.
 //!
 //! Error messages are ASCII, arguments in them escaped (`\xc3\xa9`): the
 //! binding sends an error's characters as single bytes, which mangles any
 //! other character.
 //!
 //! Each command's arithmetic is a pure function over the stored values and
-//! the time (`cell`, `bucket`, `step`, `request`: tested without Redis);
+//! the time (`cell`, `bucket`, `step`, `sets`, `request`: tested without
+//! Redis);
 //! `commands` only reads and writes keys and reads the clock, Redis's own,
 //! at the edge.
 
 mod bucket;
 mod cell;
+#[cfg(test)]
+mod mem;
+#[cfg(not(test))]
+mod raw_key;
 mod request;
+mod sets;
 mod step;
 // Not in the unit tests' binary: it sets Redis's allocator as the global
 // one, which exists only inside a server.

@@ -12,6 +12,7 @@
 //! five per limit (allowed, remaining, reset after, retry after or -1,
 //! delay), little-endian doubles.
 
+use crate::sets::{SetState, Sets};
 use crate::step::{END_US, HIT_COUNTER, Limit, State, Stepped};
 
 /// The bytes of a request's head and of each of its limits.
@@ -101,45 +102,64 @@ impl<'a> Request<'a> {
         })
     }
 
-    /// Whether every limit's state is one string (what `check` takes).
-    pub(crate) fn in_strings(&self) -> Result<bool, String> {
-        (0..self.count).try_fold(true, |all, i| Ok(all && self.limit(i)?.in_string()))
+    /// Its number of keys: one per limit, two for a limit kept in a sorted
+    /// set (the set and its count).
+    pub(crate) fn keys(&self) -> Result<usize, String> {
+        (0..self.count).try_fold(0, |n, i| {
+            Ok(n + 1 + usize::from(!self.limit(i)?.in_string()))
+        })
+    }
+
+    /// The base of the lease ids its concurrency limits add: the text after
+    /// its limits.
+    fn lease(&self) -> &'a [u8] {
+        &self.blob[HEAD + LIMIT * self.count..]
     }
 }
 
 /// A step on a stored value (`None`: no key).
 pub(crate) type Decide<'a> = dyn FnMut(Option<&[u8]>) -> Result<Stepped, String> + 'a;
-/// Hands a `Decide` the value of a key: the index of the limit it is for,
-/// and its name.
-pub(crate) type Read<'a> = dyn FnMut(usize, &[u8], &mut Decide<'_>) -> Result<Stepped, String> + 'a;
 
-/// A new value to write: the key's name, the limit whose key it is (or
-/// whose window's), the state and its TTL (µs).
+/// The keys a request's check reads and writes: its string states, read
+/// here, written by the caller ([`Write`]), and its sorted sets ([`Sets`]),
+/// read and written here. A key is named by its position among the
+/// request's keys.
+pub(crate) trait Db: Sets {
+    /// Hands `decide` the stored value of `name`: the string state of the
+    /// limit whose key is at `k`, or its window's (made from it).
+    fn string(&mut self, k: usize, name: &[u8], decide: &mut Decide<'_>)
+    -> Result<Stepped, String>;
+}
+
+/// A new value to write: the key's name, the position of the key it is (or
+/// whose window's it is), the state and its TTL (µs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Write {
     pub(crate) key: Vec<u8>,
-    pub(crate) limit: usize,
+    pub(crate) at: usize,
     pub(crate) state: State,
     pub(crate) ttl_us: u64,
 }
 
-/// Checks `request` at `now_us` on `keys` (its own, in order), every limit's
-/// state one string: `read(i, key, decide)` hands `decide` the stored value
-/// of `key`, limit `i`'s key or its window's. Limits on one key see each other's tentative admission. Returns
-/// the reply's numbers (appended to `reply`) and what to write: nothing
-/// unless `commit` and every limit admitted (or the request's one limit is
-/// a hit counter, whose denies count).
-pub(crate) fn check<K: AsRef<[u8]>>(
+/// Checks `request` at `now_us` on `keys` (its own, in order: one per
+/// limit, two for a sliding log or a concurrency limit), as the code's
+/// `check_request`. Limits on one key see each other's tentative admission.
+/// Appends the reply's numbers to `reply`. Writes its sorted sets through
+/// `db`, and returns the string states to write: nothing unless `commit`
+/// and every limit admitted (or the request's one limit is a hit counter,
+/// whose denies count).
+pub(crate) fn check<K: AsRef<[u8]>, D: Db>(
     request: &Request<'_>,
     keys: &[K],
     now_us: u64,
     commit: bool,
-    read: &mut Read<'_>,
+    db: &mut D,
     reply: &mut Vec<u8>,
 ) -> Result<Vec<Write>, String> {
-    if keys.len() != request.len() {
+    let wanted = request.keys()?;
+    if keys.len() != wanted {
         return Err(format!(
-            "ERR a request of {} limits takes as many keys, got {}",
+            "ERR a request of {} limits takes {wanted} keys, got {}",
             request.len(),
             keys.len()
         ));
@@ -149,38 +169,37 @@ pub(crate) fn check<K: AsRef<[u8]>>(
         reply.extend_from_slice(&v.to_le_bytes());
     }
     let mut staged: Vec<Write> = Vec::new();
+    // Each sorted set's state, by the position of its key's first use, and
+    // the TTL (µs) it is to be written with.
+    let mut sets: Vec<(usize, SetState, Option<u64>)> = Vec::new();
     let mut all = true;
     let mut name = Vec::new();
-    for (i, key) in keys.iter().enumerate() {
+    let mut k = 0;
+    for i in 0..request.len() {
         let limit = request.limit(i)?;
-        let key = key.as_ref();
-        name.clear();
-        name.extend_from_slice(key);
-        if limit.windowed() {
-            name.push(b':');
-            name.extend_from_slice(itoa::Buffer::new().format(limit.window(now_us)).as_bytes());
-        }
+        let key = keys[k].as_ref();
         let write = all && commit;
-        let stepped = match staged.iter().find(|w| w.key == name) {
-            Some(w) => {
-                let mut digits = itoa::Buffer::new();
-                limit.step(Some(value(&w.state, &mut digits)), now_us, write)?
+        let v = if limit.in_string() {
+            let stepped = step_string(&limit, key, k, now_us, write, db, &mut staged, &mut name)?;
+            k += 1;
+            stepped
+        } else {
+            let s = match sets.iter().position(|(at, ..)| keys[*at].as_ref() == key) {
+                Some(s) => s,
+                None => {
+                    sets.push((k, SetState::load(db, k, &limit, now_us)?, None));
+                    sets.len() - 1
+                }
+            };
+            let (at, state, ttl) = &mut sets[s];
+            let (v, took) = state.step(db, *at, &limit, now_us, write, request.lease(), i + 1)?;
+            if took.is_some() {
+                *ttl = took;
             }
-            None => read(i, &name, &mut |v| limit.step(v, now_us, write))?,
+            k += 2;
+            v
         };
-        let v = stepped.verdict;
         all &= v.allowed;
-        if let Some((state, ttl_us)) = stepped.write {
-            match staged.iter_mut().find(|w| w.key == name) {
-                Some(w) => (w.state, w.ttl_us) = (state, ttl_us),
-                None => staged.push(Write {
-                    key: name.clone(),
-                    limit: i,
-                    state,
-                    ttl_us,
-                }),
-            }
-        }
         let retry = v.retry.map_or(-1.0, |r| r as f64);
         for n in [
             f64::from(u8::from(v.allowed)),
@@ -198,8 +217,52 @@ pub(crate) fn check<K: AsRef<[u8]>>(
     let keep = commit && (all || request.len() == 1);
     if !keep {
         staged.clear();
+        return Ok(staged);
+    }
+    for (at, state, ttl) in &sets {
+        state.write(db, *at, ttl.unwrap_or(0), now_us)?;
     }
     Ok(staged)
+}
+
+/// Steps a limit kept in one string (its key at `k`), staging what it
+/// writes in `staged`, where a later limit on the same key reads it.
+#[allow(clippy::too_many_arguments)]
+fn step_string<D: Db>(
+    limit: &Limit,
+    key: &[u8],
+    k: usize,
+    now_us: u64,
+    write: bool,
+    db: &mut D,
+    staged: &mut Vec<Write>,
+    name: &mut Vec<u8>,
+) -> Result<crate::step::Verdict, String> {
+    name.clear();
+    name.extend_from_slice(key);
+    if limit.windowed() {
+        name.push(b':');
+        name.extend_from_slice(itoa::Buffer::new().format(limit.window(now_us)).as_bytes());
+    }
+    let stepped = match staged.iter().find(|w| w.key == *name) {
+        Some(w) => {
+            let mut digits = itoa::Buffer::new();
+            limit.step(Some(value(&w.state, &mut digits)), now_us, write)?
+        }
+        None => db.string(k, name, &mut |v| limit.step(v, now_us, write))?,
+    };
+    if let Some((state, ttl_us)) = stepped.write {
+        match staged.iter_mut().find(|w| w.key == *name) {
+            Some(w) => (w.state, w.ttl_us) = (state, ttl_us),
+            None => staged.push(Write {
+                key: name.clone(),
+                at: k,
+                state,
+                ttl_us,
+            }),
+        }
+    }
+    Ok(stepped.verdict)
 }
 
 /// The bytes a state is written as.
@@ -212,10 +275,9 @@ pub(crate) fn value<'b>(state: &'b State, digits: &'b mut itoa::Buffer) -> &'b [
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
-    use crate::step::{FIXED_WINDOW, GCRA, SLIDING_LOG};
+    use crate::mem::Mem;
+    use crate::step::{CONCURRENCY, FIXED_WINDOW, GCRA, SLIDING_LOG};
 
     fn blob(time: f64, limits: &[[u64; 7]]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -235,34 +297,18 @@ mod tests {
     }
 
     /// Checks on a map of keys, writing what is to be written.
-    fn run(
-        db: &mut HashMap<Vec<u8>, Vec<u8>>,
-        blob: &[u8],
-        keys: &[&str],
-        commit: bool,
-    ) -> Vec<i64> {
+    fn run(db: &mut Mem, blob: &[u8], keys: &[&str], commit: bool) -> Vec<i64> {
         let request = Request::parse(blob).unwrap();
         let now = request.time.unwrap();
         let mut reply = Vec::new();
-        let writes = check(
-            &request,
-            keys,
-            now,
-            commit,
-            &mut |_, k, decide| decide(db.get(k).map(Vec::as_slice)),
-            &mut reply,
-        )
-        .unwrap();
-        for w in writes {
-            let mut digits = itoa::Buffer::new();
-            db.insert(w.key, value(&w.state, &mut digits).to_vec());
-        }
+        let writes = check(&request, keys, now, commit, db.with_keys(keys), &mut reply).unwrap();
+        db.apply(writes);
         decode(&reply)
     }
 
     #[test]
     fn all_or_nothing_and_limits_on_one_key_see_each_other() {
-        let mut db = HashMap::new();
+        let mut db = Mem::default();
         let gcra = [u64::from(GCRA), 2, 1_000_000, 2, 500_000, 1, 0];
         let narrow = [u64::from(FIXED_WINDOW), 1, 1_000_000, 1, 1_000_000, 1, 0];
         // Twice the same GCRA key at cost 1 each: both fit a burst of 2.
@@ -272,23 +318,23 @@ mod tests {
             r,
             [5_000_000, 1, 1, 1, 500_000, -1, 0, 1, 0, 1_000_000, -1, 0]
         );
-        assert_eq!(db[&b"g"[..]], b"6000000");
+        assert_eq!(db.strings[&b"g"[..]], b"6000000");
         // A window that admits beside a GCRA that denies: nothing written.
         let both = blob(5_000_000.0, &[narrow, gcra]);
         let r = run(&mut db, &both, &["w", "g"], true);
         assert_eq!(r[1], 0);
         assert_eq!(&r[2..4], [1, 0]);
         assert!(
-            !db.contains_key(&b"w:5"[..]),
+            !db.strings.contains_key(&b"w:5"[..]),
             "the window's admission was not kept"
         );
         // A dry run writes nothing.
-        db.clear();
+        db = Mem::default();
         let r = run(&mut db, &blob(5_000_000.0, &[narrow]), &["w"], false);
         assert_eq!(r[1], 1);
-        assert!(db.is_empty());
+        assert!(db.strings.is_empty());
         run(&mut db, &blob(5_000_000.0, &[narrow]), &["w"], true);
-        assert_eq!(db[&b"w:5"[..]], b"1");
+        assert_eq!(db.strings[&b"w:5"[..]], b"1");
     }
 
     #[test]
@@ -319,9 +365,101 @@ mod tests {
             ],
         );
         let log = Request::parse(&log).unwrap();
-        assert_eq!(log.in_strings(), Ok(false));
+        assert_eq!(log.keys(), Ok(3), "a sorted set and its count, a string");
         let mut reply = Vec::new();
-        let e = check(&log, &["a"], 1, true, &mut |_, _, d| d(None), &mut reply).unwrap_err();
-        assert!(e.contains("takes as many keys"));
+        let mut db = Mem::default();
+        let e = check(&log, &["a"], 1, true, db.with_keys(&["a"]), &mut reply).unwrap_err();
+        assert!(e.contains("takes 3 keys, got 1"), "{e}");
+    }
+
+    fn members(db: &Mem, key: &str) -> Vec<(u64, String)> {
+        db.sets.get(key.as_bytes()).map_or(Vec::new(), |s| {
+            s.iter()
+                .map(|(t, m)| (*t, String::from_utf8(m.clone()).unwrap()))
+                .collect()
+        })
+    }
+
+    #[test]
+    fn a_sliding_log_keeps_one_member_per_time_and_its_total() {
+        let mut db = Mem::default();
+        let log = |cost| [u64::from(SLIDING_LOG), 3, 1_000_000, 3, 333_334, cost, 0];
+        let keys = ["l", "l.n"];
+        let at = |t: u64, cost| blob(t as f64, &[log(cost)]);
+        // allowed, remaining, reset after, retry after.
+        let r = run(&mut db, &at(10_000_000, 2), &keys, true);
+        assert_eq!(&r[2..6], [1, 1, 1_000_000, -1]);
+        assert_eq!(members(&db, "l"), [(10_000_000, "10000000:2".to_owned())]);
+        assert_eq!(db.strings[&b"l.n"[..]], b"2");
+        assert_eq!((db.ttls[&b"l"[..]], db.ttls[&b"l.n"[..]]), (1000, 1000));
+        run(&mut db, &at(10_500_000, 1), &keys, true);
+        // Full: the first entry's two units leave at 11 s, enough for one.
+        let r = run(&mut db, &at(10_600_000, 1), &keys, true);
+        assert_eq!(&r[1..6], [0, 0, 0, 900_000, 400_000]);
+        assert_eq!(db.strings[&b"l.n"[..]], b"3", "a deny writes nothing");
+        // At 11 s the first entry has left: trimmed by the admission.
+        let r = run(&mut db, &at(11_000_000, 1), &keys, true);
+        assert_eq!(&r[2..6], [1, 1, 1_000_000, -1]);
+        assert_eq!(
+            members(&db, "l"),
+            [
+                (10_500_000, "10500000:1".to_owned()),
+                (11_000_000, "11000000:1".to_owned())
+            ]
+        );
+        assert_eq!(db.strings[&b"l.n"[..]], b"2");
+        // Two limits of one request on the log see each other, and their
+        // admissions at one time make one member; a dry run writes nothing.
+        let two = blob(11_000_000.0, &[log(1), log(0)]);
+        let r = run(&mut db, &two, &["l", "l.n", "l", "l.n"], false);
+        assert_eq!((r[3], r[8]), (0, 1), "a dry run stages nothing");
+        assert_eq!(db.strings[&b"l.n"[..]], b"2");
+        let r = run(&mut db, &two, &["l", "l.n", "l", "l.n"], true);
+        assert_eq!((r[3], r[8]), (0, 0));
+        assert_eq!(members(&db, "l")[1], (11_000_000, "11000000:2".to_owned()));
+        assert_eq!(db.strings[&b"l.n"[..]], b"3");
+    }
+
+    #[test]
+    fn concurrency_adds_leases_named_from_the_request_until_they_expire() {
+        let mut db = Mem::default();
+        let slots = [u64::from(CONCURRENCY), 2, 1_000_000, 2, 500_000, 1, 0];
+        let gcra = [u64::from(GCRA), 1, 1_000_000, 1, 1_000_000, 0, 0];
+        let keys = ["g", "c", "c.n"];
+        let at = |t: f64, lease: &str| {
+            let mut b = blob(t, &[gcra, slots]);
+            b.extend_from_slice(lease.as_bytes());
+            b
+        };
+        let r = run(&mut db, &at(5_000_000.0, "ab-1"), &keys, true);
+        assert_eq!(&r[7..12], [1, 1, 0, -1, 0]);
+        assert_eq!(members(&db, "c"), [(6_000_000, "1|ab-1_2".to_owned())]);
+        run(&mut db, &at(5_500_000.0, "ab-2"), &keys, true);
+        let r = run(&mut db, &at(5_600_000.0, "ab-3"), &keys, true);
+        assert_eq!(&r[7..12], [0, 0, 0, -1, 0]);
+        assert_eq!(db.strings[&b"c.n"[..]], b"2");
+        assert_eq!(db.ttls[&b"c"[..]], 1000);
+        // The first lease has expired at 6 s: the admission drops it.
+        let r = run(&mut db, &at(6_000_000.0, "ab-4"), &keys, true);
+        assert_eq!(&r[7..9], [1, 0]);
+        assert_eq!(
+            members(&db, "c"),
+            [
+                (6_500_000, "1|ab-2_2".to_owned()),
+                (7_000_000, "1|ab-4_2".to_owned())
+            ]
+        );
+        assert_eq!(db.strings[&b"c.n"[..]], b"2");
+        // Released: its cost leaves the count, whose TTL stays.
+        db.with_keys(&["c", "c.n"]);
+        db.ttls.insert(b"c.n".to_vec(), 777);
+        crate::sets::release(&mut db, &[b"1|ab-2_2"]).unwrap();
+        crate::sets::release(&mut db, &[b"1|gone_2"]).unwrap();
+        assert_eq!(db.strings[&b"c.n"[..]], b"1");
+        assert_eq!(db.ttls[&b"c.n"[..]], 777);
+        assert_eq!(members(&db, "c").len(), 1);
+        let e = crate::sets::release(&mut db, &[&b"1|ab-4_2"[..], b"x|y"]).unwrap_err();
+        assert!(e.contains("<cost>|<id>"), "{e}");
+        assert_eq!(members(&db, "c").len(), 1, "a bad lease releases nothing");
     }
 }

@@ -22,6 +22,8 @@ fn request(now_us: f64, limits: &[[u64; 7]]) -> Vec<u8> {
 
 /// GCRA, 10 per second, burst 3, cost 1.
 const GCRA: [u64; 7] = [1, 10, 1_000_000, 3, 100_000, 1, 0];
+/// A sliding log, 10 per second, cost 1.
+const LOG: [u64; 7] = [5, 10, 1_000_000, 10, 100_000, 1, 0];
 
 #[test]
 fn keys_are_declared_so_a_cluster_routes_and_refuses_them() {
@@ -53,18 +55,26 @@ async fn refuses_bad_calls_and_writes_nothing() {
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let good = request(1_800_000_000_000_000.0, &[GCRA]);
-    let log = request(1.0, &[[5, 1, 1, 1, 1, 1, 0]]);
+    let log = request(1.0, &[LOG]);
     let mut cut = good.clone();
     cut.truncate(30);
-    let calls: [(&[&[u8]], &str); 7] = [
+    let calls: [(&[&[u8]], &str); 9] = [
         (&[b"1"], "wrong number of arguments"),
         (&[b"x", b"a", b"c", b"0"], "usage"),
         (
             &[b"1", b"a", b"r", b"0", &good],
-            "takes the ops c (check) and d",
+            "takes the ops c (check), d (dry run) and l (release)",
         ),
         (&[b"2", b"a", b"b", b"c", b"0", &good], "take 1 keys, got 2"),
-        (&[b"1", b"a", b"c", b"0", &log], "whose state is one string"),
+        (&[b"1", b"a", b"c", b"0", &log], "take 2 keys, got 1"),
+        (
+            &[b"4", b"s", b"s.n", b"s", b"s.n", b"l", b"0", b"1|a", b"x|y"],
+            "a lease is <cost>|<id>, got x|y",
+        ),
+        (
+            &[b"1", b"s", b"l", b"0", b"1|a"],
+            "1 leases take 2 keys, got 1",
+        ),
         (
             &[b"2", b"a", b"b", b"c", b"0", &good, &cut],
             "at least 72 bytes",
@@ -98,4 +108,32 @@ async fn refuses_bad_calls_and_writes_nothing() {
             .expect_err("refused");
         assert!(e.to_string().contains(error), "{key}: {e}");
     }
+    // A sliding log on a string, or beside a count that is not one, and a
+    // log that admits beside a limit whose key is of another type: refused,
+    // the log's keys untouched.
+    let now = 1_800_000_000_000_000.0;
+    let log_and_gcra = request(now, &[LOG, GCRA]);
+    let cases: [(&[&str], &[u8], &str); 3] = [
+        (&["a", "s.n"], &request(now, &[LOG]), "WRONGTYPE"),
+        (
+            &["s", "a"],
+            &request(now, &[LOG]),
+            "does not hold its limit's state",
+        ),
+        (&["s", "s.n", "l"], &log_and_gcra, "WRONGTYPE"),
+    ];
+    for (keys, blob, error) in cases {
+        let e = redis::cmd("TOLLGATE.CHECK")
+            .arg(keys.len())
+            .arg(keys)
+            .arg("c")
+            .arg(0)
+            .arg(blob)
+            .query_async::<Vec<u8>>(&mut conn)
+            .await
+            .expect_err("refused");
+        assert!(e.to_string().contains(error), "{keys:?}: {e}");
+    }
+    assert_eq!(server.cli(&["EXISTS", "s", "s.n"]).trim(), "0");
+    assert_eq!(server.cli(&["DBSIZE"]).trim(), "2", "only the test's keys");
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tollgate_core::{Algorithm, Clock, Decision, FailurePolicy, Limit, ManualClock, Quota, Store};
 use tollgate_redis::{RedisConfig, RedisStore, TimeSource};
-use tollgate_testkit::RedisServer;
+use tollgate_testkit::{RedisCluster, RedisServer};
 
 use crate::{ints, server};
 
@@ -159,10 +159,16 @@ async fn leaky_bucket_alternating_with_the_code_answers_as_the_code_alone() {
     alternating_answers_as_the_code_alone(Algorithm::LeakyBucket).await;
 }
 
-/// The store's code's function name on `server` (the store loads it).
-async fn function(server: &RedisServer, clock: &Arc<ManualClock>) -> String {
-    store(server, clock).await;
-    let list = server.cli(&["FUNCTION", "LIST", "LIBRARYNAME", "tollgate_*"]);
+/// The store's code's function name on `node` (a store on `url` loads
+/// it).
+async fn function(url: &str, node: &RedisServer, clock: &Arc<ManualClock>) -> String {
+    let config = RedisConfig {
+        time: TimeSource::Clock(Arc::clone(clock) as _),
+        module: false,
+        ..RedisConfig::default()
+    };
+    RedisStore::connect(url, config).await.unwrap();
+    let list = node.cli(&["FUNCTION", "LIST", "LIBRARYNAME", "tollgate_*"]);
     list.lines()
         .map(str::trim)
         .find(|l| l.starts_with("tollgate_"))
@@ -171,8 +177,9 @@ async fn function(server: &RedisServer, clock: &Arc<ManualClock>) -> String {
 }
 
 /// A request as the store packs it (`script::request`): its time (µs) and
-/// number of limits, then seven numbers per limit, little-endian doubles.
-fn request(now_us: u64, limits: &[[u64; 7]]) -> Vec<u8> {
+/// number of limits, then seven numbers per limit, little-endian doubles,
+/// then the base of its lease ids.
+fn request(now_us: u64, limits: &[[u64; 7]], lease: &str) -> Vec<u8> {
     let mut out = Vec::new();
     for v in [now_us as f64, limits.len() as f64] {
         out.extend_from_slice(&v.to_le_bytes());
@@ -180,18 +187,19 @@ fn request(now_us: u64, limits: &[[u64; 7]]) -> Vec<u8> {
     for v in limits.iter().flatten() {
         out.extend_from_slice(&(*v as f64).to_le_bytes());
     }
+    out.extend_from_slice(lease.as_bytes());
     out
 }
 
 /// One call, through the code (`FCALL`) or the module (`TOLLGATE.CHECK`):
-/// its reply's bytes.
+/// its reply.
 async fn call(
     conn: &mut redis::aio::MultiplexedConnection,
     code: Option<&str>,
     keys: &[String],
     op: &str,
-    requests: &[Vec<u8>],
-) -> Vec<u8> {
+    args: &[Vec<u8>],
+) -> redis::Value {
     let mut cmd = match code {
         Some(function) => {
             let mut cmd = redis::cmd("FCALL");
@@ -202,22 +210,48 @@ async fn call(
     };
     // TTLs padded by 600 s: the test's clock runs ahead of Redis's.
     cmd.arg(keys.len()).arg(keys).arg(op).arg(600_000);
-    for r in requests {
+    for r in args {
         cmd.arg(r);
     }
     cmd.query_async(conn).await.unwrap()
 }
 
-/// Every algorithm whose state is one string, through `TOLLGATE.CHECK`
-/// alone and alternating with the code, in batches of a request of the
-/// limit alone and one of it beside a GCRA limit on another key, and a dry
-/// run: every reply's bytes and every key's bytes are the code's alone.
-#[tokio::test]
-async fn every_string_algorithm_through_the_module_answers_and_writes_as_the_code() {
-    let server = server();
+/// Every key of `node` whose name starts with `prefix`, as (its name without
+/// the prefix, its value: a string's bytes or a sorted set's members and
+/// scores, its expiry in ms), deleted.
+fn states(node: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> {
+    let mut keys: Vec<String> = node
+        .cli(&["KEYS", &format!("{prefix}*")])
+        .lines()
+        .map(|k| k.trim().to_owned())
+        .filter(|k| !k.is_empty())
+        .collect();
+    keys.sort();
+    keys.into_iter()
+        .map(|key| {
+            let value = match node.cli(&["TYPE", &key]).trim() {
+                "zset" => node.cli(&["ZRANGE", &key, "0", "-1", "WITHSCORES"]),
+                _ => node.cli(&["GET", &key]),
+            };
+            // Its expiry, absolute: read later than another key's, it is
+            // still comparable.
+            let ttl: i64 = node.cli(&["PEXPIRETIME", &key]).trim().parse().unwrap();
+            node.cli(&["DEL", &key]);
+            (key[prefix.len()..].to_owned(), value, ttl)
+        })
+        .collect()
+}
+
+/// Every algorithm through `TOLLGATE.CHECK` alone and alternating with the
+/// code, in batches of a request of the limit alone and one of it beside a
+/// GCRA limit on another key, and a dry run, then releases of the leases
+/// taken: every reply and every key (bytes, members, scores, TTLs) is the
+/// code's alone. `tag` starts every key (a cluster's hash tag, so that a
+/// call's keys share a slot on `node`).
+async fn fleet(url: &str, node: &RedisServer, tag: &str) {
     let clock = tollgate_store::conformance::clock();
-    let function = function(&server, &clock).await;
-    let client = redis::Client::open(server.url()).unwrap();
+    let function = function(url, node, &clock).await;
+    let client = redis::Client::open(node.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     // 3 per second (333,334 µs a unit), burst 4; shaping with one free.
     let algorithms = [
@@ -226,7 +260,9 @@ async fn every_string_algorithm_through_the_module_answers_and_writes_as_the_cod
         (Algorithm::LeakyBucket, 0),
         (Algorithm::LeakyBucketShaping { delay_after: 1 }, 1),
         (Algorithm::FixedWindow, 0),
+        (Algorithm::SlidingLog, 0),
         (Algorithm::SlidingCounter, 0),
+        (Algorithm::Concurrency, 0),
         (Algorithm::HitCounter, 0),
     ];
     let steps: [(u64, u64); 12] = [
@@ -254,29 +290,51 @@ async fn every_string_algorithm_through_the_module_answers_and_writes_as_the_cod
     ];
     for (algorithm, delay_after) in algorithms {
         let code = u64::from(algorithm.index());
+        let sets = matches!(algorithm, Algorithm::SlidingLog | Algorithm::Concurrency);
         let limit = |cost| [code, 3, 1_000_000, 4, 333_334, cost, delay_after];
         let mut now = 1_800_000_000_000_000 + 250_000;
-        let mut replies: [Vec<Vec<u8>>; 3] = Default::default();
+        let mut replies: [Vec<redis::Value>; 3] = Default::default();
         // "a": the code alone; "m": alternating; "n": the module alone.
+        let prefixes = ["a", "m", "n"].map(|p| format!("{tag}{p}:"));
+        let keys_of = |prefix: &str| -> Vec<String> {
+            let names: &[&str] = if sets {
+                &["k", "k.n", "k", "k.n", "g"]
+            } else {
+                &["k", "k", "g"]
+            };
+            names.iter().map(|k| format!("{prefix}{k}")).collect()
+        };
         for (i, (advance, cost)) in steps.into_iter().enumerate() {
             now += advance;
             let requests = [
-                request(now, &[limit(cost)]),
-                request(now, &[limit(cost), generous]),
+                request(now, &[limit(cost)], &format!("ab-{i:x}x")),
+                request(now, &[limit(cost), generous], &format!("ab-{i:x}y")),
             ];
             let op = if i == 2 { "d" } else { "c" };
-            for (p, prefix) in ["a", "m", "n"].into_iter().enumerate() {
-                let keys: Vec<String> = ["k", "k", "g"]
-                    .iter()
-                    .map(|k| format!("{prefix}:{k}"))
-                    .collect();
-                let by_code = match prefix {
-                    "a" => true,
-                    "m" => i % 2 == 0,
+            for (p, prefix) in prefixes.iter().enumerate() {
+                let by_code = match p {
+                    0 => true,
+                    1 => i % 2 == 0,
                     _ => false,
                 };
                 let code = by_code.then_some(function.as_str());
-                replies[p].push(call(&mut conn, code, &keys, op, &requests).await);
+                replies[p].push(call(&mut conn, code, &keys_of(prefix), op, &requests).await);
+            }
+        }
+        if algorithm == Algorithm::Concurrency {
+            // Releases: a lease taken at step 0 (expired, and dropped by a
+            // later admission), one of step 10's (expired, not dropped: the
+            // last step denied), and one never taken.
+            let leases = ["1|ab-0x_1", "1|ab-ax_1", "1|never_1"];
+            for (p, prefix) in prefixes.iter().enumerate() {
+                let keys: Vec<String> = leases
+                    .iter()
+                    .flat_map(|_| ["k", "k.n"])
+                    .map(|k| format!("{prefix}{k}"))
+                    .collect();
+                let args: Vec<Vec<u8>> = leases.iter().map(|l| l.as_bytes().to_vec()).collect();
+                let code = (p == 0).then_some(function.as_str());
+                replies[p].push(call(&mut conn, code, &keys, "l", &args).await);
             }
         }
         let [alone, mixed, native] = replies;
@@ -284,6 +342,10 @@ async fn every_string_algorithm_through_the_module_answers_and_writes_as_the_cod
         assert_eq!(native, alone, "{algorithm:?}: the module alone");
         let decisions: Vec<Vec<i64>> = alone
             .iter()
+            .filter_map(|r| match r {
+                redis::Value::BulkString(b) => Some(b),
+                _ => None,
+            })
             .map(|r| {
                 r.chunks_exact(8)
                     .map(|c| f64::from_le_bytes(c.try_into().unwrap()) as i64)
@@ -292,28 +354,46 @@ async fn every_string_algorithm_through_the_module_answers_and_writes_as_the_cod
             .collect();
         // The sequence admits and denies, so the comparison means something.
         assert!(decisions.iter().any(|d| d[1] == 1) && decisions.iter().any(|d| d[1] == 0));
-        let mut states: [Vec<(String, String)>; 3] = Default::default();
-        for (p, prefix) in ["a", "m", "n"].into_iter().enumerate() {
-            let mut keys: Vec<String> = server
-                .cli(&["KEYS", &format!("{prefix}:*")])
-                .lines()
-                .map(|k| k.trim().to_owned())
-                .collect();
-            keys.sort();
-            for key in keys {
-                let value = server.cli(&["GET", &key]);
-                server.cli(&["DEL", &key]);
-                states[p].push((key[1..].to_owned(), value));
+        let [a, m, n] = prefixes.map(|p| states(node, &p));
+        assert!(!a.is_empty(), "{algorithm:?}: something was written");
+        let same = |x: &[(String, String, i64)], what: &str| {
+            assert_eq!(
+                x.len(),
+                a.len(),
+                "{algorithm:?}: {what}: {x:?} against {a:?}"
+            );
+            for (x, a) in x.iter().zip(&a) {
+                assert_eq!((&x.0, &x.1), (&a.0, &a.1), "{algorithm:?}: {what}");
+                // Set by calls made one after the other: within a few ms.
+                assert!(
+                    (x.2 - a.2).abs() < 100,
+                    "{algorithm:?}: {what}: expiries {x:?} against {a:?}"
+                );
             }
-        }
-        assert!(
-            !states[0].is_empty(),
-            "{algorithm:?}: something was written"
-        );
-        assert_eq!(states[1], states[0], "{algorithm:?}: alternating, the keys");
-        assert_eq!(
-            states[2], states[0],
-            "{algorithm:?}: the module alone, the keys"
-        );
+        };
+        same(&m, "alternating, the keys");
+        same(&n, "the module alone, the keys");
     }
+}
+
+#[tokio::test]
+async fn every_algorithm_through_the_module_answers_and_writes_as_the_code() {
+    let server = server();
+    fleet(&server.url(), &server, "").await;
+}
+
+#[tokio::test]
+async fn every_algorithm_through_the_module_answers_and_writes_as_the_code_on_a_cluster() {
+    let module = crate::module();
+    let cluster = RedisCluster::start_with(&["--loadmodule", module.to_str().unwrap()]);
+    // A tag of a slot node 0 serves: every key of the test on that node.
+    let served = cluster.slots_of(0);
+    let tag = (0..1000)
+        .map(|n| format!("{{t{n}}}"))
+        .find(|t| {
+            let slot = cluster.keyslot(t);
+            served.iter().any(|&(a, b)| (a..=b).contains(&slot))
+        })
+        .expect("a tag on node 0");
+    fleet(&cluster.url(), &cluster.nodes[0], &tag).await;
 }
