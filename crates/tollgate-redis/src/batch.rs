@@ -13,10 +13,9 @@
 //! function's `allow-cross-slot-keys` flag lets it reach the others, which it
 //! checks are all served there before writing anything.
 //!
-//! With the module loaded, a batch whose every request the module's
-//! `TOLLGATE.CHECK` takes goes to it instead of the code, the same keys and
-//! arguments; on a cluster, one command per slot (a module command cannot
-//! reach keys of other slots), sent at once.
+//! With the module loaded, a batch goes to its `TOLLGATE.CHECK` instead of
+//! the code, the same keys and arguments; on a cluster, one command per
+//! slot (a module command cannot reach keys of other slots), sent at once.
 //!
 //! This amortizes what a call costs beyond its work — the command's parsing and
 //! dispatch in Redis, the socket writes and reads, the client's encoding — over
@@ -40,8 +39,6 @@ pub(crate) struct Job {
     pub(crate) request: Vec<u8>,
     /// Its number of limits.
     pub(crate) limits: usize,
-    /// Whether the module's `TOLLGATE.CHECK` takes it.
-    pub(crate) native: bool,
     pub(crate) reply: oneshot::Sender<Result<Vec<i64>, BatchError>>,
 }
 
@@ -123,7 +120,7 @@ struct Target<'a> {
 
 async fn send(to: Target<'_>, jobs: Vec<Job>, cluster: bool, module: bool) {
     let cross = cluster && jobs.iter().any(|job| job.slot != jobs[0].slot);
-    if module && jobs.iter().all(|job| job.native) {
+    if module {
         if !cross {
             let call = one_slot(Code::native_call, &jobs, to.extra_ms);
             return answer(to, call, true, jobs).await;

@@ -104,10 +104,7 @@ impl Code {
 
     /// A call of the module's `TOLLGATE.CHECK`, the code's entry point run
     /// natively, with `keys` keys: the same keys and arguments as
-    /// [`Code::call`]'s, the same reply. It takes the ops `c` and `d` on
-    /// requests whose limits each keep one string ([`Params::in_string`]).
-    ///
-    /// [`Params::in_string`]: crate::script::Params::in_string
+    /// [`Code::call`]'s, the same reply. It takes the ops `c`, `d` and `l`.
     pub(crate) fn native_call(keys: usize) -> Cmd {
         let mut cmd = redis::cmd("TOLLGATE.CHECK");
         cmd.arg(keys);

@@ -98,13 +98,6 @@ impl Params {
         self.code == Algorithm::SlidingLog.index() || self.code == Algorithm::Concurrency.index()
     }
 
-    /// Whether the limit's state is one string (every algorithm but the
-    /// sliding log and concurrency): what the module's `TOLLGATE.CHECK`
-    /// takes.
-    pub(crate) fn in_string(&self) -> bool {
-        !self.has_aux()
-    }
-
     /// Appends the limit's part of a request argument: seven little-endian
     /// doubles (every value is at most 2^52 + 1, so exact).
     fn write(&self, out: &mut Vec<u8>) {

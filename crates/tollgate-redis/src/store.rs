@@ -413,10 +413,9 @@ impl RedisStore {
                     .map(|&i| prepared[i].aux.as_str()),
             );
         }
-        let native = self.module
-            && grant.is_none()
-            && matches!(op, Op::Check | Op::Dry)
-            && members.iter().all(|&i| prepared[i].params.in_string());
+        // The module takes checks and dry runs of every algorithm; leasing
+        // checks (`h`) and refunds (`r`) still call the code.
+        let native = self.module && grant.is_none() && matches!(op, Op::Check | Op::Dry);
         let mut call = if native {
             Code::native_call(keys.len())
         } else {
@@ -500,7 +499,6 @@ impl RedisStore {
             slot: prepared[members[0]].slot,
             request: script::request(now_us, lease, members.iter().map(|&i| &prepared[i].params)),
             limits: members.len(),
-            native: members.iter().all(|&i| prepared[i].params.in_string()),
             reply: tx,
         };
         let gone = || StoreError::Backend {
@@ -792,9 +790,19 @@ impl Store for RedisStore {
         for lease in leases {
             let (key, aux) = redis_keys(&self.config.prefix, Algorithm::Concurrency, &lease.key);
             let member = format!("{}|{}", lease.cost, lease.id);
-            let mut call = self.code.call(2);
+            let mut call = if self.module {
+                Code::native_call(2)
+            } else {
+                self.code.call(2)
+            };
             call.arg(&key).arg(&aux).arg("l").arg(0).arg(&member);
-            if let Err(e) = self.run::<Vec<i64>>(&call).await {
+            let released = if self.module {
+                self.timed(self.conn.query_at::<Vec<i64>>(&call, slot(&key)))
+                    .await
+            } else {
+                self.run::<Vec<i64>>(&call).await
+            };
+            if let Err(e) = released {
                 tracing::debug!(error = %e, "lease release failed; it expires after its period");
                 first_error.get_or_insert(e);
             }
