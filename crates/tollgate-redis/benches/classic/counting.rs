@@ -35,6 +35,9 @@ pub(crate) const SIDES: [Side; 4] = [
 /// `CL.THROTTLE`, the module's `TOLLGATE.GCRA` and the store's GCRA
 /// (batches to `TOLLGATE.CHECK`).
 pub(crate) const MODULE_SIDES: [Side; 3] = [Side::Cell, Side::Module, Side::TollgateGcra];
+/// The sliding log's sides, the code first: the store with the module
+/// loaded (`TOLLGATE.CHECK`) against the same store calling the code.
+pub(crate) const LOG_SIDES: [Side; 2] = [Side::LogCode, Side::LogModule];
 /// Keys of each cell: sparse, then busy.
 const KEY_COUNTS: [u64; 2] = [100_000, 1_000];
 const DECISIONS: u64 = 32_000;

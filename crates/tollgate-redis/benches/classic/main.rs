@@ -48,6 +48,10 @@
 //! same cells compare GCRA: `CL.THROTTLE`, the module's `TOLLGATE.GCRA` and
 //! the store's GCRA (batches to `TOLLGATE.CHECK`);
 //! `TOLLGATE_BENCH_PART=module` runs only those (also run with `classic`).
+//! With Tollgate's module named, the same cells compare the store's sliding
+//! log through the module (`TOLLGATE.CHECK`) and through the code (a store
+//! with `module: false`, `FCALL`) on one server: `TOLLGATE_BENCH_PART=log`
+//! runs only those.
 
 mod counting;
 mod measure;
@@ -506,16 +510,18 @@ fn main() {
         .map(|v| v.parse().expect("TOLLGATE_BENCH_KEYS: a number of keys"));
     let topology = std::env::var("TOLLGATE_BENCH_TOPOLOGY").ok();
     let part = std::env::var("TOLLGATE_BENCH_PART").ok();
-    let (classic, counting, module) = match part.as_deref() {
-        None => (true, true, true),
-        Some("classic") => (true, false, true),
-        Some("counting") => (false, true, false),
-        Some("module") => (false, false, true),
+    let (classic, counting, module, log) = match part.as_deref() {
+        None => (true, true, true, true),
+        Some("classic") => (true, false, true, false),
+        Some("counting") => (false, true, false, false),
+        Some("module") => (false, false, true, false),
+        Some("log") => (false, false, false, true),
         Some("peer") => return runtime.block_on(peer()),
         Some(other) => {
-            panic!("TOLLGATE_BENCH_PART: classic, counting, module or peer, not {other:?}")
+            panic!("TOLLGATE_BENCH_PART: classic, counting, module, log or peer, not {other:?}")
         }
     };
+    let log = log && modules.tollgate.is_some();
     let module = module && modules.cell.is_some() && modules.tollgate.is_some();
     let sides: Vec<Side> = [
         Side::Classic,
@@ -623,6 +629,21 @@ fn main() {
             let mut admin = deployment.admin().await;
             let rows = counting::cells(&checker, &counting::MODULE_SIDES, &mut admin).await;
             counting::print(&rows, "GCRA with the modules");
+        }
+        if log {
+            eprintln!("== starting Redis (single, sliding log with the module)");
+            let deployment = Deployment::single(&modules);
+            let url = deployment.store_url();
+            let store = tollgate(&url).await;
+            assert!(store.inner().uses_module(), "the module is loaded");
+            let code = RedisStore::connect(&url, RedisConfig { module: false, ..config() });
+            let code = DenyCache::new(code.await.unwrap(), 65_536);
+            let client = redis::Client::open(url).unwrap();
+            let conn = client.get_multiplexed_async_connection().await.unwrap();
+            let checker = Arc::new(Checker::new(conn, store).with_code_store(code));
+            let mut admin = deployment.admin().await;
+            let rows = counting::cells(&checker, &counting::LOG_SIDES, &mut admin).await;
+            counting::print(&rows, "Sliding log, the module against the code");
         }
     });
 }

@@ -101,6 +101,10 @@ pub(crate) enum Side {
     HitCounter,
     FixedWindow,
     Limitador,
+    /// The store's sliding log, through the module's `TOLLGATE.CHECK`.
+    LogModule,
+    /// The store's sliding log, through the code (`FCALL`).
+    LogCode,
 }
 
 impl Side {
@@ -116,6 +120,8 @@ impl Side {
             Side::HitCounter => "tollgate hit counter",
             Side::FixedWindow => "tollgate fixed window",
             Side::Limitador => "limitador scripts",
+            Side::LogModule => "tollgate sliding log, module",
+            Side::LogCode => "tollgate sliding log, code",
         }
     }
 
@@ -131,9 +137,12 @@ impl Side {
             Side::Limitador => format!(
                 r#"namespace:{{bench}},counter:{{"limit":{LIMITADOR_LIMIT},"set_variables":{{"user":"{subject}"}}}}"#
             ),
-            Side::Tollgate | Side::TollgateGcra | Side::HitCounter | Side::FixedWindow => {
-                subject.to_owned()
-            }
+            Side::Tollgate
+            | Side::TollgateGcra
+            | Side::HitCounter
+            | Side::FixedWindow
+            | Side::LogModule
+            | Side::LogCode => subject.to_owned(),
         }
     }
 }
@@ -147,6 +156,8 @@ pub(crate) struct Checker<C> {
     limitador: Option<redis::Script>,
     pub(crate) conn: C,
     pub(crate) store: DenyCache<RedisStore>,
+    /// A store that never uses the module, for [`Side::LogCode`].
+    code_store: Option<DenyCache<RedisStore>>,
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync> Checker<C> {
@@ -157,7 +168,14 @@ impl<C: ConnectionLike + Clone + Send + Sync> Checker<C> {
             limitador: None,
             conn,
             store,
+            code_store: None,
         }
+    }
+
+    /// With a store that never uses the module, for [`Side::LogCode`].
+    pub(crate) fn with_code_store(mut self, store: DenyCache<RedisStore>) -> Self {
+        self.code_store = Some(store);
+        self
     }
 
     /// With Limitador's update script (its source), for [`Side::Limitador`].
@@ -266,12 +284,18 @@ impl<C: ConnectionLike + Clone + Send + Sync> Checker<C> {
                 }
                 true
             }
-            Side::Tollgate | Side::TollgateGcra | Side::HitCounter | Side::FixedWindow => {
+            Side::Tollgate
+            | Side::TollgateGcra
+            | Side::HitCounter
+            | Side::FixedWindow
+            | Side::LogModule
+            | Side::LogCode => {
                 let quota = Quota::new(RATE, std::time::Duration::from_secs(period_s)).unwrap();
                 let algorithm = match side {
                     Side::HitCounter => Algorithm::HitCounter,
                     Side::FixedWindow => Algorithm::FixedWindow,
                     Side::TollgateGcra => Algorithm::Gcra,
+                    Side::LogModule | Side::LogCode => Algorithm::SlidingLog,
                     _ => Algorithm::TokenBucket,
                 };
                 let limit = Limit {
@@ -281,7 +305,14 @@ impl<C: ConnectionLike + Clone + Send + Sync> Checker<C> {
                     cost: 1,
                     failure: FailurePolicy::Local,
                 };
-                self.store.check(&[limit]).await.unwrap().allowed()
+                let store = match side {
+                    Side::LogCode => self
+                        .code_store
+                        .as_ref()
+                        .expect("a store without the module"),
+                    _ => &self.store,
+                };
+                store.check(&[limit]).await.unwrap().allowed()
             }
         }
     }
