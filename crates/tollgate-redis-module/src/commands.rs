@@ -8,7 +8,7 @@ use redis_module::{Context, KeyType, RedisError, RedisResult, RedisString, Redis
 
 use crate::bucket::{Kind, parse};
 use crate::raw_key::RawKey;
-use crate::request::{Db, Decide, Request, check};
+use crate::request::{Db, Decide, Request, check, refund};
 use crate::sets::{Sets, Visit, release};
 use crate::step::{State, Stepped, decimal};
 
@@ -156,7 +156,7 @@ fn key_name<'a>(
 }
 
 const CHECK_USAGE: &str =
-    "ERR usage: TOLLGATE.CHECK <numkeys> <key> ... c|d|l <extra ttl ms> <request or lease> ...";
+    "ERR usage: TOLLGATE.CHECK <numkeys> <key> ... c|d|r|l <extra ttl ms> <request or lease> ...";
 
 /// A call's keys in Redis, by position, as `check` and `release` read and
 /// write them. Each write is replicated as the command that makes it, not
@@ -193,6 +193,24 @@ impl Db for Keys<'_> {
         let stepped = with_stored(&key, decide).map_err(message);
         self.opened[k] = Some((made, key));
         stepped
+    }
+
+    fn get(&mut self, name: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        let name = RedisString::create_from_slice(self.ctx.get_raw(), name);
+        let key = self.ctx.open_key_writable(&name);
+        with_stored(&key, |v| Ok(v.map(<[u8]>::to_vec))).map_err(message)
+    }
+
+    fn put(&mut self, name: &[u8], value: &[u8]) -> Result<(), String> {
+        let name = RedisString::create_from_slice(self.ctx.get_raw(), name);
+        let key = self.ctx.open_key_writable(&name);
+        // In place: the TTL stays.
+        key.as_string_dma()
+            .and_then(|mut dma| dma.write(value).map(drop))
+            .map_err(message)?;
+        self.ctx
+            .replicate("SET", &[name.as_slice(), value, b"KEEPTTL"][..]);
+        Ok(())
     }
 }
 
@@ -286,7 +304,8 @@ impl Sets for Keys<'_> {
 
 /// `TOLLGATE.CHECK`: the store's Lua code's entry point (`run`), natively:
 /// the same keys, the same arguments, the same reply, for the ops `c`
-/// (check), `d` (dry run) and `l` (release leases). Every request is
+/// (check), `d` (dry run), `r` (refund, without hybrid leases' records) and
+/// `l` (release leases). Every request is
 /// decoded before any is checked, so a bad one fails the call with nothing
 /// written.
 fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
@@ -311,9 +330,10 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         b"c" => true,
         b"d" => false,
         b"l" => return release_leases(ctx, keys, blobs),
+        b"r" => return refund_check(ctx, keys, blobs),
         other => {
             return Err(RedisError::String(format!(
-                "ERR TOLLGATE.CHECK takes the ops c (check), d (dry run) and l (release), got {}",
+                "ERR TOLLGATE.CHECK takes the ops c (check), d (dry run), r (refund) and l (release), got {}",
                 other.escape_ascii()
             )));
         }
@@ -367,6 +387,30 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
     }
     Ok(RedisValue::StringBuffer(reply))
+}
+
+/// Op `r`: gives back what a committed check of one request took, as the
+/// code's op `r` without hybrid leases' records (those still call the
+/// code). Answers the request's time in an array, as the code does.
+fn refund_check(ctx: &Context, keys: &[RedisString], blobs: &[RedisString]) -> RedisResult {
+    let [blob] = blobs else {
+        return Err(RedisError::Str(
+            "ERR TOLLGATE.CHECK refunds one request, without hybrid leases' records",
+        ));
+    };
+    let request = Request::parse(blob.as_slice()).map_err(RedisError::String)?;
+    let slices: Vec<&[u8]> = keys.iter().map(RedisString::as_slice).collect();
+    let mut db = Keys {
+        ctx,
+        own: keys,
+        opened: Vec::new(),
+        extra_ms: 0,
+        clock_ns: clock_ns(),
+    };
+    let at = refund(&request, &slices, &mut db).map_err(RedisError::String)?;
+    Ok(RedisValue::Array(vec![RedisValue::Integer(
+        i64::try_from(at).unwrap_or(i64::MAX),
+    )]))
 }
 
 /// Op `l`: releases each lease (`<cost>|<id>`) from its set, the keys two

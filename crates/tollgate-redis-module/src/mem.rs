@@ -50,6 +50,15 @@ impl Db for Mem {
         let _ = k;
         decide(self.strings.get(name).map(Vec::as_slice))
     }
+
+    fn get(&mut self, name: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        Ok(self.strings.get(name).cloned())
+    }
+
+    fn put(&mut self, name: &[u8], value: &[u8]) -> Result<(), String> {
+        self.strings.insert(name.to_vec(), value.to_vec());
+        Ok(())
+    }
 }
 
 impl Sets for Mem {

@@ -129,6 +129,11 @@ pub(crate) trait Db: Sets {
     /// limit whose key is at `k`, or its window's (made from it).
     fn string(&mut self, k: usize, name: &[u8], decide: &mut Decide<'_>)
     -> Result<Stepped, String>;
+    /// The string at `name` (`GET`), for a refund.
+    fn get(&mut self, name: &[u8]) -> Result<Option<Vec<u8>>, String>;
+    /// Sets the string at `name`, keeping its TTL (`SET … KEEPTTL`), for a
+    /// refund.
+    fn put(&mut self, name: &[u8], value: &[u8]) -> Result<(), String>;
 }
 
 /// A new value to write: the key's name, the position of the key it is (or
@@ -223,6 +228,57 @@ pub(crate) fn check<K: AsRef<[u8]>, D: Db>(
         state.write(db, *at, ttl.unwrap_or(0), now_us)?;
     }
     Ok(staged)
+}
+
+/// Gives back what a committed check of `request` took, at its time, on
+/// `keys` (the code's op `r` without hybrid leases' records): each limit's
+/// cost, to a string state that still lives, or off a sliding log's entry
+/// at that time, or a concurrency limit's lease. TTLs are kept. Answers the
+/// request's time.
+pub(crate) fn refund<K: AsRef<[u8]>, D: Db>(
+    request: &Request<'_>,
+    keys: &[K],
+    db: &mut D,
+) -> Result<u64, String> {
+    let at = request
+        .time
+        .ok_or_else(|| "ERR a refund takes the time of the check it refunds".to_owned())?;
+    let wanted = request.keys()?;
+    if keys.len() != wanted {
+        return Err(format!(
+            "ERR a request of {} limits takes {wanted} keys, got {}",
+            request.len(),
+            keys.len()
+        ));
+    }
+    let mut k = 0;
+    for i in 0..request.len() {
+        let limit = request.limit(i)?;
+        let key = keys[k].as_ref();
+        if limit.in_string() {
+            k += 1;
+            let mut name = key.to_vec();
+            if limit.windowed() {
+                name.push(b':');
+                name.extend_from_slice(itoa::Buffer::new().format(limit.window(at)).as_bytes());
+            }
+            if let Some(stored) = db.get(&name)? {
+                let state = limit.give(&stored, limit.cost, at)?;
+                let mut digits = itoa::Buffer::new();
+                db.put(&name, value(&state, &mut digits))?;
+            }
+            continue;
+        }
+        let mut member = Vec::new();
+        member.extend_from_slice(itoa::Buffer::new().format(limit.cost).as_bytes());
+        member.push(b'|');
+        member.extend_from_slice(request.lease());
+        member.push(b'_');
+        member.extend_from_slice(itoa::Buffer::new().format(i + 1).as_bytes());
+        crate::sets::give_back(db, k, &limit, at, &member)?;
+        k += 2;
+    }
+    Ok(at)
 }
 
 /// Steps a limit kept in one string (its key at `k`), staging what it
@@ -461,5 +517,50 @@ mod tests {
         let e = crate::sets::release(&mut db, &[&b"1|ab-4_2"[..], b"x|y"]).unwrap_err();
         assert!(e.contains("<cost>|<id>"), "{e}");
         assert_eq!(members(&db, "c").len(), 1, "a bad lease releases nothing");
+    }
+
+    #[test]
+    fn a_refund_right_after_a_check_gives_every_algorithm_its_units_back() {
+        use crate::step::{HIT_COUNTER, LEAKY, SHAPING, SLIDING_COUNTER, TOKEN_BUCKET};
+        for alg in [
+            TOKEN_BUCKET,
+            GCRA,
+            LEAKY,
+            SHAPING,
+            FIXED_WINDOW,
+            SLIDING_LOG,
+            SLIDING_COUNTER,
+            CONCURRENCY,
+            HIT_COUNTER,
+        ] {
+            let limit = |cost| [u64::from(alg), 4, 1_000_000, 4, 250_000, cost, 0];
+            let keys: &[&str] = if matches!(alg, SLIDING_LOG | CONCURRENCY) {
+                &["k", "k.n"]
+            } else {
+                &["k"]
+            };
+            let at = |t: f64, cost| {
+                let mut b = blob(t, &[limit(cost)]);
+                b.extend_from_slice(b"ab");
+                b
+            };
+            let mut db = Mem::default();
+            run(&mut db, &at(7_000_000.0, 1), keys, true);
+            let taken = at(7_100_000.0, 3);
+            let r = run(&mut db, &taken, keys, true);
+            assert_eq!(r[2], 1, "{alg}: admitted");
+            let request = Request::parse(&taken).unwrap();
+            assert_eq!(refund(&request, keys, db.with_keys(keys)), Ok(7_100_000));
+            // Three units back: a check of three fits again, and nothing
+            // more than the first check's one unit is held.
+            let again = run(&mut db, &at(7_100_000.0, 3), keys, false);
+            assert_eq!(again[2], 1, "{alg}: the units are back");
+            let more = run(&mut db, &at(7_100_000.0, 4), keys, false);
+            assert_eq!(more[2], 0, "{alg}: only those");
+        }
+        let mut db = Mem::default();
+        let log = blob(-1.0, &[[u64::from(SLIDING_LOG), 1, 1, 1, 1, 1, 0]]);
+        let e = refund(&Request::parse(&log).unwrap(), &["l", "l.n"], &mut db).unwrap_err();
+        assert!(e.contains("the time of the check"), "{e}");
     }
 }

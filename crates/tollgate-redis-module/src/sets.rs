@@ -367,3 +367,44 @@ pub(crate) fn release<M: AsRef<[u8]>>(db: &mut dyn Sets, members: &[M]) -> Resul
     }
     Ok(())
 }
+
+/// Gives back what a check at `at_us` took from the set at `k` (the code's
+/// refund): a sliding log's `cost` off its entry at `at_us`, if it lives; a
+/// concurrency limit's lease `member`. The count loses what left, its TTL
+/// kept.
+pub(crate) fn give_back(
+    db: &mut dyn Sets,
+    k: usize,
+    limit: &Limit,
+    at_us: u64,
+    member: &[u8],
+) -> Result<(), String> {
+    let cost = limit.cost as i64;
+    if limit.alg == crate::step::CONCURRENCY {
+        if db.remove(k, member)? {
+            let count = db.total(k)?;
+            db.set_total(k, (count - cost).max(0), true)?;
+        }
+        return Ok(());
+    }
+    let mut entry = None;
+    db.each(k, at_us.checked_sub(1), at_us, &mut |_, m| {
+        entry = Some(m.to_vec());
+        Ok(false)
+    })?;
+    let Some(entry) = entry else {
+        return Ok(());
+    };
+    let held = logged(&entry)?;
+    db.remove(k, &entry)?;
+    let taken = held.min(cost);
+    if held > taken {
+        let mut rest = Vec::with_capacity(40);
+        rest.extend_from_slice(itoa::Buffer::new().format(at_us).as_bytes());
+        rest.push(b':');
+        rest.extend_from_slice(itoa::Buffer::new().format(held - taken).as_bytes());
+        db.add(k, at_us, &rest)?;
+    }
+    let total = db.total(k)?;
+    db.set_total(k, (total - taken).max(0), true)
+}

@@ -78,7 +78,7 @@ impl State {
         }
     }
 
-    fn doubles(values: [u64; 3]) -> Self {
+    pub(crate) fn doubles(values: [u64; 3]) -> Self {
         let mut bytes = [0; 24];
         for (chunk, v) in bytes.chunks_exact_mut(8).zip(values) {
             chunk.copy_from_slice(&(v as f64).to_le_bytes());
@@ -287,6 +287,52 @@ impl Limit {
             (state, ttl)
         });
         Ok(Stepped { verdict, write })
+    }
+}
+
+impl Limit {
+    /// What giving `cost` units back (the code's `give`, a refund of a
+    /// check at `at_us`) makes of the stored string `stored`: its new value,
+    /// its TTL kept; `None` when nothing changes. A window's `stored` is the
+    /// count of the window of `at_us` ([`Limit::window`]). The sliding log
+    /// and concurrency give back on their sorted sets (`sets`).
+    pub(crate) fn give(&self, stored: &[u8], cost: u64, at_us: u64) -> Result<State, String> {
+        let not_state = || "ERR a key does not hold its limit's state".to_owned();
+        // Units of refill or drain: past every capacity when huge, as the
+        // code's doubles are.
+        let drained = cost.saturating_mul(self.emission);
+        Ok(match self.alg {
+            FIXED_WINDOW | HIT_COUNTER => {
+                State::Int(count(stored).ok_or_else(not_state)?.saturating_sub(cost))
+            }
+            TOKEN_BUCKET => {
+                let (last, tokens) = unpack_pair(stored).ok_or_else(not_state)?;
+                let capacity = self.burst.saturating_mul(self.emission);
+                State::pair(last, tokens.saturating_add(drained).min(capacity))
+            }
+            GCRA | SHAPING => State::Int(
+                decimal(stored)
+                    .ok_or_else(not_state)?
+                    .saturating_sub(drained),
+            ),
+            LEAKY => {
+                let (last, level) = unpack_pair(stored).ok_or_else(not_state)?;
+                State::pair(last, level.saturating_sub(drained))
+            }
+            SLIDING_COUNTER => {
+                let [last, mut previous, mut current] = unpack3(stored).ok_or_else(not_state)?;
+                let p = self.period.max(1);
+                // The window the units were taken in, seen from the last
+                // admission's.
+                match (last / p).checked_sub(at_us / p) {
+                    Some(0) => current = current.saturating_sub(cost),
+                    Some(1) => previous = previous.saturating_sub(cost),
+                    _ => {}
+                }
+                State::doubles([last, previous, current])
+            }
+            other => return Err(format!("ERR algorithm {other} is not kept in one string")),
+        })
     }
 }
 

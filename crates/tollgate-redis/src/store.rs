@@ -413,9 +413,10 @@ impl RedisStore {
                     .map(|&i| prepared[i].aux.as_str()),
             );
         }
-        // The module takes checks and dry runs of every algorithm; leasing
-        // checks (`h`) and refunds (`r`) still call the code.
-        let native = self.module && grant.is_none() && matches!(op, Op::Check | Op::Dry);
+        // The module takes checks, dry runs and refunds of every algorithm;
+        // what writes hybrid leases' records (`h`, a refund with a grant)
+        // still calls the code.
+        let native = self.module && grant.is_none();
         let mut call = if native {
             Code::native_call(keys.len())
         } else {
@@ -439,11 +440,14 @@ impl RedisStore {
         if let Some(grant) = grant {
             call.arg(grant.argument(members));
         }
+        let slot = prepared[members[0]].slot;
         if op == "r" {
+            if native {
+                return self.timed(self.conn.query_at(&call, slot)).await;
+            }
             return self.run::<Vec<i64>>(&call).await;
         }
         if native {
-            let slot = prepared[members[0]].slot;
             let reply: Vec<u8> = self.timed(self.conn.query_at(&call, slot)).await?;
             return Ok(decode(&reply));
         }

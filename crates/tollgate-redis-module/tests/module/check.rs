@@ -58,12 +58,16 @@ async fn refuses_bad_calls_and_writes_nothing() {
     let log = request(1.0, &[LOG]);
     let mut cut = good.clone();
     cut.truncate(30);
-    let calls: [(&[&[u8]], &str); 9] = [
+    let calls: [(&[&[u8]], &str); 10] = [
         (&[b"1"], "wrong number of arguments"),
         (&[b"x", b"a", b"c", b"0"], "usage"),
         (
-            &[b"1", b"a", b"r", b"0", &good],
-            "takes the ops c (check), d (dry run) and l (release)",
+            &[b"1", b"a", b"x", b"0", &good],
+            "takes the ops c (check), d (dry run), r (refund) and l (release)",
+        ),
+        (
+            &[b"2", b"a", b"b", b"r", b"0", &good, &good],
+            "refunds one request",
         ),
         (&[b"2", b"a", b"b", b"c", b"0", &good], "take 1 keys, got 2"),
         (&[b"1", b"a", b"c", b"0", &log], "take 2 keys, got 1"),

@@ -244,8 +244,8 @@ fn states(node: &RedisServer, prefix: &str) -> Vec<(String, String, i64)> {
 
 /// Every algorithm through `TOLLGATE.CHECK` alone and alternating with the
 /// code, in batches of a request of the limit alone and one of it beside a
-/// GCRA limit on another key, and a dry run, then releases of the leases
-/// taken: every reply and every key (bytes, members, scores, TTLs) is the
+/// GCRA limit on another key, and a dry run, refunds, then releases of the
+/// leases taken: every reply and every key (bytes, members, scores, TTLs) is the
 /// code's alone. `tag` starts every key (a cluster's hash tag, so that a
 /// call's keys share a slot on `node`).
 async fn fleet(url: &str, node: &RedisServer, tag: &str) {
@@ -318,7 +318,15 @@ async fn fleet(url: &str, node: &RedisServer, tag: &str) {
                     _ => false,
                 };
                 let code = by_code.then_some(function.as_str());
-                replies[p].push(call(&mut conn, code, &keys_of(prefix), op, &requests).await);
+                let keys = keys_of(prefix);
+                replies[p].push(call(&mut conn, code, &keys, op, &requests).await);
+                if i % 3 == 1 {
+                    // A refund of the second request (the code's op `r`, as
+                    // a cross-slot deny sends it): its keys are the last.
+                    let own = &keys[if sets { 2 } else { 1 }..];
+                    let refund = std::slice::from_ref(&requests[1]);
+                    replies[p].push(call(&mut conn, code, own, "r", refund).await);
+                }
             }
         }
         if algorithm == Algorithm::Concurrency {

@@ -1,5 +1,5 @@
 //! The store with the module loaded: it finds the module at connect and
-//! sends its checks (every algorithm) and lease releases to
+//! sends its checks (every algorithm), refunds and lease releases to
 //! `TOLLGATE.CHECK`, and the conformance suite still finds every decision
 //! the memory store's, on one server and on a cluster whose nodes all load
 //! the module.
@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, ManualClock};
+use tollgate_core::{Algorithm, FailurePolicy, Limit, ManualClock, Quota, Store};
 use tollgate_redis::{RedisConfig, RedisStore, TimeSource};
 use tollgate_store::conformance::{self, Scenario, assert_same, reference, run, scenarios};
 use tollgate_testkit::{RedisCluster, RedisServer};
@@ -79,8 +79,8 @@ async fn conformance_single_redis_with_the_module() {
         "single Redis, module",
     )
     .await;
-    // Every algorithm, the concurrency limiter's releases too: no check
-    // left to the code (refunds are a cluster's, leasing checks Hybrid's).
+    // Every algorithm, the concurrency limiter's releases too: nothing left
+    // to the code (leasing checks are Hybrid's).
     assert_eq!(fcalls, 0, "the code was called");
 }
 
@@ -88,8 +88,68 @@ async fn conformance_single_redis_with_the_module() {
 async fn conformance_cluster_with_the_module() {
     let module = module();
     let cluster = RedisCluster::start_with(&["--loadmodule", module.to_str().unwrap()]);
-    // The code is still called there for cross-slot refunds (op `r`).
-    conformance(&cluster.url(), &cluster.nodes, "cluster, module").await;
+    let fcalls = conformance(&cluster.url(), &cluster.nodes, "cluster, module").await;
+    assert_eq!(fcalls, 0, "the code was called");
+}
+
+/// A request of a limit of each algorithm beside a full concurrency limit
+/// on another slot: the narrow limit's slot, checked first, admits, the
+/// full one denies, and the module gives the narrow limit its units back
+/// (op `r`), so the narrow limit then admits its whole capacity.
+#[tokio::test]
+async fn a_cross_slot_deny_is_refunded_through_the_module() {
+    let module = module();
+    let cluster = RedisCluster::start_with(&["--loadmodule", module.to_str().unwrap()]);
+    let clock = conformance::clock();
+    let redis = store(&cluster.url(), &clock, true).await;
+    let (narrow_quota, wide_quota) = (
+        Quota::per_second(5).unwrap(),
+        Quota::per_second(10).unwrap(),
+    );
+    let wide = Limit {
+        key: "{wide}w",
+        quota: wide_quota,
+        algorithm: Algorithm::Concurrency,
+        cost: 1,
+        failure: FailurePolicy::Local,
+    };
+    let full = redis.check(&[Limit { cost: 10, ..wide }]).await.unwrap();
+    assert!(full.allowed());
+    let algorithms = [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::LeakyBucket,
+        Algorithm::LeakyBucketShaping { delay_after: 5 },
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Concurrency,
+        Algorithm::HitCounter,
+    ];
+    for (i, algorithm) in algorithms.into_iter().enumerate() {
+        let key = format!("{{narrow-{i}}}n");
+        assert_ne!(cluster.keyslot(&key), cluster.keyslot("{wide}w"));
+        let narrow = Limit {
+            key: &key,
+            quota: narrow_quota,
+            algorithm,
+            ..wide
+        };
+        let both = redis.check(&[narrow, wide]).await.unwrap();
+        assert!(!both.allowed(), "{algorithm:?}: the full limit denies");
+        assert!(
+            both.decisions[0].allowed(),
+            "{algorithm:?}: the narrow one admits"
+        );
+        for n in 0..5 {
+            let alone = redis.check(&[narrow]).await.unwrap();
+            assert!(alone.allowed(), "{algorithm:?}: unit {n} is back");
+        }
+        assert!(!redis.check(&[narrow]).await.unwrap().allowed());
+    }
+    assert_eq!(redis.stats().refunds, algorithms.len() as u64);
+    let fcalls: u64 = cluster.nodes.iter().map(|n| calls(n, "fcall")).sum();
+    assert_eq!(fcalls, 0, "the refunds went to the module");
 }
 
 /// Without the module, or with `module: false`, the store calls the code.
