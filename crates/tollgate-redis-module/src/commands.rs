@@ -305,9 +305,8 @@ impl Sets for Keys<'_> {
 /// `TOLLGATE.CHECK`: the store's Lua code's entry point (`run`), natively:
 /// the same keys, the same arguments, the same reply, for the ops `c`
 /// (check), `d` (dry run), `r` (refund, without hybrid leases' records) and
-/// `l` (release leases). Every request is
-/// decoded before any is checked, so a bad one fails the call with nothing
-/// written.
+/// `l` (release leases). Every request is decoded before any is checked, so
+/// a bad one fails the call with nothing written.
 fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let usage = || RedisError::Str(CHECK_USAGE);
     let numkeys = args
@@ -343,8 +342,9 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let mut taken = 0;
     for blob in blobs {
         let request = Request::parse(blob.as_slice()).map_err(RedisError::String)?;
-        taken += request.keys().map_err(RedisError::String)?;
-        requests.push(request);
+        let n = request.keys().map_err(RedisError::String)?;
+        taken += n;
+        requests.push((request, n));
     }
     if taken != numkeys {
         return Err(RedisError::String(format!(
@@ -354,8 +354,7 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let clock = clock_ns();
     let mut reply = Vec::with_capacity(taken * 40 + requests.len() * 16);
     let mut from = 0;
-    for request in &requests {
-        let n = request.keys().map_err(RedisError::String)?;
+    for (request, n) in &requests {
         let own = &keys[from..from + n];
         from += n;
         let now_us = request.time.unwrap_or(clock / 1000);
