@@ -60,10 +60,10 @@ pub struct RedisConfig {
     pub functions: bool,
     /// Send checks to the Tollgate module's `TOLLGATE.CHECK` (the code's
     /// entry point, natively) when the server has the module loaded (asked
-    /// at connect, `COMMAND INFO`): checks, dry runs and lease releases of
-    /// every algorithm, on the same state as the Lua code; hybrid leasing
-    /// checks and refunds still call the code. Default true; false always
-    /// calls the code.
+    /// at connect, `COMMAND INFO`): checks, dry runs, refunds and lease
+    /// releases of every algorithm, on the same state as the Lua code; what
+    /// writes hybrid leases' records still calls the code. Default true;
+    /// false always calls the code.
     pub module: bool,
     /// The CA, client certificate and hostname check of a `rediss://` or
     /// `rediss+cluster://` URL's TLS. Default: the system's roots, no client
