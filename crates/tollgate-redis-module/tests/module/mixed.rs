@@ -405,3 +405,84 @@ async fn every_algorithm_through_the_module_answers_and_writes_as_the_code_on_a_
         .expect("a tag on node 0");
     fleet(&cluster.url(), &cluster.nodes[0], &tag).await;
 }
+
+/// A replica (without the module) of a server where `TOLLGATE.CHECK`
+/// checks, refunds and releases on sorted sets and strings ends up with the
+/// same keys: the module replicates its writes as the commands that make
+/// them, which any replica applies.
+#[tokio::test]
+async fn a_replica_gets_every_write_the_module_makes() {
+    let master = server();
+    let port = master.port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    tollgate_testkit::wait_until("the replica to sync", Duration::from_secs(10), || {
+        replica
+            .cli(&["INFO", "replication"])
+            .contains("master_link_status:up")
+    });
+    let client = redis::Client::open(master.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let limits = |cost| {
+        [
+            [
+                u64::from(Algorithm::SlidingLog.index()),
+                3,
+                1_000_000,
+                3,
+                333_334,
+                cost,
+                0,
+            ],
+            [
+                u64::from(Algorithm::Concurrency.index()),
+                3,
+                1_000_000,
+                3,
+                333_334,
+                cost,
+                0,
+            ],
+            [
+                u64::from(Algorithm::Gcra.index()),
+                3,
+                1_000_000,
+                3,
+                333_334,
+                cost,
+                0,
+            ],
+        ]
+    };
+    let keys: Vec<String> = ["l", "l.n", "c", "c.n", "g"].map(String::from).to_vec();
+    let mut now = 1_800_000_000_000_000;
+    for (i, (advance, cost)) in [(0, 1), (1, 1), (400_000, 1), (0, 2), (1_200_000, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        now += advance;
+        let blob = request(now, &limits(cost), &format!("r-{i}"));
+        call(&mut conn, None, &keys, "c", std::slice::from_ref(&blob)).await;
+        if i == 2 {
+            call(&mut conn, None, &keys, "r", &[blob]).await;
+        }
+    }
+    let lease = b"1|r-4_2".to_vec();
+    call(&mut conn, None, &keys[2..4], "l", &[lease]).await;
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(acked, 1, "the replica acknowledged the writes");
+    let (copy, original) = (states(&replica, ""), states(&master, ""));
+    // The lease set, emptied by the release, is gone from both.
+    assert_eq!(original.len(), 4, "{original:?}");
+    for (c, o) in copy.iter().zip(&original) {
+        assert_eq!((&c.0, &c.1), (&o.0, &o.1));
+        // The replica's absolute expiry is the master's, give or take the
+        // command's own time (a key without one would read -1).
+        assert!((c.2 - o.2).abs() <= 50, "expiries {c:?} against {o:?}");
+    }
+    assert_eq!(copy.len(), original.len());
+}
