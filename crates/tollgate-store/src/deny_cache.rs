@@ -395,7 +395,7 @@ impl<S: LeaseStore> LeaseStore for DenyCache<S> {
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
-        holder: Option<Holder>,
+        holder: Option<(Holder, Leased)>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         if self.denials.enabled() {
             self.denials.forget(limit);

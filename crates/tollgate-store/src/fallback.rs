@@ -682,7 +682,7 @@ impl<S: LeaseStore + 'static> Fallback<S> {
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
-        holder: Option<Holder>,
+        holder: Option<(Holder, Leased)>,
     ) -> Result<(), StoreError> {
         let shared = &self.shared;
         let parts = self.breakers([limit.key]);
@@ -782,7 +782,7 @@ impl<S: LeaseStore + 'static> LeaseStore for Fallback<S> {
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
-        holder: Option<Holder>,
+        holder: Option<(Holder, Leased)>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.give_back_units(limit, taken_at, holder)
     }

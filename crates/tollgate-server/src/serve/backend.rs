@@ -362,7 +362,7 @@ impl LeaseStore for Remote {
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
-        holder: Option<Holder>,
+        holder: Option<(Holder, Leased)>,
     ) -> Result<(), StoreError> {
         self.redis().give_back(limit, taken_at, holder).await
     }
