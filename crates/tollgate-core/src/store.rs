@@ -473,6 +473,14 @@ pub trait LeaseStore: Store {
         self.check_stamped(limits)
     }
 
+    /// Units of `limit`'s budget this store holds, taken from the backend
+    /// and not spent (a hybrid instance's live lease of the key), which the
+    /// `remaining` the backend reports leaves out. The default holds none.
+    fn leased(&self, limit: &Limit<'_>) -> u64 {
+        let _ = limit;
+        0
+    }
+
     /// Gives `limit.cost` units back to `limit`'s state, as taken by a check
     /// the backend decided at `taken_at` (µs, from [`Stamped::decided_at`]):
     /// exact for the buckets and GCRA, and for a fixed window only within the

@@ -391,6 +391,10 @@ impl<S: LeaseStore> LeaseStore for DenyCache<S> {
             .await
     }
 
+    fn leased(&self, limit: &Limit<'_>) -> u64 {
+        self.inner.leased(limit)
+    }
+
     fn give_back(
         &self,
         limit: &Limit<'_>,

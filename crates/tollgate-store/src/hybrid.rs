@@ -839,6 +839,18 @@ impl<S: LeaseStore + 'static> LeaseStore for Hybrid<S> {
         self.shared.check(limits)
     }
 
+    /// The unspent units of this instance's live lease of `limit`'s key.
+    fn leased(&self, limit: &Limit<'_>) -> u64 {
+        let now = self.shared.clock.now();
+        self.shared
+            .leases
+            .lock()
+            .held
+            .get(&budget(limit))
+            .filter(|l| l.expires > now && l.quota == limit.quota)
+            .map_or(0, |l| l.units)
+    }
+
     fn give_back(
         &self,
         limit: &Limit<'_>,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tollgate_core::{Algorithm, FailurePolicy, Limit, ManualClock, Quota, Store};
 use tollgate_redis::RedisStore;
 use tollgate_store::conformance;
-use tollgate_store::{Fallback, FallbackConfig, Hybrid, HybridConfig};
+use tollgate_store::{BreakerState, Fallback, FallbackConfig, Hybrid, HybridConfig};
 
 use crate::support::{RedisServer, manual_store_with};
 
@@ -214,5 +214,41 @@ async fn a_fallback_over_a_hybrid_instance_starts_from_what_redis_last_said() {
         let outage = drain(&store, l).await;
         assert!(store.stats().fallbacks > 0, "{algorithm}");
         assert_eq!(300 + outage, LIMIT, "{algorithm}");
+    }
+}
+
+/// With the breaker open (another key's checks failed first), a key the
+/// instance holds a lease of is decided by the fallback alone: it spends
+/// its share of what Redis said was left, and its own lease whole (the
+/// lease is this instance's, not a part of what others may also spend).
+#[tokio::test]
+async fn with_the_breaker_open_an_instance_spends_its_share_of_what_redis_left_and_its_lease() {
+    for algorithm in LEASED {
+        let mut server = RedisServer::start();
+        let clock = conformance::clock();
+        let key = format!("shared-{algorithm}");
+        let other = format!("other-{algorithm}");
+        let l = limit(&key, algorithm);
+        let hybrid = instance(&server, &clock, Duration::from_millis(200)).await;
+        let config = FallbackConfig {
+            timeout: Duration::from_secs(1),
+            local_share: 0.5,
+            ..FallbackConfig::default()
+        };
+        let store = Fallback::with_clock(hybrid, config, Arc::clone(&clock) as _);
+        for i in 0..300 {
+            assert!(store.check(&[l]).await.unwrap().allowed(), "check {i}");
+        }
+        let held = store.inner().held_units();
+        assert!(held > 1, "{algorithm}");
+        // Every unit Redis gave went to this instance: admitted, or held.
+        let left = LIMIT - 300 - held;
+        server.kill();
+        let o = limit(&other, algorithm);
+        while store.stats().breaker != BreakerState::Open {
+            store.check(&[o]).await.unwrap();
+        }
+        let outage = drain(&store, l).await;
+        assert_eq!(outage, left / 2 + held, "{algorithm}: {held} held");
     }
 }

@@ -358,6 +358,13 @@ impl LeaseStore for Remote {
         }
     }
 
+    fn leased(&self, limit: &Limit<'_>) -> u64 {
+        match self {
+            Remote::Direct(r) => r.leased(limit),
+            Remote::Hybrid(h) => h.leased(limit),
+        }
+    }
+
     async fn give_back(
         &self,
         limit: &Limit<'_>,
