@@ -803,8 +803,8 @@ local function give(alg, q, key, cost, at)
 end
 
 -- Hybrid leases' records (docs/redis.md, "Hybrid mode"): a hash at the
--- limit's auxiliary key, one field per holder (an instance's lease of the
--- key), valued three doubles: the units it holds (the sum of what checks
+-- limit's auxiliary key, one field per holder (an instance, by the record
+-- id it leases under), valued three doubles: the units it holds (the sum of what checks
 -- leased to it, less what it said it no longer holds), the deadline (us)
 -- past which any leasing check credits them back (the holder crashed, or
 -- never saw the answer of a call that leased them), and the time (us) of

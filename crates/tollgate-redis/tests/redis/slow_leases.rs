@@ -92,7 +92,7 @@ async fn regression_a_leasing_call_past_the_redis_timeout_lost_its_units() {
         let clock = conformance::clock();
         let key = format!("slow-{algorithm}");
         let l = limit(&key, algorithm);
-        let hybrid = instance(&server, &clock, Duration::from_millis(300)).await;
+        let hybrid = instance(&server, &clock, Duration::from_secs(1)).await;
         // Grow the key's lease to its cap, then spend what is held: the
         // next check asks Redis for its unit and a lease of 50.
         let mut admitted = 0u64;
@@ -198,9 +198,9 @@ async fn a_fallback_over_a_hybrid_instance_starts_from_what_redis_last_said() {
         let clock = conformance::clock();
         let key = format!("fallen-{algorithm}");
         let l = limit(&key, algorithm);
-        let hybrid = instance(&server, &clock, Duration::from_millis(200)).await;
+        let hybrid = instance(&server, &clock, Duration::from_secs(5)).await;
         let config = FallbackConfig {
-            timeout: Duration::from_secs(1),
+            timeout: Duration::from_secs(5),
             ..FallbackConfig::default()
         };
         let store = Fallback::with_clock(hybrid, config, Arc::clone(&clock) as _);
@@ -229,9 +229,9 @@ async fn with_the_breaker_open_an_instance_spends_its_share_of_what_redis_left_a
         let key = format!("shared-{algorithm}");
         let other = format!("other-{algorithm}");
         let l = limit(&key, algorithm);
-        let hybrid = instance(&server, &clock, Duration::from_millis(200)).await;
+        let hybrid = instance(&server, &clock, Duration::from_secs(5)).await;
         let config = FallbackConfig {
-            timeout: Duration::from_secs(1),
+            timeout: Duration::from_secs(5),
             local_share: 0.5,
             ..FallbackConfig::default()
         };
