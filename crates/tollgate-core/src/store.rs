@@ -398,12 +398,15 @@ pub trait Store: Send + Sync {
 }
 
 /// A hybrid instance holding leased units, as a [`LeaseStore`] records it
-/// beside the budget the units came from, so that the units of an instance
-/// that crashed come back.
+/// beside the budget the units came from, so that units it never gives
+/// back (it crashed, or a call that leased them never answered) come back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Holder {
-    /// The instance's id, unique among the instances sharing the store
-    /// (random at start), below 2^52.
+    /// The record's id, unique among the instances sharing the store
+    /// (random), below 2^52. An instance takes a new one for its next
+    /// leases when a call may have changed its record without its
+    /// knowing (the call failed), so that the old record, no longer
+    /// refreshed, is credited back at its deadline.
     pub id: u64,
     /// How long after a call the holder's record lasts: a leasing check
     /// ([`LeaseStore::check_leasing`]) finding it past that credits its
@@ -411,14 +414,20 @@ pub struct Holder {
     pub ttl: Duration,
 }
 
-/// What a [`Holder`] holds of one limit's budget around a call: unspent
-/// units before it, and after it (for a check, its leased extra included).
+/// How a call changes what a [`Holder`]'s record says it holds of one
+/// limit's budget. The record is a sum: what checks leased to the holder,
+/// less what the holder said it no longer holds. So a call whose answer
+/// the holder never saw (it timed out after the store took the units)
+/// still counts in the record, and comes back with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Leased {
-    /// Units held before the call.
-    pub before: u64,
-    /// Units held after the call.
-    pub after: u64,
+    /// Units the holder no longer holds since it last told the store
+    /// (spent, or given back): taken off the record, whatever the check
+    /// decides.
+    pub released: u64,
+    /// Units the call leases to the holder (its extra cost): added to the
+    /// record when the check admits.
+    pub leased: u64,
 }
 
 /// A [`Store`] that can hold the leases of hybrid mode (tollgate-store's
@@ -444,13 +453,16 @@ pub trait LeaseStore: Store {
     }
 
     /// [`LeaseStore::check_stamped`] for a check whose costs include units
-    /// leased to `holder`: `leased` says, per limit, what the holder holds
-    /// of it before and after (`None`: nothing leased). When admitted, the
-    /// store records what the holder holds, until `holder.ttl` past its
-    /// time of decision, beside the budget; and it first credits back the
-    /// units of every record of these limits past its time (a holder that
-    /// crashed). The default records nothing: units held by an instance
-    /// that crashed come back only as the state refills or its window ends.
+    /// leased to `holder`: `leased` says, per limit, how the call changes
+    /// the holder's record (`None`: no record). The store first credits
+    /// back the units of every record of these limits past its time (a
+    /// holder that crashed, or units leased by a call whose holder never
+    /// saw its answer), then checks, then applies each change (the units
+    /// leased only when admitted), the record to last `holder.ttl` past the
+    /// store's time of decision. A limit of cost 0 is a report of what the
+    /// holder spent: it never makes a record that is gone. The default
+    /// records nothing: units held by an instance that crashed come back
+    /// only as the state refills or its window ends.
     fn check_leasing(
         &self,
         limits: &[Limit<'_>],
@@ -461,13 +473,23 @@ pub trait LeaseStore: Store {
         self.check_stamped(limits)
     }
 
+    /// Units of `limit`'s budget this store holds, taken from the backend
+    /// and not spent (a hybrid instance's live lease of the key), which the
+    /// `remaining` the backend reports leaves out. The default holds none.
+    fn leased(&self, limit: &Limit<'_>) -> u64 {
+        let _ = limit;
+        0
+    }
+
     /// Gives `limit.cost` units back to `limit`'s state, as taken by a check
     /// the backend decided at `taken_at` (µs, from [`Stamped::decided_at`]):
     /// exact for the buckets and GCRA, and for a fixed window only within the
     /// window of `taken_at`. Best effort, for units leased but never spent.
     /// With a `holder`, units leased by [`LeaseStore::check_leasing`]: they
     /// go back only if the holder's record lives (else a later check
-    /// credited them already), and the record goes.
+    /// credited them already), and the record loses what [`Leased::released`]
+    /// says (the units given back and those spent since the holder last
+    /// told); it goes when nothing is left in it.
     ///
     /// The default cannot give back, and says so with
     /// [`StoreError::Unsupported`]: the units stay spent, which errs on the
@@ -476,7 +498,7 @@ pub trait LeaseStore: Store {
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
-        holder: Option<Holder>,
+        holder: Option<(Holder, Leased)>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let _ = (limit, taken_at, holder);
         std::future::ready(Err(StoreError::Unsupported("give_back")))

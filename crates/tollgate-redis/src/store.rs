@@ -109,7 +109,7 @@ impl Grant<'_> {
     }
 
     /// The script's leases argument for `members`: the holder, the records'
-    /// ttl (µs), then each member's units before and after (-1: none).
+    /// ttl (µs), then each member's units released and leased (-1: none).
     fn argument(&self, members: &[usize]) -> Vec<u8> {
         let ttl_us = micros_up(self.holder.ttl.into_nanos()).min(MAX_MICROS);
         let mut out = Vec::with_capacity(16 + 16 * members.len());
@@ -117,14 +117,14 @@ impl Grant<'_> {
             out.extend_from_slice(&v.to_le_bytes());
         }
         for &i in members {
-            let (before, after) = self.leased[i].map_or((-1.0, -1.0), |l| {
+            let (released, leased) = self.leased[i].map_or((-1.0, -1.0), |l| {
                 (
-                    l.before.min(MAX_COUNT) as f64,
-                    l.after.min(MAX_COUNT) as f64,
+                    l.released.min(MAX_COUNT) as f64,
+                    l.leased.min(MAX_COUNT) as f64,
                 )
             });
-            out.extend_from_slice(&before.to_le_bytes());
-            out.extend_from_slice(&after.to_le_bytes());
+            out.extend_from_slice(&released.to_le_bytes());
+            out.extend_from_slice(&leased.to_le_bytes());
         }
         out
     }
@@ -903,20 +903,23 @@ impl LeaseStore for RedisStore {
     }
 
     /// Gives `limit.cost` units back to `limit`'s state in Redis, as taken by a
-    /// check at `taken_at` (µs, the script's time): the script's refund.
+    /// check at `taken_at` (µs, the script's time): the script's refund,
+    /// which with a holder takes what it released off its record.
     async fn give_back(
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
-        holder: Option<Holder>,
+        holder: Option<(Holder, Leased)>,
     ) -> Result<(), StoreError> {
         let prepared = self.prepare(std::slice::from_ref(limit))?;
-        let leased = [Some(Leased {
-            before: 0,
-            after: limit.cost,
+        // The refund undoes a check's lease: it takes the units `leased`
+        // off the record. Giving back, those are the units released.
+        let leased = [holder.map(|(_, change)| Leased {
+            released: 0,
+            leased: change.released,
         })];
         let grant = match holder {
-            Some(holder) => {
+            Some((holder, _)) => {
                 check_holder(holder)?;
                 Some(Grant {
                     holder,

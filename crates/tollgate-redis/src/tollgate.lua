@@ -803,18 +803,39 @@ local function give(alg, q, key, cost, at)
 end
 
 -- Hybrid leases' records (docs/redis.md, "Hybrid mode"): a hash at the
--- limit's auxiliary key, one field per holder (an instance), valued three
--- doubles: the units it holds unspent, the deadline (us) past which any
--- leasing check credits them back (the holder crashed), and the time (us)
--- they were taken at (a fixed window's units belong to its window).
--- Sets (or, at zero units, removes) what `holder` holds.
-local function record(rkey, holder, units, now, ttl, keep)
-  if units > 0 then
-    redis.call('HSET', rkey, holder, struct_pack('<ddd', units, now + ttl, now))
-    expire_at_least(rkey, ttl + keep)
-  else
-    redis.call('HDEL', rkey, holder)
+-- limit's auxiliary key, one field per holder (an instance, by the record
+-- id it leases under), valued three doubles: the units it holds (the sum of what checks
+-- leased to it, less what it said it no longer holds), the deadline (us)
+-- past which any leasing check credits them back (the holder crashed, or
+-- never saw the answer of a call that leased them), and the time (us) of
+-- its latest lease (a fixed window's units belong to its window).
+-- Takes `released` units off `holder`'s record and adds `leased`; a record
+-- left empty goes, and one that is gone (credited back) is not made again
+-- by a change that leases nothing. With a `ttl`, the record lasts that long
+-- from `now`; without, its deadline stays. Says whether the record lived.
+local function change(rkey, holder, released, leased, now, ttl, keep)
+  local cur = redis.call('HGET', rkey, holder)
+  if not cur and leased == 0 then
+    return false
   end
+  local units, deadline, at = 0, 0, now
+  if cur then
+    units, deadline, at = struct_unpack('<ddd', cur)
+  end
+  units = max(units - released, 0) + leased
+  if units <= 0 then
+    redis.call('HDEL', rkey, holder)
+  else
+    if ttl then
+      deadline = now + ttl
+      if leased > 0 then
+        at = now
+      end
+      expire_at_least(rkey, ttl + keep)
+    end
+    redis.call('HSET', rkey, holder, struct_pack('<ddd', units, deadline, at))
+  end
+  return cur ~= false
 end
 
 -- Credits back the units of every record of `rkey` past its deadline at
@@ -832,7 +853,7 @@ end
 
 -- A request's leases (`blob`, see `run`), decoded against the request
 -- `req`: its holder, the records' ttl, and one entry per limit with a record
--- (its index, algorithm, quota, key, record key, units before and after).
+-- (its index, algorithm, quota, key, record key, units released and leased).
 -- The record keys follow the request's keys.
 local function leases_of(req, blob)
   local holder, ttl, lpos = struct_unpack('<dd', blob)
@@ -841,16 +862,16 @@ local function leases_of(req, blob)
   for i = 1, count do
     local alg, l, p, b, e, cost, d
     alg, l, p, b, e, cost, d, pos = struct_unpack('<ddddddd', req, pos)
-    local before, after
-    before, after, lpos = struct_unpack('<dd', blob, lpos)
+    local released, leased
+    released, leased, lpos = struct_unpack('<dd', blob, lpos)
     k = k + 1
     local key = keys[k]
     if has_aux(alg) then
       k = k + 1
     end
-    if after >= 0 then
+    if leased >= 0 then
       out[#out + 1] = { i = i, alg = alg, q = { limit = l, period = p, burst = b, emission = e },
-        cost = cost, key = key, before = before, after = after }
+        cost = cost, key = key, released = released, leased = leased }
     end
   end
   for j = 1, #out do
@@ -871,14 +892,16 @@ end
 -- Gives back what a committed check of the request `blob` (its time is the
 -- check's) took: a later group of a cross-slot request denied, or a hybrid
 -- instance's unspent leased units. With `leases`, a limit with a record
--- gives only while its holder's record lives (no later check credited it)
--- and leaves the record at its units `before`. Never touches a state's TTL.
+-- gives only while its holder's record lives (no later check credited it),
+-- and takes its units `leased` off the record (undoing a lease; a give back
+-- sends what it releases there), its deadline left as it is. What a
+-- check's holder released stays released. Never touches a state's TTL.
 local function refund(blob, leases)
   local now, count, pos = struct_unpack('<dd', blob)
-  local holder, ttl, recs = nil, 0, {}
+  local holder, recs = nil, {}
   if leases then
-    local list
-    holder, ttl, list = leases_of(blob, leases)
+    local _, list
+    holder, _, list = leases_of(blob, leases)
     for _, r in ipairs(list) do
       recs[r.i] = r
     end
@@ -897,10 +920,7 @@ local function refund(blob, leases)
     local r = recs[i]
     local live = true
     if r then
-      live = redis.call('HEXISTS', r.rkey, holder) == 1
-      if live then
-        record(r.rkey, holder, r.before, now, ttl, keep_of(alg, q))
-      end
+      live = change(r.rkey, holder, r.leased, 0, now)
     end
     if not live then
       -- Credited already: the units are back.
@@ -931,10 +951,10 @@ end
 
 -- Checks the request `blob` for a hybrid instance that leases part of its
 -- limits' costs (`leases`, see `run`): first credits back every expired
--- record of those limits, then checks, and when admitted records what the
--- holder now holds. A limit of cost 0 is the holder's report of what it
--- spent: it applies only to the record it was told of (units `before`),
--- never to one a lease made since or to one a give back removed.
+-- record of those limits, then checks, then changes the holder's records:
+-- what it released goes whatever the check decides, what it leases is
+-- added when admitted. Changes add up, so a call whose answer the holder
+-- never saw still counts in its record, and comes back with it.
 local function check_leasing(blob, leases)
   local holder, ttl, list = leases_of(blob, leases)
   local now = time_of((struct_unpack('<d', blob)))
@@ -942,17 +962,9 @@ local function check_leasing(blob, leases)
     credit_expired(r.alg, r.q, r.key, r.rkey, now)
   end
   local reply = check_request(blob, 0, true)
-  if struct_unpack('<d', reply, 9) == 1 then
-    for _, r in ipairs(list) do
-      local apply = r.cost > 0
-      if not apply then
-        local cur = redis.call('HGET', r.rkey, holder)
-        apply = cur and struct_unpack('<d', cur) == r.before
-      end
-      if apply then
-        record(r.rkey, holder, r.after, now, ttl, keep_of(r.alg, r.q))
-      end
-    end
+  local admitted = struct_unpack('<d', reply, 9) == 1
+  for _, r in ipairs(list) do
+    change(r.rkey, holder, r.released, admitted and r.leased or 0, now, ttl, keep_of(r.alg, r.q))
   end
   return reply
 end
@@ -971,7 +983,7 @@ end
 -- "<cost>|<id>", its keys the lease set and aux. "h" (and optionally "r")
 -- take a second argument, the request's leases as little-endian doubles:
 -- the holder's id (below 2^52), the records' ttl (us), then per limit the
--- units the holder holds before and after the call (-1: no record); its
+-- units the holder released and those the call leases (-1: no record); its
 -- keys are the request's, then each record's key (the limit's aux key), in
 -- the order of the limits that have one.
 -- Reply for "c"/"d": {t, all_allowed, then per limit: allowed, remaining,

@@ -391,11 +391,15 @@ impl<S: LeaseStore> LeaseStore for DenyCache<S> {
             .await
     }
 
+    fn leased(&self, limit: &Limit<'_>) -> u64 {
+        self.inner.leased(limit)
+    }
+
     fn give_back(
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
-        holder: Option<Holder>,
+        holder: Option<(Holder, Leased)>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         if self.denials.enabled() {
             self.denials.forget(limit);

@@ -32,7 +32,10 @@
 //! reset), for up to 65,536 keys. The first time a key is decided
 //! locally after that, its local state is charged down to
 //! `share × remaining` (`share` is [`FallbackConfig::local_share`]), and a
-//! key with no report still in force starts at `share × capacity`. So a
+//! key with no report still in force starts at `share × capacity`; units
+//! of the key the inner store holds leased ([`LeaseStore::leased`]: a
+//! hybrid instance's lease, which its `remaining` counts) are this
+//! instance's whole, not shared. So a
 //! timeout on a busy but healthy store (a blip) cannot hand out a fresh full
 //! budget. And what was admitted locally is **paid back**: before the inner
 //! store next decides a check of the key, the wrapper charges it with those
@@ -566,8 +569,13 @@ impl<S: LeaseStore + 'static> Fallback<S> {
                     }
                 }
             };
-            // Rounded down: never more than the share.
-            let target = (base as f64 * shared.config.local_share) as u64;
+            // A lease the store below holds of the key (hybrid mode) is
+            // this instance's own, not a part to share: `base` counts it,
+            // Redis's remaining does not. Rounded down: never more than
+            // the share.
+            let held = shared.inner.leased(limit).min(base);
+            let share = ((base - held) as f64 * shared.config.local_share) as u64;
+            let target = share.saturating_add(held);
             let peek = Limit { cost: 0, ..*limit };
             let left = shared.local.check_now(&[peek]).decisions[0].remaining();
             let charge = left.saturating_sub(target);
@@ -682,7 +690,7 @@ impl<S: LeaseStore + 'static> Fallback<S> {
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
-        holder: Option<Holder>,
+        holder: Option<(Holder, Leased)>,
     ) -> Result<(), StoreError> {
         let shared = &self.shared;
         let parts = self.breakers([limit.key]);
@@ -778,11 +786,15 @@ impl<S: LeaseStore + 'static> LeaseStore for Fallback<S> {
         .await
     }
 
+    fn leased(&self, limit: &Limit<'_>) -> u64 {
+        self.shared.inner.leased(limit)
+    }
+
     fn give_back(
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
-        holder: Option<Holder>,
+        holder: Option<(Holder, Leased)>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.give_back_units(limit, taken_at, holder)
     }

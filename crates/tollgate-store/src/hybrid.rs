@@ -22,14 +22,21 @@
 //! units that come back without one (the inner store was down and a fallback
 //! under this wrapper decided) are not kept.
 //!
-//! **A crash strands nothing for long.** Leases are taken with
-//! [`LeaseStore::check_leasing`], which a store that keeps the budget
-//! elsewhere (Redis) uses to record what this instance holds, with a deadline
-//! twice `lease_ttl` past the check; the background task reports what each
-//! live lease holds as it is spent, and a give back removes the record. If the
+//! **A crash or a timeout strands nothing for long.** Leases are taken
+//! with [`LeaseStore::check_leasing`], which a store that keeps the budget
+//! elsewhere (Redis) uses to record what this instance holds, with a
+//! deadline twice `lease_ttl` past the check. The record is a sum: each
+//! leasing call adds its extra units and takes off what the instance says
+//! it spent since it last told (the background task tells each live
+//! lease's spending too), and a give back takes off the rest. If the
 //! instance dies, a later leasing check of the key by another credits its
-//! units back once the deadline passes: those it held at its last report, so a
-//! crash adds at most what it spent since (at most `max_lease` a key).
+//! units back once the deadline passes: those it held at its last report,
+//! so a crash adds at most what it spent since (at most `max_lease` a key).
+//! A leasing call that fails (a round trip past the store's timeout) may
+//! still have taken its units into the record: the instance then takes a
+//! new record id for its next leases, gives back the leases of the old one
+//! as they come up for renewal, and so never refreshes the old record
+//! again; what is left in it is credited back at its deadline.
 //!
 //! **Worst-case overshoot.** Leased units are taken from the global state when
 //! leased, so the global accounting never admits more than the limit; what
@@ -53,9 +60,10 @@
 //! log and counter, whose units leave at their admission times; concurrency)
 //! go to the inner store on every check, as does any request containing one.
 //!
-//! A decision made locally reports the instance's view: `remaining` is the
-//! units this instance still holds for the key, `reset_after` the one the inner
-//! store gave when the lease was taken.
+//! A decision made locally reports `remaining` as what the inner store said
+//! was left when the lease was taken plus the units this instance still
+//! holds (so a fallback over this wrapper starts from what the inner store
+//! last said), and `reset_after` as the inner store gave it then.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -123,8 +131,11 @@ struct Lease {
     expires: Nanos,
     /// The inner store's time when they were taken (µs).
     taken_at: u64,
-    /// The units the inner store's record of this instance says it holds
-    /// ([`LeaseStore::check_leasing`]), as last told.
+    /// The id of the inner store's record of this lease
+    /// ([`LeaseStore::check_leasing`]).
+    holder: u64,
+    /// The units that record holds of the calls this instance sent, once
+    /// they apply: what it was told this lease holds.
     recorded: u64,
     last: Decision,
 }
@@ -169,10 +180,12 @@ impl Book {
 /// them ([`Shared::keep`]) or ends otherwise (denied or failed).
 struct Asked<S> {
     shared: Arc<Shared<S>>,
+    /// The record the extras go to.
+    holder: u64,
     ids: SmallVec<[String; 4]>,
     extras: SmallVec<[u64; 4]>,
-    /// Per limit, what the instance holds before and after (`None`: no
-    /// extra asked), for the inner store's record.
+    /// Per limit, how the call changes the inner store's record (`None`:
+    /// no extra asked).
     leased: SmallVec<[Option<Leased>; 4]>,
 }
 
@@ -190,8 +203,15 @@ impl<S> Drop for Asked<S> {
 
 struct Shared<S> {
     inner: S,
-    /// This instance's id in the inner store's records of leases.
-    id: u64,
+    /// The id of the inner store's record that new leases go to. A new
+    /// one after a leasing call failed: that call may still have taken
+    /// its units into the record, which this instance then never refreshes
+    /// again, so that they are credited back at its deadline.
+    holder: AtomicU64,
+    /// Where new ids come from: random per instance (a restarted instance
+    /// is another holder), then a sequence.
+    ids: std::hash::RandomState,
+    next_id: AtomicU64,
     config: HybridConfig,
     clock: Arc<dyn Clock>,
     leases: Mutex<Book>,
@@ -239,16 +259,17 @@ impl<S: LeaseStore + 'static> Hybrid<S> {
     /// [`Hybrid::new`] with leases timed on `clock` (for tests and
     /// simulations, the clock the inner store was given).
     pub fn with_clock(inner: S, config: HybridConfig, clock: Arc<dyn Clock>) -> Self {
-        // Random per instance: a restarted instance is another holder.
-        let id = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), 0u8) >> 12;
         let shared = Arc::new(Shared {
             inner,
-            id,
+            holder: AtomicU64::new(0),
+            ids: std::hash::RandomState::new(),
+            next_id: AtomicU64::new(0),
             config,
             clock,
             leases: Mutex::new(Book::default()),
             counters: Counters::default(),
         });
+        shared.holder.store(shared.new_id(), Ordering::Relaxed);
         let weak: Weak<Shared<S>> = Arc::downgrade(&shared);
         let every = (shared.config.lease_ttl / 2).max(Duration::from_millis(10));
         let returner = tokio::spawn(async move {
@@ -339,6 +360,12 @@ impl Owned {
 }
 
 impl<S: LeaseStore + 'static> Shared<S> {
+    /// A record id of its own: below 2^52, as the store requires.
+    fn new_id(&self) -> u64 {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        std::hash::BuildHasher::hash_one(&self.ids, n) >> 12
+    }
+
     fn max_lease(&self, limit: &Limit<'_>) -> u64 {
         let part = limit.capacity() as f64 * self.config.max_lease_fraction;
         (part as u64).max(1)
@@ -375,7 +402,14 @@ impl<S: LeaseStore + 'static> Shared<S> {
             .zip(&ids)
             .map(|(limit, id)| {
                 let lease = &leases[id];
-                Decision::allow(limit.capacity(), lease.units, lease.last.reset_after())
+                // What the inner store last said is left besides, as when
+                // the lease was taken: a fallback over this starts from it.
+                let remaining = lease
+                    .last
+                    .remaining()
+                    .saturating_add(lease.units)
+                    .min(limit.capacity());
+                Decision::allow(limit.capacity(), remaining, lease.last.reset_after())
                     .with_delay(lease.last.delay())
             })
             .collect();
@@ -391,9 +425,12 @@ impl<S: LeaseStore + 'static> Shared<S> {
                 decided_at: None,
             });
         }
-        // Leases of these keys that expired (or hold another quota's units) go
-        // back first, so an instance never holds more than `max_lease`.
+        // Leases of these keys that expired (or hold another quota's units,
+        // or are recorded where new leases no longer go) go back first, so
+        // an instance never holds more than `max_lease`, and a record that
+        // may hold units of a call never answered is not kept alive.
         let stale: Vec<String> = {
+            let holder = self.holder.load(Ordering::Relaxed);
             let leases = &self.leases.lock().held;
             limits
                 .iter()
@@ -401,7 +438,7 @@ impl<S: LeaseStore + 'static> Shared<S> {
                     let id = budget(l);
                     leases
                         .get(&id)
-                        .filter(|x| x.expires <= now || x.quota != l.quota)
+                        .filter(|x| x.expires <= now || x.quota != l.quota || x.holder != holder)
                         .map(|_| id)
                 })
                 .collect()
@@ -419,9 +456,8 @@ impl<S: LeaseStore + 'static> Shared<S> {
             } else {
                 // To completion in a task of its own: the inner store takes
                 // the units whether or not this check is still awaited (a
-                // fallback's timeout drops it), and units taken but never
-                // kept were lost: the store's record of what this instance
-                // holds is overwritten by its next lease.
+                // fallback's timeout drops it), and they are best kept as
+                // a lease (else they wait for the record's deadline).
                 let owned = Owned::of(limits);
                 let shared = Arc::clone(self);
                 let task =
@@ -465,16 +501,53 @@ impl<S: LeaseStore + 'static> Shared<S> {
             })
             .collect();
         bump(&self.counters.inner_checks);
-        let holder = self.holder(2 * self.config.lease_ttl);
-        let mut stamped = self
-            .inner
-            .check_leasing(&asked, holder, &ask.leased)
-            .await?;
+        let holder = Holder {
+            id: ask.holder,
+            ttl: 2 * self.config.lease_ttl,
+        };
+        let mut stamped = match self.inner.check_leasing(&asked, holder, &ask.leased).await {
+            Ok(stamped) => stamped,
+            Err(e) => {
+                // The store may have taken the units and recorded them
+                // (a round trip past the store's timeout): that record
+                // gets no new lease, so they are credited back at its
+                // deadline (issue 39: once overwritten, and lost).
+                let fresh = self.new_id();
+                let _ = self.holder.compare_exchange(
+                    ask.holder,
+                    fresh,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+                return Err(e);
+            }
+        };
         if !stamped.outcome.allowed() {
             return Ok(None);
         }
         if let Some(times) = &stamped.decided_at {
-            self.keep(limits, ask, times, &mut stamped.outcome, now);
+            let strays = self.keep(limits, ask, times, &mut stamped.outcome, now);
+            for (i, extra, taken_at) in strays {
+                let limit = Limit {
+                    cost: extra,
+                    ..limits[i]
+                };
+                let change = Leased {
+                    released: extra,
+                    leased: 0,
+                };
+                let holder = Holder {
+                    id: holder.id,
+                    ttl: self.config.lease_ttl,
+                };
+                if let Err(e) = self
+                    .inner
+                    .give_back(&limit, taken_at, Some((holder, change)))
+                    .await
+                {
+                    tracing::debug!(error = %e, "leased units not kept nor given back; their record's deadline credits them");
+                }
+            }
         }
         Ok(Some(stamped))
     }
@@ -484,6 +557,7 @@ impl<S: LeaseStore + 'static> Shared<S> {
     /// counted as asked for until the check ends.
     fn ask(self: &Arc<Self>, limits: &[Limit<'_>]) -> Asked<S> {
         let ids: SmallVec<[String; 4]> = limits.iter().map(budget).collect();
+        let holder = self.holder.load(Ordering::Relaxed);
         let mut book = self.leases.lock();
         let mut leased = SmallVec::new();
         let extras = limits
@@ -504,9 +578,20 @@ impl<S: LeaseStore + 'static> Shared<S> {
                     .min(l.capacity().saturating_sub(l.cost));
                 if extra > 0 {
                     *book.asked.entry(id.clone()).or_default() += extra;
+                    // What was spent since the record was last told goes
+                    // with this call, counted as told at once: a call sent
+                    // meanwhile must not tell it again.
+                    let released = match book.held.get_mut(id) {
+                        Some(lease) if lease.holder == holder => {
+                            let spent = lease.recorded.saturating_sub(lease.units);
+                            lease.recorded = lease.units;
+                            spent
+                        }
+                        _ => 0,
+                    };
                     *leased.last_mut().expect("pushed") = Some(Leased {
-                        before: held,
-                        after: held.saturating_add(extra),
+                        released,
+                        leased: extra,
                     });
                 }
                 extra
@@ -514,13 +599,16 @@ impl<S: LeaseStore + 'static> Shared<S> {
             .collect();
         Asked {
             shared: Arc::clone(self),
+            holder,
             ids,
             extras,
             leased,
         }
     }
 
-    /// Keeps the extras of an admitted check as leases.
+    /// Keeps the extras of an admitted check as leases. Returns those it
+    /// cannot keep, to give back (limit index, units, time taken): a lease
+    /// of the key recorded elsewhere was taken meanwhile.
     fn keep(
         &self,
         limits: &[Limit<'_>],
@@ -528,16 +616,17 @@ impl<S: LeaseStore + 'static> Shared<S> {
         times: &[u64],
         outcome: &mut Outcome,
         now: Nanos,
-    ) {
+    ) -> SmallVec<[(usize, u64, u64); 1]> {
         let ttl = self.config.lease_ttl.into_nanos();
+        let mut strays = SmallVec::new();
         let mut book = self.leases.lock();
         let extras = std::mem::take(&mut asked.extras);
-        for ((((limit, &extra), &taken_at), decision), told) in limits
+        for (i, (((limit, &extra), &taken_at), decision)) in limits
             .iter()
             .zip(&extras)
             .zip(times)
             .zip(outcome.decisions.iter_mut())
-            .zip(&asked.leased)
+            .enumerate()
         {
             if extra == 0 {
                 continue;
@@ -545,6 +634,10 @@ impl<S: LeaseStore + 'static> Shared<S> {
             let id = budget(limit);
             book.unask(&id, extra);
             let leases = &mut book.held;
+            if leases.get(&id).is_some_and(|l| l.holder != asked.holder) {
+                strays.push((i, extra, taken_at));
+                continue;
+            }
             self.counters
                 .units_leased
                 .fetch_add(extra, Ordering::Relaxed);
@@ -564,6 +657,7 @@ impl<S: LeaseStore + 'static> Shared<S> {
                 size: 1,
                 expires: 0,
                 taken_at,
+                holder: asked.holder,
                 recorded: 0,
                 last: *decision,
             });
@@ -574,9 +668,7 @@ impl<S: LeaseStore + 'static> Shared<S> {
                 lease.size.clamp(1, max)
             };
             lease.units = lease.units.saturating_add(extra);
-            if let Some(told) = told {
-                lease.recorded = told.after;
-            }
+            lease.recorded = lease.recorded.saturating_add(extra);
             lease.expires = now.saturating_add(life);
             lease.taken_at = taken_at;
             lease.quota = limit.quota;
@@ -584,12 +676,7 @@ impl<S: LeaseStore + 'static> Shared<S> {
             // The instance's view: what it holds counts as available to it.
             *decision = decision.with_remaining(decision.remaining().saturating_add(lease.units));
         }
-    }
-
-    /// This instance as the inner store's records name it, its record to
-    /// last `ttl` past the store's time of the call.
-    fn holder(&self, ttl: Duration) -> Holder {
-        Holder { id: self.id, ttl }
+        strays
     }
 
     async fn return_expired(&self) {
@@ -598,25 +685,31 @@ impl<S: LeaseStore + 'static> Shared<S> {
         self.report(now).await;
     }
 
-    /// Tells the inner store's records what this instance holds of each
-    /// live lease spent since it last told, so that if it crashes, what
-    /// comes back is what it held then, not what it held when leasing.
+    /// Tells the inner store's records what this instance spent of each
+    /// live lease since it last told, so that if it crashes, what comes
+    /// back is what it held then, not what it held when leasing.
     async fn report(&self, now: Nanos) {
-        let due: Vec<(String, Lease)> = self
+        let due: Vec<(Lease, u64)> = self
             .leases
             .lock()
             .held
-            .iter()
-            .filter(|(_, l)| l.expires > now && l.units != l.recorded)
-            .map(|(id, l)| {
+            .values_mut()
+            .filter(|l| l.expires > now && l.units < l.recorded)
+            .map(|l| {
+                // Counted as told at once: a call sent meanwhile must not
+                // tell it again. Told and lost, the record holds these
+                // spent units until its deadline, then credits them back:
+                // generous by at most a lease, never short.
+                let spent = l.recorded - l.units;
+                l.recorded = l.units;
                 let copy = Lease {
                     key: l.key.clone(),
                     ..*l
                 };
-                (id.clone(), copy)
+                (copy, spent)
             })
             .collect();
-        for (id, lease) in due {
+        for (lease, spent) in due {
             let limit = Limit {
                 key: &lease.key,
                 quota: lease.quota,
@@ -624,28 +717,22 @@ impl<S: LeaseStore + 'static> Shared<S> {
                 cost: 0,
                 failure: FailurePolicy::Local,
             };
-            let told = Leased {
-                before: lease.recorded,
-                after: lease.units,
+            let change = Leased {
+                released: spent,
+                leased: 0,
             };
             // The record lasts as the lease does, plus the time a live
             // instance takes to give it back.
-            let ttl = Duration::from_nanos(lease.expires - now) + self.config.lease_ttl;
-            let holder = self.holder(ttl);
-            match self
+            let holder = Holder {
+                id: lease.holder,
+                ttl: Duration::from_nanos(lease.expires - now) + self.config.lease_ttl,
+            };
+            if let Err(e) = self
                 .inner
-                .check_leasing(&[limit], holder, &[Some(told)])
+                .check_leasing(&[limit], holder, &[Some(change)])
                 .await
             {
-                Ok(_) => {
-                    // Unless a new lease told the store since.
-                    if let Some(held) = self.leases.lock().held.get_mut(&id)
-                        && held.recorded == told.before
-                    {
-                        held.recorded = told.after;
-                    }
-                }
-                Err(e) => tracing::debug!(error = %e, "leased units held not reported"),
+                tracing::debug!(error = %e, "leased units spent not reported");
             }
         }
     }
@@ -663,8 +750,8 @@ impl<S: LeaseStore + 'static> Shared<S> {
                 .collect()
         };
         for lease in taken {
-            // A record of units since spent goes too, else they would be
-            // credited back.
+            // The record loses what was spent since it was told too, else
+            // those units would be credited back.
             if lease.units == 0 && lease.recorded == 0 {
                 continue;
             }
@@ -675,10 +762,17 @@ impl<S: LeaseStore + 'static> Shared<S> {
                 cost: lease.units,
                 failure: FailurePolicy::Local,
             };
-            let holder = self.holder(self.config.lease_ttl);
+            let holder = Holder {
+                id: lease.holder,
+                ttl: self.config.lease_ttl,
+            };
+            let change = Leased {
+                released: lease.recorded,
+                leased: 0,
+            };
             match self
                 .inner
-                .give_back(&limit, lease.taken_at, Some(holder))
+                .give_back(&limit, lease.taken_at, Some((holder, change)))
                 .await
             {
                 Ok(()) => {
@@ -687,7 +781,8 @@ impl<S: LeaseStore + 'static> Shared<S> {
                         .units_returned
                         .fetch_add(lease.units, Ordering::Relaxed);
                 }
-                // The units stay spent: strict, never generous.
+                // Not given back now, the units stay in the record, which
+                // credits them back at its deadline.
                 Err(e) => tracing::debug!(error = %e, "unspent leased units not given back"),
             }
         }
@@ -744,11 +839,23 @@ impl<S: LeaseStore + 'static> LeaseStore for Hybrid<S> {
         self.shared.check(limits)
     }
 
+    /// The unspent units of this instance's live lease of `limit`'s key.
+    fn leased(&self, limit: &Limit<'_>) -> u64 {
+        let now = self.shared.clock.now();
+        self.shared
+            .leases
+            .lock()
+            .held
+            .get(&budget(limit))
+            .filter(|l| l.expires > now && l.quota == limit.quota)
+            .map_or(0, |l| l.units)
+    }
+
     fn give_back(
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
-        holder: Option<Holder>,
+        holder: Option<(Holder, Leased)>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.shared.inner.give_back(limit, taken_at, holder)
     }

@@ -358,11 +358,18 @@ impl LeaseStore for Remote {
         }
     }
 
+    fn leased(&self, limit: &Limit<'_>) -> u64 {
+        match self {
+            Remote::Direct(r) => r.leased(limit),
+            Remote::Hybrid(h) => h.leased(limit),
+        }
+    }
+
     async fn give_back(
         &self,
         limit: &Limit<'_>,
         taken_at: u64,
-        holder: Option<Holder>,
+        holder: Option<(Holder, Leased)>,
     ) -> Result<(), StoreError> {
         self.redis().give_back(limit, taken_at, holder).await
     }
