@@ -172,6 +172,18 @@ struct Keys<'c> {
     clock_ns: u64,
 }
 
+impl<'c> Keys<'c> {
+    fn new(ctx: &'c Context, own: &'c [RedisString]) -> Self {
+        Self {
+            ctx,
+            own,
+            opened: Vec::new(),
+            extra_ms: 0,
+            clock_ns: clock_ns(),
+        }
+    }
+}
+
 fn message(e: RedisError) -> String {
     match e {
         RedisError::String(s) => s,
@@ -399,13 +411,7 @@ fn refund_check(ctx: &Context, keys: &[RedisString], blobs: &[RedisString]) -> R
     };
     let request = Request::parse(blob.as_slice()).map_err(RedisError::String)?;
     let slices: Vec<&[u8]> = keys.iter().map(RedisString::as_slice).collect();
-    let mut db = Keys {
-        ctx,
-        own: keys,
-        opened: Vec::new(),
-        extra_ms: 0,
-        clock_ns: clock_ns(),
-    };
+    let mut db = Keys::new(ctx, keys);
     let at = refund(&request, &slices, &mut db).map_err(RedisError::String)?;
     Ok(RedisValue::Array(vec![RedisValue::Integer(
         i64::try_from(at).unwrap_or(i64::MAX),
@@ -424,13 +430,7 @@ fn release_leases(ctx: &Context, keys: &[RedisString], members: &[RedisString]) 
             keys.len()
         )));
     }
-    let mut db = Keys {
-        ctx,
-        own: keys,
-        opened: Vec::new(),
-        extra_ms: 0,
-        clock_ns: clock_ns(),
-    };
+    let mut db = Keys::new(ctx, keys);
     let members: Vec<&[u8]> = members.iter().map(RedisString::as_slice).collect();
     release(&mut db, &members).map_err(RedisError::String)?;
     Ok(RedisValue::Array(Vec::new()))

@@ -110,6 +110,19 @@ impl<'a> Request<'a> {
         })
     }
 
+    /// Whether `got` keys are the keys the request takes ([`Request::keys`]).
+    fn takes(&self, got: usize) -> Result<(), String> {
+        let wanted = self.keys()?;
+        if got == wanted {
+            Ok(())
+        } else {
+            Err(format!(
+                "ERR a request of {} limits takes {wanted} keys, got {got}",
+                self.len()
+            ))
+        }
+    }
+
     /// The base of the lease ids its concurrency limits add: the text after
     /// its limits.
     fn lease(&self) -> &'a [u8] {
@@ -161,14 +174,7 @@ pub(crate) fn check<K: AsRef<[u8]>, D: Db>(
     db: &mut D,
     reply: &mut Vec<u8>,
 ) -> Result<Vec<Write>, String> {
-    let wanted = request.keys()?;
-    if keys.len() != wanted {
-        return Err(format!(
-            "ERR a request of {} limits takes {wanted} keys, got {}",
-            request.len(),
-            keys.len()
-        ));
-    }
+    request.takes(keys.len())?;
     let start = reply.len();
     for v in [now_us as f64, 1.0] {
         reply.extend_from_slice(&v.to_le_bytes());
@@ -243,14 +249,7 @@ pub(crate) fn refund<K: AsRef<[u8]>, D: Db>(
     let at = request
         .time
         .ok_or_else(|| "ERR a refund takes the time of the check it refunds".to_owned())?;
-    let wanted = request.keys()?;
-    if keys.len() != wanted {
-        return Err(format!(
-            "ERR a request of {} limits takes {wanted} keys, got {}",
-            request.len(),
-            keys.len()
-        ));
-    }
+    request.takes(keys.len())?;
     let mut k = 0;
     for i in 0..request.len() {
         let limit = request.limit(i)?;

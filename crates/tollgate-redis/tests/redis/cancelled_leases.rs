@@ -5,25 +5,13 @@
 use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Waker};
-use std::time::Duration;
 
 use tollgate_core::{Limit, Store};
 
-use crate::support::{MAX_LEASE, RedisServer, gcra_of_10_000, hybrid_of};
+use crate::support::{MAX_LEASE, RedisServer, eventually, gcra_of_10_000, hybrid_of};
 
 fn limit() -> Limit<'static> {
     gcra_of_10_000("dropped")
-}
-
-/// Waits (a bounded number of looks) until `done` says the store got there.
-async fn eventually<F: Future<Output = bool>>(what: &str, mut done: impl FnMut() -> F) {
-    for _ in 0..1000 {
-        if done().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("never: {what}");
 }
 
 #[tokio::test]

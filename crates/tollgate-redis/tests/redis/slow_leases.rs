@@ -5,7 +5,6 @@
 //! store passes to the script as its time; the lease TTL is a minute, so
 //! the returner task, on real time, never runs during a test.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use tollgate_redis::RedisStore;
 use tollgate_store::conformance;
 use tollgate_store::{BreakerState, Fallback, FallbackConfig, Hybrid, HybridConfig};
 
-use crate::support::{RedisServer, manual_store_with};
+use crate::support::{RedisServer, eventually, manual_store_with};
 
 const LIMIT: u64 = 1_000;
 /// 5% of the limit, the default fraction.
@@ -63,17 +62,6 @@ async fn drain<S: Store>(store: &S, limit: Limit<'_>) -> u64 {
         assert!(admitted <= LIMIT, "more admitted than the limit");
     }
     admitted
-}
-
-/// Waits (a bounded number of looks) until `done` says the store got there.
-async fn eventually<F: Future<Output = bool>>(what: &str, mut done: impl FnMut() -> F) {
-    for _ in 0..1000 {
-        if done().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("never: {what}");
 }
 
 /// The units Redis counts taken of `limit` (a read at cost 0).

@@ -1,6 +1,7 @@
 //! What the Redis tests share: the real servers of `tollgate-testkit`, and
 //! stores on them under a manual clock.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -176,4 +177,16 @@ pub(crate) async fn batched_checks_decide_as_alone(url: &str, calls: impl Fn() -
     }
     let stats = store.stats();
     assert_eq!((stats.errors, stats.timeouts), (0, 0), "{stats:?}");
+}
+
+/// Waits (a bounded number of looks) until `done` says the store got there:
+/// a task of its own, or Redis, which no injected clock can speed up.
+pub(crate) async fn eventually<F: Future<Output = bool>>(what: &str, mut done: impl FnMut() -> F) {
+    for _ in 0..1000 {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("never: {what}");
 }
