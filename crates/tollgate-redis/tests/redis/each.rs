@@ -158,3 +158,27 @@ async fn a_node_that_fails_fails_only_its_own_limits() {
     assert_eq!(fallback.stats().fallbacks, 1);
     assert_eq!(fallback.stats().checks, 2);
 }
+
+/// Through hybrid mode: a limit it leases is spent from its lease, and the
+/// ones it never leases (hit counters) go to Redis, each
+/// admitting exactly what it would alone.
+#[tokio::test]
+async fn hybrid_mode_spends_its_leases_and_counts_the_rest_in_redis() {
+    let server = RedisServer::start();
+    let hybrid = crate::support::hybrid_of(&server).await;
+    let limits = [
+        crate::support::gcra_of_10_000("each-leased"),
+        counted("each-counted", 3, Algorithm::HitCounter),
+    ];
+    let mut admitted = [0u64; 2];
+    for _ in 0..10 {
+        let answers = hybrid.check_each(&limits).await;
+        for (n, answer) in admitted.iter_mut().zip(answers) {
+            *n += u64::from(answer.unwrap().allowed());
+        }
+    }
+    assert_eq!(admitted, [10, 3]);
+    let stats = hybrid.stats();
+    assert!(stats.local_decisions > 0, "{stats:?}");
+    assert_eq!(command_calls(&server, "incrby"), 10, "every hit counted");
+}
