@@ -322,6 +322,24 @@ pub trait Store: Send + Sync {
         limits: &[Limit<'_>],
     ) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
 
+    /// Checks each of `limits` on its own, as [`Store::check`] of that limit
+    /// alone would (each is charged whatever the others decide), and
+    /// answers in their order. A store that can put them in fewer round
+    /// trips does (the Redis store: one pipeline per node); a wrapper
+    /// forwards them with what it does per check, so a failure of one part
+    /// of a store fails only the limits it holds. The default checks them
+    /// concurrently, one call each.
+    fn check_each(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Vec<Result<Outcome, StoreError>>> + Send {
+        futures_util::future::join_all(
+            limits
+                .iter()
+                .map(|limit| self.check(std::slice::from_ref(limit))),
+        )
+    }
+
     /// Gives back exactly these leases, as [`Store::check`] returned them in
     /// [`Outcome::leases`]: call once when the request ends. A lease already
     /// released or lapsed, or one this store did not grant, is left alone.
@@ -450,6 +468,20 @@ pub trait LeaseStore: Store {
                 decided_at: None,
             })
         }
+    }
+
+    /// [`Store::check_each`], each answer stamped as
+    /// [`LeaseStore::check_stamped`] stamps it. The default checks them
+    /// concurrently, one call each.
+    fn check_each_stamped(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Vec<Result<Stamped, StoreError>>> + Send {
+        futures_util::future::join_all(
+            limits
+                .iter()
+                .map(|limit| self.check_stamped(std::slice::from_ref(limit))),
+        )
     }
 
     /// [`LeaseStore::check_stamped`] for a check whose costs include units

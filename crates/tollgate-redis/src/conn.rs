@@ -104,6 +104,29 @@ impl Conn {
             Conn::Cluster(c) => pipe.query_async(&mut c.clone()).await,
         }
     }
+
+    /// Runs a pipeline on the primary serving `slot` (on a cluster: its
+    /// commands may be on any slots that primary serves), answering each
+    /// command's reply as Redis gave it, a refusal of one command
+    /// ([`redis::Value::ServerError`], e.g. `MOVED` for a key served
+    /// elsewhere) beside the others' answers.
+    pub(crate) async fn pipeline_at(
+        &self,
+        pipe: &redis::Pipeline,
+        slot: u16,
+    ) -> RedisResult<Vec<redis::Value>> {
+        use redis::aio::ConnectionLike;
+        use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+        match self {
+            Conn::Single(c) => c.clone().req_packed_commands(pipe, 0, pipe.len()).await,
+            Conn::Cluster(c) => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                c.clone()
+                    .route_pipeline(pipe.clone(), 0, pipe.len(), route)
+                    .await
+            }
+        }
+    }
 }
 
 /// Connects to `redis://host:port/db` (one server) or

@@ -10,6 +10,8 @@ use tollgate_core::{
     Quota, Stamped, Store, StoreError,
 };
 
+mod each;
+
 use crate::Cells;
 use crate::batch::{BatchError, Batcher, Job};
 use crate::code::{Code, Kind};
@@ -761,6 +763,13 @@ impl Store for RedisStore {
         Ok(self.check_stamped(limits).await?.outcome)
     }
 
+    /// Checks each limit on its own, the counting ones in one pipeline
+    /// per node (store/each.rs).
+    async fn check_each(&self, limits: &[Limit<'_>]) -> Vec<Result<Outcome, StoreError>> {
+        let answers = self.check_each_at_once(limits).await;
+        answers.into_iter().map(|a| a.map(|s| s.outcome)).collect()
+    }
+
     /// Deletes the state of each limit's key (and its auxiliary key).
     /// One `DEL` per limit: its two keys share a slot.
     async fn reset(&self, limits: &[Limit<'_>]) -> Result<(), StoreError> {
@@ -875,6 +884,13 @@ impl LeaseStore for RedisStore {
             }
         }
         self.check_redis(limits, &prepared, None).await
+    }
+
+    fn check_each_stamped(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Vec<Result<Stamped, StoreError>>> + Send {
+        self.check_each_at_once(limits)
     }
 
     /// [`LeaseStore::check_stamped`], recording in Redis what `holder`

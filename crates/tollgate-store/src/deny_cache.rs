@@ -34,7 +34,7 @@ use tollgate_core::{
 };
 
 use crate::FastClock;
-use crate::decision::budget;
+use crate::decision::{budget, outcomes, unanswered};
 
 const SHARDS: usize = 16;
 
@@ -313,6 +313,13 @@ impl<S: LeaseStore> DenyCache<S> {
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
         let stamped = ask().await?;
+        self.remember(limits, &stamped, now);
+        Ok(stamped)
+    }
+
+    /// Caches the denies of what the inner store answered for `limits`,
+    /// asked at `now`.
+    fn remember(&self, limits: &[Limit<'_>], stamped: &Stamped, now: Nanos) {
         // Only the state's own denies are cached: a fallback's (`decided_at`
         // is `None`) says nothing about when the limit passes again.
         if self.denials.enabled() && !stamped.outcome.allowed() && stamped.decided_at.is_some() {
@@ -330,7 +337,52 @@ impl<S: LeaseStore> DenyCache<S> {
                 self.denials.insert(limit, cost, decision, now);
             }
         }
-        Ok(stamped)
+    }
+
+    /// Checks each of `limits` on its own; see
+    /// [`LeaseStore::check_each_stamped`]. Each is answered from the cache
+    /// as a check of it alone would be; the others go to the inner store in
+    /// one call.
+    pub async fn check_each_limits(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> Vec<Result<Stamped, StoreError>> {
+        let now = self.clock.now();
+        let mut answers: Vec<Option<Result<Stamped, StoreError>>> = limits
+            .iter()
+            .map(|limit| {
+                let (outcome, _) = self.cached(std::slice::from_ref(limit), now)?;
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                Some(Ok(Stamped {
+                    outcome,
+                    decided_at: None,
+                }))
+            })
+            .collect();
+        let asked: SmallVec<[Limit<'_>; 4]> = limits
+            .iter()
+            .zip(&answers)
+            .filter(|(_, answer)| answer.is_none())
+            .map(|(limit, _)| *limit)
+            .collect();
+        if !asked.is_empty() {
+            self.misses.fetch_add(asked.len() as u64, Ordering::Relaxed);
+            let mut inner = self.inner.check_each_stamped(&asked).await.into_iter();
+            for (limit, answer) in limits.iter().zip(&mut answers) {
+                if answer.is_some() {
+                    continue;
+                }
+                let got = inner.next().unwrap_or_else(|| Err(unanswered()));
+                if let Ok(stamped) = &got {
+                    self.remember(std::slice::from_ref(limit), stamped, now);
+                }
+                *answer = Some(got);
+            }
+        }
+        answers
+            .into_iter()
+            .map(|answer| answer.unwrap_or_else(|| Err(unanswered())))
+            .collect()
     }
 }
 
@@ -341,6 +393,10 @@ impl<S: LeaseStore> Store for DenyCache<S> {
 
     async fn check(&self, limits: &[Limit<'_>]) -> Result<Outcome, StoreError> {
         Ok(self.check_limits(limits).await?.outcome)
+    }
+
+    async fn check_each(&self, limits: &[Limit<'_>]) -> Vec<Result<Outcome, StoreError>> {
+        outcomes(self.check_each_limits(limits).await)
     }
 
     /// The cached deny, when the cache knows every limit of the request:
@@ -379,6 +435,13 @@ impl<S: LeaseStore> LeaseStore for DenyCache<S> {
         limits: &[Limit<'_>],
     ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
         self.check_limits(limits)
+    }
+
+    fn check_each_stamped(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Vec<Result<Stamped, StoreError>>> + Send {
+        self.check_each_limits(limits)
     }
 
     async fn check_leasing(
@@ -469,6 +532,34 @@ mod tests {
         }
         assert!(cache.len() <= 16, "{}", cache.len());
         assert!(!Denials::new(0).enabled());
+    }
+
+    /// Limits checked each on its own: the cache answers each as a check
+    /// of it alone, and asks the inner store only about the others.
+    #[tokio::test]
+    async fn limits_checked_each_are_answered_from_the_cache_one_by_one() {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let memory = MemoryStore::with_clock(MemoryConfig::default(), Arc::clone(&clock));
+        let store = DenyCache::with_clock(memory, 64, Arc::clone(&clock) as _);
+        let q = Quota::per_second(10).unwrap().with_burst(1).unwrap();
+        let hot = Limit::new("hot", q, Algorithm::Gcra);
+        let wide = Limit::new("wide", Quota::per_second(100).unwrap(), Algorithm::Gcra);
+        let allowed = |answers: Vec<Result<Outcome, StoreError>>| -> Vec<bool> {
+            answers.into_iter().map(|a| a.unwrap().allowed()).collect()
+        };
+        assert_eq!(allowed(store.check_each(&[hot, wide]).await), [true, true]);
+        let denied = store.check_each(&[hot, wide]).await;
+        let deny = denied[0].as_ref().unwrap().decisions[0];
+        assert_eq!(deny.retry_after(), Some(Duration::from_millis(100)));
+        assert_eq!(allowed(denied), [false, true]);
+        assert_eq!(store.stats(), DenyCacheStats { hits: 0, misses: 4 });
+        let again = store.check_each(&[hot, wide]).await;
+        assert_eq!(again[0].as_ref().unwrap().decisions[0], deny);
+        assert_eq!(allowed(again), [false, true]);
+        assert_eq!(store.stats(), DenyCacheStats { hits: 1, misses: 5 });
+        // The inner store was asked about `wide` alone: three admits.
+        let wide_left = store.inner().check_now(&[wide.with_cost(0)]).decisions[0];
+        assert_eq!(wide_left.remaining(), 100 - 3);
     }
 
     #[tokio::test]

@@ -69,6 +69,7 @@ use tollgate_core::{
 use parking_lot::Mutex;
 
 use crate::breaker::{BreakerState, Breakers, Part};
+use crate::decision::{outcomes, unanswered};
 use crate::{FastClock, MemoryConfig, MemoryStore};
 
 /// The tag of the leases the inner store granted.
@@ -414,26 +415,96 @@ impl<S: LeaseStore + 'static> Fallback<S> {
             }
         }
         match tokio::time::timeout(shared.config.timeout, ask()).await {
-            Ok(Ok(mut stamped)) => {
-                for (_, breaker) in &parts {
-                    breaker.success();
-                }
-                bump(&shared.counters.checks);
-                self.remember(limits, &stamped.outcome.decisions);
-                let leases = std::mem::take(&mut stamped.outcome.leases);
-                stamped.outcome.leases = tag(leases, INNER);
-                Ok(stamped)
-            }
-            Ok(Err(e @ (StoreError::Invalid(_) | StoreError::Unsupported(_)))) => Err(e),
-            Ok(Err(e)) => {
-                self.failed(&parts, Some(&e));
-                Ok(self.fallback(limits))
-            }
+            Ok(answer) => self.answered(limits, &parts, answer),
             Err(_) => {
                 self.failed(&parts, None);
                 Ok(self.fallback(limits))
             }
         }
+    }
+
+    /// What a check of `limits` on `parts` gives once the inner store
+    /// answered it in time.
+    fn answered(
+        &self,
+        limits: &[Limit<'_>],
+        parts: &[Part],
+        answer: Result<Stamped, StoreError>,
+    ) -> Result<Stamped, StoreError> {
+        match answer {
+            Ok(mut stamped) => {
+                for (_, breaker) in parts {
+                    breaker.success();
+                }
+                bump(&self.shared.counters.checks);
+                self.remember(limits, &stamped.outcome.decisions);
+                let leases = std::mem::take(&mut stamped.outcome.leases);
+                stamped.outcome.leases = tag(leases, INNER);
+                Ok(stamped)
+            }
+            Err(e @ (StoreError::Invalid(_) | StoreError::Unsupported(_))) => Err(e),
+            Err(e) => {
+                self.failed(parts, Some(&e));
+                Ok(self.fallback(limits))
+            }
+        }
+    }
+
+    /// Checks each of `limits` on its own; see
+    /// [`LeaseStore::check_each_stamped`]. Each is decided as a check of it
+    /// alone would be (its part's breaker, its debts, its failure policy);
+    /// those the inner store may decide go to it in one call, within one
+    /// timeout, and one that fails only fails its own limit.
+    pub async fn check_each_limits(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> Vec<Result<Stamped, StoreError>> {
+        let shared = &self.shared;
+        let mut answers: Vec<Option<Result<Stamped, StoreError>>> =
+            Vec::with_capacity(limits.len());
+        let mut sent: SmallVec<[(usize, SmallVec<[Part; 2]>); 4]> = SmallVec::new();
+        for (i, limit) in limits.iter().enumerate() {
+            let parts = self.breakers([limit.key]);
+            if parts.iter().all(|(_, b)| b.admit()) {
+                sent.push((i, parts));
+                answers.push(None);
+            } else {
+                answers.push(Some(Ok(self.fallback(std::slice::from_ref(limit)))));
+            }
+        }
+        if sent.is_empty() {
+            return answers.into_iter().flatten().collect();
+        }
+        let debts: SmallVec<[Limit<'_>; 4]> = sent
+            .iter()
+            .filter(|(_, parts)| parts.iter().all(|(_, b)| b.answering()))
+            .flat_map(|&(i, _)| self.debts(std::slice::from_ref(&limits[i])))
+            .collect();
+        if !debts.is_empty() {
+            self.pay(&debts).await;
+        }
+        let asked: SmallVec<[Limit<'_>; 4]> = sent.iter().map(|&(i, _)| limits[i]).collect();
+        let inner = shared.inner.check_each_stamped(&asked);
+        match tokio::time::timeout(shared.config.timeout, inner).await {
+            Ok(got) => {
+                let mut got = got.into_iter();
+                for (i, parts) in &sent {
+                    let one = std::slice::from_ref(&limits[*i]);
+                    let answer = got.next().unwrap_or_else(|| Err(unanswered()));
+                    answers[*i] = Some(self.answered(one, parts, answer));
+                }
+            }
+            Err(_) => {
+                for (i, parts) in &sent {
+                    self.failed(parts, None);
+                    answers[*i] = Some(Ok(self.fallback(std::slice::from_ref(&limits[*i]))));
+                }
+            }
+        }
+        answers
+            .into_iter()
+            .map(|answer| answer.unwrap_or_else(|| Err(unanswered())))
+            .collect()
     }
 
     /// Keeps what the inner store said of each `local` limit's key (and
@@ -732,6 +803,10 @@ impl<S: LeaseStore + 'static> Store for Fallback<S> {
         Ok(self.check_limits(limits).await?.outcome)
     }
 
+    async fn check_each(&self, limits: &[Limit<'_>]) -> Vec<Result<Outcome, StoreError>> {
+        outcomes(self.check_each_limits(limits).await)
+    }
+
     fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.release_leases(leases)
     }
@@ -772,6 +847,13 @@ impl<S: LeaseStore + 'static> LeaseStore for Fallback<S> {
         limits: &[Limit<'_>],
     ) -> impl Future<Output = Result<Stamped, StoreError>> + Send {
         self.check_limits(limits)
+    }
+
+    fn check_each_stamped(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Vec<Result<Stamped, StoreError>>> + Send {
+        self.check_each_limits(limits)
     }
 
     async fn check_leasing(
@@ -964,6 +1046,48 @@ mod tests {
         async fn domain_ready(&self, domain: &str) -> bool {
             self.part(domain).fault().await.is_ok()
         }
+    }
+
+    /// Limits checked each on its own go to the inner store in one call,
+    /// and a failing part fails only its own limit, which its policy
+    /// decides; once its breaker is open it is not asked at all.
+    #[tokio::test(start_paused = true)]
+    async fn limits_checked_each_fall_back_one_by_one() {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let parts = TwoParts {
+            a: Switch::new(&clock),
+            b: Switch::new(&clock),
+        };
+        let store = Fallback::with_clock(parts, config(), Arc::clone(&clock) as _);
+        let a = Limit::new("a1", Quota::per_second(10).unwrap(), Algorithm::Gcra)
+            .with_failure(FailurePolicy::FailClosed);
+        let b = Limit::new("b1", Quota::per_second(10).unwrap(), Algorithm::Gcra)
+            .with_failure(FailurePolicy::FailClosed);
+        store.inner().a.set(ERRS);
+        for round in 0..4u64 {
+            let answers = store.check_each(&[a, b]).await;
+            let got: Vec<(bool, u64)> = answers
+                .into_iter()
+                .map(|answer| {
+                    let d = answer.unwrap().decisions[0];
+                    (d.allowed(), d.remaining())
+                })
+                .collect();
+            assert_eq!(got, [(false, 0), (true, 9 - round)], "round {round}");
+        }
+        let stats = store.stats();
+        assert_eq!((stats.checks, stats.fallbacks, stats.errors), (4, 4, 3));
+        assert_eq!(store.inner().a.checks.load(Ordering::Relaxed), 3, "open");
+        assert_eq!(store.inner().b.checks.load(Ordering::Relaxed), 4);
+        let state = |name: &str| {
+            store
+                .parts()
+                .into_iter()
+                .find(|(part, _)| &**part == name)
+                .map(|(_, state)| state)
+        };
+        assert_eq!(state("a"), Some(BreakerState::Open));
+        assert_eq!(state("b"), Some(BreakerState::Closed));
     }
 
     #[tokio::test(start_paused = true)]

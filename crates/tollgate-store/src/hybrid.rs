@@ -80,7 +80,7 @@ use tollgate_core::{
 };
 
 use crate::FastClock;
-use crate::decision::budget;
+use crate::decision::{budget, outcomes, unanswered};
 
 /// How the hybrid wrapper leases.
 #[derive(Debug, Clone)]
@@ -483,6 +483,48 @@ impl<S: LeaseStore + 'static> Shared<S> {
         self.inner.check_stamped(limits).await
     }
 
+    /// Checks each of `limits` on its own, as [`Shared::check`] of it alone
+    /// would: a limit of an algorithm this wrapper leases goes that way,
+    /// and the others, which a check alone sends straight to the inner
+    /// store, go to it in one call.
+    async fn check_each(
+        self: &Arc<Self>,
+        limits: &[Limit<'_>],
+    ) -> Vec<Result<Stamped, StoreError>> {
+        let (leasing, direct): (SmallVec<[usize; 4]>, SmallVec<[usize; 4]>) =
+            (0..limits.len()).partition(|&i| hybrid_leases(limits[i].algorithm));
+        let direct_limits: SmallVec<[Limit<'_>; 4]> = direct.iter().map(|&i| limits[i]).collect();
+        let ask_direct = async {
+            if direct_limits.is_empty() {
+                return Vec::new();
+            }
+            self.counters
+                .inner_checks
+                .fetch_add(direct_limits.len() as u64, Ordering::Relaxed);
+            self.inner.check_each_stamped(&direct_limits).await
+        };
+        let ask_leasing = futures_util::future::join_all(
+            leasing
+                .iter()
+                .map(|&i| self.check(std::slice::from_ref(&limits[i]))),
+        );
+        let (direct_answers, leasing_answers) =
+            futures_util::future::join(ask_direct, ask_leasing).await;
+        let mut answers: Vec<Option<Result<Stamped, StoreError>>> =
+            (0..limits.len()).map(|_| None).collect();
+        for (i, answer) in leasing.iter().zip(leasing_answers) {
+            answers[*i] = Some(answer);
+        }
+        let mut direct_answers = direct_answers.into_iter();
+        for &i in &direct {
+            answers[i] = Some(direct_answers.next().unwrap_or_else(|| Err(unanswered())));
+        }
+        answers
+            .into_iter()
+            .map(|answer| answer.unwrap_or_else(|| Err(unanswered())))
+            .collect()
+    }
+
     /// Checks `limits` with the extra units `ask` sized, and keeps them as
     /// leases if the inner store admits: `None` when it denies (the caller
     /// then checks the cost alone).
@@ -798,6 +840,10 @@ impl<S: LeaseStore + 'static> Store for Hybrid<S> {
         Ok(self.shared.check(limits).await?.outcome)
     }
 
+    async fn check_each(&self, limits: &[Limit<'_>]) -> Vec<Result<Outcome, StoreError>> {
+        outcomes(self.shared.check_each(limits).await)
+    }
+
     fn release(
         &self,
         leases: &[tollgate_core::Lease],
@@ -849,6 +895,13 @@ impl<S: LeaseStore + 'static> LeaseStore for Hybrid<S> {
             .get(&budget(limit))
             .filter(|l| l.expires > now && l.quota == limit.quota)
             .map_or(0, |l| l.units)
+    }
+
+    fn check_each_stamped(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Vec<Result<Stamped, StoreError>>> + Send {
+        self.shared.check_each(limits)
     }
 
     fn give_back(

@@ -809,6 +809,25 @@ impl<C: Clock> Store for MemoryStore<C> {
         }
     }
 
+    /// Each limit checked in turn, in the first poll as [`Store::check`].
+    fn check_each(
+        &self,
+        limits: &[Limit<'_>],
+    ) -> impl Future<Output = Vec<Result<Outcome, StoreError>>> + Send {
+        let mut limits = Some(limits);
+        std::future::poll_fn(move |_| {
+            let limits = limits
+                .take()
+                .expect("the memory store's check polled after it completed");
+            Poll::Ready(
+                limits
+                    .iter()
+                    .map(|limit| Ok(self.check_now(std::slice::from_ref(limit))))
+                    .collect(),
+            )
+        })
+    }
+
     fn release(&self, leases: &[Lease]) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.release_now(leases);
         ready(Ok(()))

@@ -50,7 +50,6 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::join_all;
 use smallvec::SmallVec;
 use tollgate_core::{
     Algorithm, Clock, Decision, IntoNanos, Limit, MonotonicClock, Nanos, Outcome, Quota, Store,
@@ -931,8 +930,9 @@ impl<S: Store> Enforcer<S> {
         self.record(descriptors, batch, result, kind)
     }
 
-    /// Checks each limit of `batch` in a store call of its own (concurrently),
-    /// so that each is charged whatever the others decide.
+    /// Checks each limit of `batch` on its own ([`Store::check_each`]: one
+    /// store call for all), so that each is charged whatever the others
+    /// decide.
     async fn decide_each(
         &self,
         descriptors: &mut [DescriptorVerdict],
@@ -940,12 +940,11 @@ impl<S: Store> Enforcer<S> {
         kind: Batch,
     ) -> Permit {
         let limits: Limits<'_> = batch.iter().map(|(_, a)| a.limit()).collect();
-        let results = join_all(
-            limits
-                .iter()
-                .map(|limit| self.timed_check(std::slice::from_ref(limit))),
-        )
-        .await;
+        let started = self.timer.now();
+        let results = self.store.check_each(&limits).await;
+        let elapsed = Duration::from_nanos(self.timer.now().saturating_sub(started));
+        self.observer
+            .store_call(elapsed, results.iter().all(Result::is_ok));
         let mut permit = Permit::default();
         for (one, result) in batch.iter().zip(results) {
             permit.extend(self.record(descriptors, std::slice::from_ref(one), result, kind));

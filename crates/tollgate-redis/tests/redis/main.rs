@@ -6,6 +6,7 @@ mod cancelled_leases;
 mod cells;
 mod cluster;
 mod crashed_leases;
+mod each;
 mod faults;
 mod hybrid;
 mod native;

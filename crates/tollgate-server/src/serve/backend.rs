@@ -311,6 +311,11 @@ impl Store for Remote {
         Ok(self.check_stamped(limits).await?.outcome)
     }
 
+    async fn check_each(&self, limits: &[Limit<'_>]) -> Vec<Result<Outcome, StoreError>> {
+        let answers = self.check_each_stamped(limits).await;
+        answers.into_iter().map(|a| a.map(|s| s.outcome)).collect()
+    }
+
     async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
         match self {
             Remote::Direct(r) => r.release(leases).await,
@@ -343,6 +348,13 @@ impl LeaseStore for Remote {
         match self {
             Remote::Direct(r) => r.check_stamped(limits).await,
             Remote::Hybrid(h) => h.check_stamped(limits).await,
+        }
+    }
+
+    async fn check_each_stamped(&self, limits: &[Limit<'_>]) -> Vec<Result<Stamped, StoreError>> {
+        match self {
+            Remote::Direct(r) => r.check_each_stamped(limits).await,
+            Remote::Hybrid(h) => h.check_each_stamped(limits).await,
         }
     }
 
@@ -614,6 +626,14 @@ impl Store for Backend {
             // every check's future (memory ones too) that size, to be copied
             // on each request; a network call can afford the allocation.
             Backend::Redis(r) => Box::pin(r.check(limits)).await,
+        }
+    }
+
+    async fn check_each(&self, limits: &[Limit<'_>]) -> Vec<Result<Outcome, StoreError>> {
+        match self {
+            Backend::Memory(m) => m.check_each(limits).await,
+            // Boxed, as a check is.
+            Backend::Redis(r) => Box::pin(r.check_each(limits)).await,
         }
     }
 
