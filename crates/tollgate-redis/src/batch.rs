@@ -16,7 +16,8 @@
 //! With the module loaded, a batch whose every request the module's
 //! `TOLLGATE.CHECK` takes goes to it instead of the code, the same keys and
 //! arguments; on a cluster, one command per slot (a module command cannot
-//! reach keys of other slots), sent at once.
+//! reach keys of other slots), sent at once; a batch of one check of one
+//! bucket limit goes to that bucket's own command instead (lone.rs).
 //!
 //! This amortizes what a call costs beyond its work — the command's parsing and
 //! dispatch in Redis, the socket writes and reads, the client's encoding — over
@@ -29,6 +30,8 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::code::Code;
 use crate::conn::Conn;
+use crate::lone::{self, Lone};
+use crate::script::decode;
 
 /// Script calls of batches on the wire at once.
 const IN_FLIGHT: usize = 4;
@@ -42,6 +45,8 @@ pub(crate) struct Job {
     pub(crate) limits: usize,
     /// Whether the module's `TOLLGATE.CHECK` takes it.
     pub(crate) native: bool,
+    /// Its own module command, when it is one check of one bucket limit.
+    pub(crate) lone: Option<Lone>,
     pub(crate) reply: oneshot::Sender<Result<Vec<i64>, BatchError>>,
 }
 
@@ -123,10 +128,16 @@ struct Target<'a> {
 
 async fn send(to: Target<'_>, jobs: Vec<Job>, cluster: bool, module: bool) {
     let cross = cluster && jobs.iter().any(|job| job.slot != jobs[0].slot);
+    if let ([job], true) = (&jobs[..], module)
+        && let Some(lone) = job.lone
+    {
+        let call = lone.command(&job.keys[0], to.extra_ms);
+        return answer(to, call, Route::Lone, jobs).await;
+    }
     if module && jobs.iter().all(|job| job.native) {
         if !cross {
             let call = one_slot(Code::native_call, &jobs, to.extra_ms);
-            return answer(to, call, true, jobs).await;
+            return answer(to, call, Route::Module, jobs).await;
         }
         let mut slots: Vec<Vec<Job>> = Vec::new();
         for job in jobs {
@@ -137,7 +148,7 @@ async fn send(to: Target<'_>, jobs: Vec<Job>, cluster: bool, module: bool) {
         }
         let calls = slots.into_iter().map(|jobs| {
             let call = one_slot(Code::native_call, &jobs, to.extra_ms);
-            answer(to, call, true, jobs)
+            answer(to, call, Route::Module, jobs)
         });
         futures_util::future::join_all(calls).await;
         return;
@@ -159,7 +170,7 @@ async fn send(to: Target<'_>, jobs: Vec<Job>, cluster: bool, module: bool) {
     } else {
         one_slot(|n| to.code.call(n), &jobs, to.extra_ms)
     };
-    answer(to, call, false, jobs).await
+    answer(to, call, Route::Code, jobs).await
 }
 
 /// A check of `jobs`, all on one slot: their keys, then `c`, the extra TTL
@@ -176,14 +187,34 @@ fn one_slot(call: impl FnOnce(usize) -> redis::Cmd, jobs: &[Job], extra_ms: u64)
     call
 }
 
-/// Sends `call` (`native`: the module's, routed to the jobs' slot) and
-/// hands each job its part of the reply.
-async fn answer(to: Target<'_>, call: redis::Cmd, native: bool, jobs: Vec<Job>) {
+/// Which command a batch's call is.
+#[derive(Clone, Copy)]
+enum Route {
+    /// The code's, packed reply.
+    Code,
+    /// The module's `TOLLGATE.CHECK`, packed reply.
+    Module,
+    /// A bucket's own module command, five integers.
+    Lone,
+}
+
+/// Sends `call` (a module's command routed to the jobs' slot) and hands
+/// each job its part of the reply.
+async fn answer(to: Target<'_>, call: redis::Cmd, route: Route, jobs: Vec<Job>) {
+    let slot = jobs[0].slot;
     let run = async {
-        if native {
-            to.conn.query_at::<Vec<u8>>(&call, jobs[0].slot).await
-        } else {
-            to.code.run::<Vec<u8>>(to.conn, &call).await
+        match route {
+            Route::Code => to
+                .code
+                .run::<Vec<u8>>(to.conn, &call)
+                .await
+                .map(|r| decode(&r)),
+            Route::Module => to
+                .conn
+                .query_at::<Vec<u8>>(&call, slot)
+                .await
+                .map(|r| decode(&r)),
+            Route::Lone => to.conn.query_at(&call, slot).await.map(lone::reply),
         }
     };
     let result = tokio::time::timeout(to.timeout, run).await;
@@ -206,7 +237,7 @@ async fn answer(to: Target<'_>, call: redis::Cmd, native: bool, jobs: Vec<Job>) 
                 },
             );
         }
-        Ok(Ok(reply)) => crate::script::decode(&reply).into_iter(),
+        Ok(Ok(reply)) => reply.into_iter(),
     };
     for job in jobs {
         let take = 2 + 5 * job.limits;

@@ -103,7 +103,13 @@ where
 {
     let mut rows = Vec::new();
     let mut seed = 1 << 40;
-    for keys in KEY_COUNTS {
+    let only: Option<u64> = std::env::var("TOLLGATE_BENCH_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    for keys in KEY_COUNTS
+        .into_iter()
+        .filter(|k| only.is_none_or(|o| o == *k))
+    {
         for callers in CALLERS {
             eprintln!("== counting, {keys} keys, {callers} callers");
             let cell = (keys, callers);

@@ -12,6 +12,7 @@ mod native;
 mod node_failover;
 mod reliability;
 mod single;
+mod sparse;
 mod stack;
 mod support;
 mod tls;
