@@ -554,7 +554,7 @@ impl RedisStore {
             source: "the batch dispatcher stopped".into(),
             retryable: false,
         };
-        if !batcher.submit(job) {
+        if !batcher.submit(job).await {
             bump(&self.counters.errors);
             return Err(gone());
         }
