@@ -3,7 +3,8 @@
 //!
 //! Checks queue on a channel; a dispatcher task sends whatever is queued as one
 //! call, with at most `IN_FLIGHT` calls on the wire at once. Nothing waits for
-//! a batch to fill: a check that finds the wire idle goes alone at once, and
+//! a batch to fill: a check that finds the wire idle goes alone at once,
+//! sent from its caller's task, and
 //! checks that arrive while calls are in flight ride together in the next one.
 //! Each request in a batch is still checked all-or-nothing on its own,
 //! atomically (the whole call is).
@@ -15,7 +16,9 @@
 //!
 //! With the module loaded, a batch goes to its `TOLLGATE.CHECK` instead of
 //! the code, the same keys and arguments; on a cluster, one command per
-//! slot (a module command cannot reach keys of other slots), sent at once.
+//! slot (a module command cannot reach keys of other slots), sent at once;
+//! a batch of one check of one bucket limit goes to that bucket's own
+//! command instead (lone.rs).
 //!
 //! This amortizes what a call costs beyond its work — the command's parsing and
 //! dispatch in Redis, the socket writes and reads, the client's encoding — over
@@ -28,6 +31,8 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::code::Code;
 use crate::conn::Conn;
+use crate::lone::{self, Lone};
+use crate::script::decode;
 
 /// Script calls of batches on the wire at once.
 const IN_FLIGHT: usize = 4;
@@ -39,6 +44,8 @@ pub(crate) struct Job {
     pub(crate) request: Vec<u8>,
     /// Its number of limits.
     pub(crate) limits: usize,
+    /// Its own module command, when it is one check of one bucket limit.
+    pub(crate) lone: Option<Lone>,
     pub(crate) reply: oneshot::Sender<Result<Vec<i64>, BatchError>>,
 }
 
@@ -58,6 +65,31 @@ pub(crate) enum BatchError {
 #[derive(Clone)]
 pub(crate) struct Batcher {
     tx: mpsc::UnboundedSender<Job>,
+    /// Calls on the wire: `IN_FLIGHT` permits.
+    slots: Arc<Semaphore>,
+    route: Arc<Route>,
+}
+
+/// Where the batcher's calls go, and how.
+struct Route {
+    conn: Conn,
+    code: Arc<Code>,
+    timeout: Duration,
+    extra_ms: u64,
+    cluster: bool,
+    module: bool,
+}
+
+impl Route {
+    async fn send(&self, jobs: Vec<Job>) {
+        let to = Target {
+            conn: &self.conn,
+            code: &self.code,
+            timeout: self.timeout,
+            extra_ms: self.extra_ms,
+        };
+        send(to, jobs, self.cluster, self.module).await;
+    }
 }
 
 impl Batcher {
@@ -74,9 +106,18 @@ impl Batcher {
     ) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
         let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+        let route = Arc::new(Route {
+            conn,
+            code,
+            timeout,
+            extra_ms,
+            cluster,
+            module,
+        });
+        let (dispatch_slots, dispatch_route) = (Arc::clone(&slots), Arc::clone(&route));
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
-                let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+                let Ok(permit) = Arc::clone(&dispatch_slots).acquire_owned().await else {
                     return;
                 };
                 // Whatever queued while waiting for a slot goes in this call.
@@ -87,24 +128,30 @@ impl Batcher {
                         Err(_) => break,
                     }
                 }
-                let (conn, code) = (conn.clone(), Arc::clone(&code));
+                let route = Arc::clone(&dispatch_route);
                 tokio::spawn(async move {
-                    let to = Target {
-                        conn: &conn,
-                        code: &code,
-                        timeout,
-                        extra_ms,
-                    };
-                    send(to, jobs, cluster, module).await;
+                    route.send(jobs).await;
                     drop(permit);
                 });
             }
         });
-        Self { tx }
+        Self { tx, slots, route }
     }
 
-    /// Queues a job; false if the dispatcher is gone.
-    pub(crate) fn submit(&self, job: Job) -> bool {
+    /// Sends a job, and returns once it is answered or queued; false if the
+    /// dispatcher is gone. A job that finds no call on the wire would be
+    /// a batch of its own: it is sent from the caller's task, not handed
+    /// to the dispatcher and then to a task of its own, two wake-ups fewer
+    /// before the command leaves (and as many fewer checks' worth of delay
+    /// for Redis to idle through, which on a busy host costs its caches).
+    pub(crate) async fn submit(&self, job: Job) -> bool {
+        if self.slots.available_permits() == IN_FLIGHT
+            && let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned()
+        {
+            self.route.send(vec![job]).await;
+            drop(permit);
+            return true;
+        }
         self.tx.send(job).is_ok()
     }
 }
@@ -120,10 +167,16 @@ struct Target<'a> {
 
 async fn send(to: Target<'_>, jobs: Vec<Job>, cluster: bool, module: bool) {
     let cross = cluster && jobs.iter().any(|job| job.slot != jobs[0].slot);
+    if let ([job], true) = (&jobs[..], module)
+        && let Some(lone) = job.lone
+    {
+        let call = lone.command(&job.keys[0], to.extra_ms);
+        return answer(to, call, Command::Lone, jobs).await;
+    }
     if module {
         if !cross {
             let call = one_slot(Code::native_call, &jobs, to.extra_ms);
-            return answer(to, call, true, jobs).await;
+            return answer(to, call, Command::Module, jobs).await;
         }
         let mut slots: Vec<Vec<Job>> = Vec::new();
         for job in jobs {
@@ -134,7 +187,7 @@ async fn send(to: Target<'_>, jobs: Vec<Job>, cluster: bool, module: bool) {
         }
         let calls = slots.into_iter().map(|jobs| {
             let call = one_slot(Code::native_call, &jobs, to.extra_ms);
-            answer(to, call, true, jobs)
+            answer(to, call, Command::Module, jobs)
         });
         futures_util::future::join_all(calls).await;
         return;
@@ -156,7 +209,7 @@ async fn send(to: Target<'_>, jobs: Vec<Job>, cluster: bool, module: bool) {
     } else {
         one_slot(|n| to.code.call(n), &jobs, to.extra_ms)
     };
-    answer(to, call, false, jobs).await
+    answer(to, call, Command::Code, jobs).await
 }
 
 /// A check of `jobs`, all on one slot: their keys, then `c`, the extra TTL
@@ -173,14 +226,34 @@ fn one_slot(call: impl FnOnce(usize) -> redis::Cmd, jobs: &[Job], extra_ms: u64)
     call
 }
 
-/// Sends `call` (`native`: the module's, routed to the jobs' slot) and
-/// hands each job its part of the reply.
-async fn answer(to: Target<'_>, call: redis::Cmd, native: bool, jobs: Vec<Job>) {
+/// Which command a batch's call is.
+#[derive(Clone, Copy)]
+enum Command {
+    /// The code's, packed reply.
+    Code,
+    /// The module's `TOLLGATE.CHECK`, packed reply.
+    Module,
+    /// A bucket's own module command, five integers.
+    Lone,
+}
+
+/// Sends `call` (a module's command routed to the jobs' slot) and hands
+/// each job its part of the reply.
+async fn answer(to: Target<'_>, call: redis::Cmd, command: Command, jobs: Vec<Job>) {
+    let slot = jobs[0].slot;
     let run = async {
-        if native {
-            to.conn.query_at::<Vec<u8>>(&call, jobs[0].slot).await
-        } else {
-            to.code.run::<Vec<u8>>(to.conn, &call).await
+        match command {
+            Command::Code => to
+                .code
+                .run::<Vec<u8>>(to.conn, &call)
+                .await
+                .map(|r| decode(&r)),
+            Command::Module => to
+                .conn
+                .query_at::<Vec<u8>>(&call, slot)
+                .await
+                .map(|r| decode(&r)),
+            Command::Lone => to.conn.query_at(&call, slot).await.map(lone::reply),
         }
     };
     let result = tokio::time::timeout(to.timeout, run).await;
@@ -203,7 +276,7 @@ async fn answer(to: Target<'_>, call: redis::Cmd, native: bool, jobs: Vec<Job>) 
                 },
             );
         }
-        Ok(Ok(reply)) => crate::script::decode(&reply).into_iter(),
+        Ok(Ok(reply)) => reply.into_iter(),
     };
     for job in jobs {
         let take = 2 + 5 * job.limits;

@@ -79,6 +79,7 @@ mod code;
 mod config;
 mod conn;
 mod keys;
+mod lone;
 mod native;
 mod nodes;
 mod script;

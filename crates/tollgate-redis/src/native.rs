@@ -20,6 +20,12 @@
 //! - a read (cost 0), and a fixed window's cost above its limit (which never
 //!   fits), only `GET` the count.
 //!
+//! A window's first check from a store that did not count the key's
+//! previous window either (a sparse key) sends `SET key c NX PX ttl`
+//! instead: one command that makes the count with its TTL. Where the count
+//! exists already (another instance made it), it writes nothing and the
+//! check goes on with `INCRBY` + `PEXPIRE … NX`.
+//!
 //! The window is the request's time divided by the period, so the store
 //! needs the time before it sends: the injected clock's, or Redis's `TIME`
 //! as [`RedisClock`] follows it.
@@ -173,6 +179,8 @@ pub(crate) struct Window {
     hit_counter: bool,
     now_us: u64,
     until_end: u64,
+    /// The window's number.
+    window: u64,
 }
 
 impl Window {
@@ -194,14 +202,22 @@ impl Window {
         } else {
             Plan::Read
         };
+        let window = now_us / period;
         Self {
-            key: window_key(key, now_us / period),
+            key: window_key(key, window),
             plan,
             params,
             hit_counter,
             now_us,
             until_end,
+            window,
         }
+    }
+
+    /// The key of the same limit's previous window.
+    pub(crate) fn previous_key(&self) -> String {
+        let limit = self.key.rsplit_once(':').map_or("", |(limit, _)| limit);
+        window_key(limit, self.window.saturating_sub(1))
     }
 
     /// Whether an `INCRBY` answering `answer` made the window's key (the
@@ -345,6 +361,7 @@ mod tests {
     fn window_keys_and_ttls_follow_the_window() {
         let w = Window::new("tg:fw3:{a}", params(5, 1), false, 2_999_999, 7);
         assert_eq!(w.key, "tg:fw3:{a}:2");
+        assert_eq!(w.previous_key(), "tg:fw3:{a}:1");
         assert_eq!(w.plan, Plan::Count { ttl_ms: 1 + 7 });
         let read = Window::new("tg:fw3:{a}", params(5, 6), false, 3_000_000, 0);
         assert_eq!(

@@ -17,6 +17,7 @@ use crate::batch::{BatchError, Batcher, Job};
 use crate::code::{Code, Kind};
 use crate::conn::{Conn, ConnectError, connect};
 use crate::keys::{redis_keys, slot, window_key};
+use crate::lone::{self, Lone};
 use crate::native::{Expiring, Plan, RedisClock, Window};
 use crate::nodes::{NodeBatchers, domain_slots};
 use crate::script::{self, MAX_COUNT, MAX_MICROS, Params, decode, micros_up, parse_check};
@@ -295,6 +296,61 @@ impl RedisStore {
         pipe.ignore();
     }
 
+    /// Adds `cost` to `window`'s count, which gets its TTL (`ttl_ms`) if it
+    /// has none: the count after it.
+    async fn count(&self, window: &Window, cost: u64, ttl_ms: u64) -> Result<i64, StoreError> {
+        let expiring = self.expiring.has(&window.key);
+        if !expiring && !self.expiring.has(&window.previous_key()) {
+            // This store did not count the key's previous window either: a
+            // sparse key, whose check is most likely its window's first
+            // anywhere. `SET … NX PX` makes the count with its TTL in one
+            // command where `INCRBY` + `PEXPIRE` take two; on a key that
+            // exists it writes nothing, and the pipeline below counts.
+            let mut set = redis::cmd("SET");
+            set.arg(&window.key)
+                .arg(cost)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms);
+            let made: redis::Value = self.timed(self.conn.query(&set)).await?;
+            if made != redis::Value::Nil {
+                self.expiring.insert(&window.key);
+                return Ok(i64::try_from(cost).unwrap_or(i64::MAX));
+            }
+        }
+        // An increment past i64::MAX (a hit counter hit over 2^11 times at
+        // the largest cost in one window) is refused by Redis: an error,
+        // never a wrapped count.
+        let mut pipe = redis::pipe();
+        pipe.cmd("INCRBY").arg(&window.key).arg(cost);
+        if !expiring {
+            self.expire_once(&mut pipe, &window.key, ttl_ms);
+        }
+        let (count,): (i64,) = match self.timed(self.conn.query_pipe(&pipe)).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                // The INCRBY may still land, on a key made anew: the
+                // window's next check sends the TTL again.
+                self.expiring.forget(&window.key);
+                return Err(e);
+            }
+        };
+        self.expiring.insert(&window.key);
+        if expiring && window.created(count) {
+            // Made anew since its TTL was set: it gets its own now.
+            let mut pipe = redis::pipe();
+            self.expire_once(&mut pipe, &window.key, ttl_ms);
+            if let Err(e) = self.timed(self.conn.query_pipe::<()>(&pipe)).await {
+                // The count stands; the window's next check sends the TTL
+                // again (and were there none, the key outlives its window,
+                // which no later window reads).
+                tracing::warn!(error = %e, "setting a window's TTL failed");
+                self.expiring.forget(&window.key);
+            }
+        }
+        Ok(count)
+    }
+
     /// A fixed window or hit counter checked alone: native commands, no
     /// script (native.rs).
     async fn check_native(
@@ -318,40 +374,7 @@ impl RedisStore {
                 self.timed(self.conn.query(&get)).await?
             }
             Plan::Count { ttl_ms } => {
-                // An increment past i64::MAX (a hit counter hit over 2^11
-                // times at the largest cost in one window) is refused by
-                // Redis: an error, never a wrapped count.
-                let mut pipe = redis::pipe();
-                pipe.cmd("INCRBY")
-                    .arg(&window.key)
-                    .arg(prepared.params.cost);
-                let expiring = self.expiring.has(&window.key);
-                if !expiring {
-                    self.expire_once(&mut pipe, &window.key, ttl_ms);
-                }
-                let (count,): (i64,) = match self.timed(self.conn.query_pipe(&pipe)).await {
-                    Ok(answer) => answer,
-                    Err(e) => {
-                        // The INCRBY may still land, on a key made anew:
-                        // the window's next check sends the TTL again.
-                        self.expiring.forget(&window.key);
-                        return Err(e);
-                    }
-                };
-                self.expiring.insert(&window.key);
-                if expiring && window.created(count) {
-                    // Made anew since its TTL was set: it gets its own now.
-                    let mut pipe = redis::pipe();
-                    self.expire_once(&mut pipe, &window.key, ttl_ms);
-                    if let Err(e) = self.timed(self.conn.query_pipe::<()>(&pipe)).await {
-                        // The count stands; the window's next check sends
-                        // the TTL again (and were there none, the key
-                        // outlives its window, which no later window reads).
-                        tracing::warn!(error = %e, "setting a window's TTL failed");
-                        self.expiring.forget(&window.key);
-                    }
-                }
-                Some(count)
+                Some(self.count(&window, prepared.params.cost, ttl_ms).await?)
             }
         };
         let reply = window.decide(answer);
@@ -419,6 +442,11 @@ impl RedisStore {
         // what writes hybrid leases' records (`h`, a refund with a grant)
         // still calls the code.
         let native = self.module && grant.is_none();
+        if let Some(call) = self.lone_call(native, op, now_us, members, prepared) {
+            let slot = prepared[members[0]].slot;
+            let answer = self.timed(self.conn.query_at(&call, slot)).await?;
+            return Ok(lone::reply(answer));
+        }
         let mut call = if native {
             Code::native_call(keys.len())
         } else {
@@ -454,6 +482,24 @@ impl RedisStore {
             return Ok(decode(&reply));
         }
         Ok(decode(&self.run::<Vec<u8>>(&call).await?))
+    }
+
+    /// For a check the module takes (`native`) of one bucket limit, that
+    /// bucket's own module command, which costs Redis less than
+    /// `TOLLGATE.CHECK` (lone.rs).
+    fn lone_call(
+        &self,
+        native: bool,
+        op: Op,
+        now_us: Option<u64>,
+        members: &[usize],
+        prepared: &[ScriptLimit],
+    ) -> Option<redis::Cmd> {
+        if !native || op != Op::Check {
+            return None;
+        }
+        let lone = Lone::of(now_us, members.iter().map(|&i| &prepared[i].params))?;
+        Some(lone.command(&prepared[*members.first()?].key, self.extra_ms()))
     }
 
     async fn run<T: redis::FromRedisValue>(&self, call: &redis::Cmd) -> Result<T, StoreError> {
@@ -505,13 +551,14 @@ impl RedisStore {
             slot: prepared[members[0]].slot,
             request: script::request(now_us, lease, members.iter().map(|&i| &prepared[i].params)),
             limits: members.len(),
+            lone: Lone::of(now_us, members.iter().map(|&i| &prepared[i].params)),
             reply: tx,
         };
         let gone = || StoreError::Backend {
             source: "the batch dispatcher stopped".into(),
             retryable: false,
         };
-        if !batcher.submit(job) {
+        if !batcher.submit(job).await {
             bump(&self.counters.errors);
             return Err(gone());
         }

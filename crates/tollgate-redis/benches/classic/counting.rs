@@ -11,8 +11,9 @@
 //!
 //! Each run makes a fixed number of decisions, split over the callers; the
 //! Redis CPU of a run is the change in `used_cpu_user + used_cpu_sys` over
-//! it, divided by its decisions, and its reads the change in
-//! `total_reads_processed`. Sides alternate; medians of the runs.
+//! it and until the keys it made have expired, divided by its decisions,
+//! and its reads the change in `total_reads_processed`. Sides alternate;
+//! medians of the runs.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -69,6 +70,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let per_caller = decisions / callers as u64;
+    let keys_before = key_count(admin).await;
     let cpu_before = redis_cpu(admin).await;
     let reads_before = redis_reads(admin).await;
     let start = Instant::now();
@@ -88,11 +90,40 @@ where
         task.await.unwrap();
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let polls = expired(admin, keys_before).await;
     let cpu = redis_cpu(admin).await - cpu_before;
-    // The harness's own INFO between the two counts is one read.
-    let reads = (redis_reads(admin).await - reads_before).saturating_sub(1);
+    // The harness's own INFO between the two counts is one read, and each
+    // poll of the keyspace one more.
+    let reads = (redis_reads(admin).await - reads_before).saturating_sub(1 + polls);
     let n = (per_caller * callers as u64) as f64;
     (n / elapsed, cpu / n, reads as f64 / n)
+}
+
+/// The keys of every master (`DBSIZE`).
+async fn key_count(admin: &mut [MultiplexedConnection]) -> u64 {
+    let mut keys = 0;
+    for conn in admin.iter_mut() {
+        let n: u64 = redis::cmd("DBSIZE").query_async(conn).await.unwrap();
+        keys += n;
+    }
+    keys
+}
+
+/// Waits until the keys are back to `before` (at most 5 s), so that a
+/// side's Redis CPU counts expiring the keys it made, not those of the
+/// side before it: a key lives until its window's end on Tollgate's
+/// counting sides, a second after its last `EXPIRE` on envoyproxy's, and
+/// most of a short run's keys outlive it. Answers the polls it sent.
+async fn expired(admin: &mut [MultiplexedConnection], before: u64) -> u64 {
+    let start = Instant::now();
+    let mut polls = 0;
+    loop {
+        polls += 1;
+        if key_count(admin).await <= before || start.elapsed().as_secs() >= 5 {
+            return polls;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// Every cell, for `sides`: rows for the table.
@@ -106,7 +137,13 @@ where
 {
     let mut rows = Vec::new();
     let mut seed = 1 << 40;
-    for keys in KEY_COUNTS {
+    let only: Option<u64> = std::env::var("TOLLGATE_BENCH_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    for keys in KEY_COUNTS
+        .into_iter()
+        .filter(|k| only.is_none_or(|o| o == *k))
+    {
         for callers in CALLERS {
             eprintln!("== counting, {keys} keys, {callers} callers");
             let cell = (keys, callers);

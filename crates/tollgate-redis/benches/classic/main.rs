@@ -37,7 +37,8 @@
 //! Then, on one server, hybrid mode on a hot key. `scripts/bench-redis` builds
 //! redis-cell and runs this; alone: `cargo bench -p tollgate-redis --bench
 //! classic` (needs `redis-server` and `redis-cli` on the PATH). Environment:
-//! `TOLLGATE_BENCH_KEYS=100000` runs one key count only,
+//! `TOLLGATE_BENCH_KEYS=100000` runs one key count only (of the counting
+//! and module cells too: 100000 or 1000),
 //! `TOLLGATE_BENCH_TOPOLOGY=single` (or `cluster`) one topology only.
 //!
 //! Last, on one server, one limit a check at 1, 8 and 64 callers, on
@@ -46,7 +47,8 @@
 //! and the modules' cost (`counting.rs`). `TOLLGATE_BENCH_PART=counting`
 //! runs only those, `classic` all but those. With both modules named, the
 //! same cells compare GCRA: `CL.THROTTLE`, the module's `TOLLGATE.GCRA` and
-//! the store's GCRA (batches to `TOLLGATE.CHECK`);
+//! the store's GCRA (batches to `TOLLGATE.CHECK`, a lone check to
+//! `TOLLGATE.GCRA`);
 //! `TOLLGATE_BENCH_PART=module` runs only those (also run with `classic`).
 //! With Tollgate's module named, the same cells compare the store's sliding
 //! log through the module (`TOLLGATE.CHECK`) and through the code (a store
@@ -398,7 +400,9 @@ async fn hybrid(url: &str, admin: &mut [MultiplexedConnection]) -> (f64, f64) {
 
 fn config() -> RedisConfig {
     RedisConfig {
-        timeout: Duration::from_secs(1),
+        // Long enough that a run on a machine busy with other jobs is
+        // measured, not ended by a check that waited.
+        timeout: Duration::from_secs(10),
         ..RedisConfig::default()
     }
 }

@@ -112,7 +112,7 @@ impl RedisStore {
                 }),
             }
         }
-        let pipelines = join_all(groups.iter_mut().map(|group| self.count(group)));
+        let pipelines = join_all(groups.iter_mut().map(|group| self.count_group(group)));
         let alone_checks = join_all(
             alone
                 .iter()
@@ -154,7 +154,7 @@ impl RedisStore {
 
     /// Counts `group`'s limits in one pipeline to their node, then sends
     /// the follow-ups some need in one more; answers in the group's order.
-    async fn count(&self, group: &mut Group) -> SmallVec<[Answer; 4]> {
+    async fn count_group(&self, group: &mut Group) -> SmallVec<[Answer; 4]> {
         let mut pipe = redis::pipe();
         for c in group.counted.iter_mut() {
             c.reply = pipe.len();

@@ -14,6 +14,7 @@ mod node_failover;
 mod reliability;
 mod single;
 mod slow_leases;
+mod sparse;
 mod stack;
 mod support;
 mod tls;
