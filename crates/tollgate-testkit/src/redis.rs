@@ -136,6 +136,17 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         cli(self.port, args)
     }
+
+    /// The calls of `command` (in lower case) since the server's stats were
+    /// last reset (`INFO commandstats`).
+    pub fn command_calls(&self, command: &str) -> u64 {
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
 }
 
 impl Drop for RedisServer {

@@ -43,17 +43,6 @@ fn limit(key: &str, algorithm: Algorithm, cost: u64) -> Limit<'_> {
     }
 }
 
-/// Calls of `command` (lower case) since the stats were last reset.
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    server
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 const BUCKETS: [(Algorithm, &str, &str); 3] = [
     (Algorithm::Gcra, "tollgate.gcra", "gcra2"),
     (Algorithm::TokenBucket, "tollgate.tokenbucket", "tb2"),
@@ -78,16 +67,16 @@ async fn a_lone_bucket_check_goes_to_its_command_and_the_rest_to_check() {
                     .allowed()
             );
             assert_eq!(
-                calls(&server, command),
+                server.command_calls(command),
                 1,
                 "{algorithm}, batches of {max_batch}"
             );
-            assert_eq!(calls(&server, "tollgate.check"), 0, "{algorithm}");
-            assert_eq!(calls(&server, "fcall"), 0, "{algorithm}");
+            assert_eq!(server.command_calls("tollgate.check"), 0, "{algorithm}");
+            assert_eq!(server.command_calls("fcall"), 0, "{algorithm}");
             // Two limits: all or nothing, one TOLLGATE.CHECK.
             let two = [limit(&key, algorithm, 1), limit(&key, Algorithm::Gcra, 1)];
             store.check(&two).await.unwrap();
-            assert_eq!(calls(&server, "tollgate.check"), 1, "{algorithm}");
+            assert_eq!(server.command_calls("tollgate.check"), 1, "{algorithm}");
         }
         // A bucket without a command of its own, and a window.
         assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).trim(), "OK");
@@ -97,8 +86,8 @@ async fn a_lone_bucket_check_goes_to_its_command_and_the_rest_to_check() {
             .check(&[limit("w", Algorithm::SlidingCounter, 1)])
             .await
             .unwrap();
-        assert_eq!(calls(&server, "tollgate.check"), 2);
-        assert_eq!(calls(&server, "tollgate.gcra"), 0);
+        assert_eq!(server.command_calls("tollgate.check"), 2);
+        assert_eq!(server.command_calls("tollgate.gcra"), 0);
     }
 }
 

@@ -40,16 +40,6 @@ fn redis_scenarios() -> Vec<Scenario> {
         .collect()
 }
 
-/// Calls of a command on `node` since its stats were last reset.
-fn calls(node: &RedisServer, command: &str) -> u64 {
-    node.cli(&["INFO", "commandstats"])
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Runs the scenarios; answers the calls of `FCALL` the nodes saw.
 async fn conformance(url: &str, nodes: &[RedisServer], what: &str) -> u64 {
     for scenario in redis_scenarios() {
@@ -62,7 +52,7 @@ async fn conformance(url: &str, nodes: &[RedisServer], what: &str) -> u64 {
         let stats = redis.stats();
         assert_eq!((stats.errors, stats.timeouts), (0, 0));
     }
-    let used = |c| nodes.iter().map(|n| calls(n, c)).sum::<u64>();
+    let used = |c| nodes.iter().map(|n| n.command_calls(c)).sum::<u64>();
     assert!(
         used("tollgate.check") > 0,
         "{what}: tollgate.check was not called"
@@ -148,7 +138,7 @@ async fn a_cross_slot_deny_is_refunded_through_the_module() {
         assert!(!redis.check(&[narrow]).await.unwrap().allowed());
     }
     assert_eq!(redis.stats().refunds, algorithms.len() as u64);
-    let fcalls: u64 = cluster.nodes.iter().map(|n| calls(n, "fcall")).sum();
+    let fcalls: u64 = cluster.nodes.iter().map(|n| n.command_calls("fcall")).sum();
     assert_eq!(fcalls, 0, "the refunds went to the module");
 }
 

@@ -10,7 +10,7 @@ use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store};
 use tollgate_store::conformance;
 use tollgate_store::{Fallback, FallbackConfig, MemoryStore};
 
-use crate::support::{RedisCluster, RedisServer, command_calls, manual_store, manual_store_with};
+use crate::support::{RedisCluster, RedisServer, manual_store, manual_store_with};
 
 fn counted(key: &str, limit: u64, algorithm: Algorithm) -> Limit<'_> {
     Limit::new(key, Quota::per_second(limit).unwrap(), algorithm)
@@ -65,12 +65,12 @@ async fn one_requests_counted_limits_go_in_one_round_trip_and_decide_as_each_alo
             "round {round}: round trips"
         );
     }
-    assert_eq!(command_calls(&server, "incrby"), 3 * 7);
-    assert_eq!(command_calls(&server, "decrby"), 2);
-    assert_eq!(command_calls(&server, "fcall"), 0, "no script");
+    assert_eq!(server.command_calls("incrby"), 3 * 7);
+    assert_eq!(server.command_calls("decrby"), 2);
+    assert_eq!(server.command_calls("fcall"), 0, "no script");
     // Each key's TTL went once (with the first INCRBY), and again with the
     // units given back.
-    assert_eq!(command_calls(&server, "pexpire"), 3 + 2);
+    assert_eq!(server.command_calls("pexpire"), 3 + 2);
     let stats = store.stats();
     assert_eq!((stats.errors, stats.timeouts), (0, 0));
 }
@@ -134,7 +134,7 @@ async fn a_node_that_fails_fails_only_its_own_limits() {
     for answer in store.check_each(&limits).await {
         assert!(answer.unwrap().allowed());
     }
-    let live_incrbys = |cluster: &RedisCluster| command_calls(&cluster.nodes[0], "incrby");
+    let live_incrbys = |cluster: &RedisCluster| cluster.nodes[0].command_calls("incrby");
     assert_eq!(live_incrbys(&cluster), 2);
 
     cluster.nodes[VICTIM].kill();
@@ -180,5 +180,5 @@ async fn hybrid_mode_spends_its_leases_and_counts_the_rest_in_redis() {
     assert_eq!(admitted, [10, 3]);
     let stats = hybrid.stats();
     assert!(stats.local_decisions > 0, "{stats:?}");
-    assert_eq!(command_calls(&server, "incrby"), 10, "every hit counted");
+    assert_eq!(server.command_calls("incrby"), 10, "every hit counted");
 }

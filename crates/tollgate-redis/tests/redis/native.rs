@@ -10,7 +10,7 @@ use tollgate_redis::{RedisConfig, RedisStore};
 use tollgate_store::MemoryStore;
 use tollgate_store::conformance;
 
-use crate::support::{RedisServer, command_calls, manual_store, manual_store_with};
+use crate::support::{RedisServer, manual_store, manual_store_with};
 
 fn limit(key: &str, quota: Quota, algorithm: Algorithm, cost: u64) -> Limit<'_> {
     Limit {
@@ -64,8 +64,8 @@ async fn a_limit_alone_is_counted_natively_on_the_count_the_script_steps() {
     // Per algorithm: five checks alone of a non-zero cost, the first making
     // the window's count (`SET … NX PX`), the others each an INCRBY (the
     // read of cost 0 a GET), and two beside the GCRA limit, each an FCALL.
-    assert_eq!(command_calls(&server, "incrby"), 2 * 4);
-    assert_eq!(command_calls(&server, "fcall"), 2 * 2);
+    assert_eq!(server.command_calls("incrby"), 2 * 4);
+    assert_eq!(server.command_calls("fcall"), 2 * 2);
 }
 
 /// A fixed window gives a denied check's units back; a hit counter keeps

@@ -6,7 +6,7 @@
 
 use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store};
 
-use crate::support::{RedisServer, command_calls, manual_store};
+use crate::support::{RedisServer, manual_store};
 
 fn limit(key: &str, algorithm: Algorithm, cost: u64) -> Limit<'_> {
     Limit {
@@ -48,9 +48,9 @@ async fn a_sparse_keys_first_check_is_one_set_with_its_ttl() {
         assert!(outcome.allowed());
         assert_eq!(outcome.decisions[0].remaining(), 1);
     }
-    assert_eq!(command_calls(&server, "set"), 2);
+    assert_eq!(server.command_calls("set"), 2);
     for command in ["incrby", "pexpire", "expire"] {
-        assert_eq!(command_calls(&server, command), 0, "{command}");
+        assert_eq!(server.command_calls(command), 0, "{command}");
     }
     let stored = keys(&server);
     assert_eq!(stored.len(), 2, "{stored:?}");
@@ -70,8 +70,8 @@ async fn a_sparse_keys_first_check_is_one_set_with_its_ttl() {
         .unwrap();
     assert!(!outcome.allowed(), "2 + 2 is past 3");
     assert_eq!(outcome.decisions[0].remaining(), 1);
-    assert_eq!(command_calls(&server, "set"), 2);
-    assert_eq!(command_calls(&server, "incrby"), 1);
+    assert_eq!(server.command_calls("set"), 2);
+    assert_eq!(server.command_calls("incrby"), 1);
 }
 
 /// Two instances: the second's first check of a window the first made finds
@@ -96,8 +96,8 @@ async fn a_count_another_instance_made_is_counted_on_not_overwritten() {
         assert!(!third.allowed(), "{algorithm}");
         // Each store's first check a SET; the second store's then counted
         // with the pipeline, its TTL beside (NX: the one it has stays).
-        assert_eq!(command_calls(&server, "set"), 2, "{algorithm}");
-        assert_eq!(command_calls(&server, "incrby"), 2, "{algorithm}");
+        assert_eq!(server.command_calls("set"), 2, "{algorithm}");
+        assert_eq!(server.command_calls("incrby"), 2, "{algorithm}");
         // (and the fixed window's deny gives its unit back: DECRBY, its
         // TTL beside).
         let pexpires = if algorithm == Algorithm::FixedWindow {
@@ -105,7 +105,7 @@ async fn a_count_another_instance_made_is_counted_on_not_overwritten() {
         } else {
             1
         };
-        assert_eq!(command_calls(&server, "pexpire"), pexpires, "{algorithm}");
+        assert_eq!(server.command_calls("pexpire"), pexpires, "{algorithm}");
     }
     let stored = keys(&server);
     // The hit counter keeps its deny; the fixed window gave it back.

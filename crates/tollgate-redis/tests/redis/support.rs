@@ -60,21 +60,9 @@ pub(crate) async fn manual_store_with(
         .expect("connect to the test Redis")
 }
 
-/// A command's calls (`command` in lower case) since the server's stats were
-/// last reset.
-pub(crate) fn command_calls(server: &RedisServer, command: &str) -> u64 {
-    server
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 /// The `FCALL`s a server ran since its stats were last reset.
 pub(crate) fn fcalls(server: &RedisServer) -> usize {
-    usize::try_from(command_calls(server, "fcall")).unwrap_or(usize::MAX)
+    usize::try_from(server.command_calls("fcall")).unwrap_or(usize::MAX)
 }
 
 /// A GCRA limit on `key` of capacity 10,000 (no refill: the tests' clock

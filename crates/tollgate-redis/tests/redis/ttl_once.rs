@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store};
 
-use crate::support::{RedisServer, command_calls, manual_store};
+use crate::support::{RedisServer, manual_store};
 
 /// Every key of the server with its `PTTL` (-1: none).
 fn ttls(server: &RedisServer) -> Vec<(String, i64)> {
@@ -51,9 +51,9 @@ async fn a_windows_ttl_is_sent_once_and_again_for_a_key_made_anew() {
     }
     // Ten checks of each window, one TTL each: the first makes the count
     // with its TTL (`SET … NX PX`), the nine others `INCRBY` it.
-    assert_eq!(command_calls(&server, "set"), 2);
-    assert_eq!(command_calls(&server, "incrby"), 18);
-    assert_eq!(command_calls(&server, "pexpire"), 0);
+    assert_eq!(server.command_calls("set"), 2);
+    assert_eq!(server.command_calls("incrby"), 18);
+    assert_eq!(server.command_calls("pexpire"), 0);
     let keys = ttls(&server);
     assert_eq!(keys.len(), 2, "{keys:?}");
     assert!(keys.iter().all(|(_, ttl)| *ttl > 0), "{keys:?}");
@@ -67,7 +67,7 @@ async fn a_windows_ttl_is_sent_once_and_again_for_a_key_made_anew() {
         let outcome = store.check(&[limit("busy", algorithm)]).await.unwrap();
         assert_eq!(outcome.decisions[0].remaining(), 999, "a count made anew");
     }
-    assert_eq!(command_calls(&server, "pexpire"), 2);
+    assert_eq!(server.command_calls("pexpire"), 2);
     let again = ttls(&server);
     assert_eq!(again.len(), 2, "{again:?}");
     assert!(again.iter().all(|(_, ttl)| *ttl > 0), "{again:?}");
@@ -80,8 +80,8 @@ async fn a_windows_ttl_is_sent_once_and_again_for_a_key_made_anew() {
         .check(&[limit("busy", Algorithm::HitCounter)])
         .await
         .unwrap();
-    assert_eq!(command_calls(&server, "pexpire"), 3);
-    assert_eq!(command_calls(&server, "set"), 2);
+    assert_eq!(server.command_calls("pexpire"), 3);
+    assert_eq!(server.command_calls("set"), 2);
 }
 
 /// Two stores (two instances) count the same keys concurrently while a
