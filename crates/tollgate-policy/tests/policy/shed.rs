@@ -65,12 +65,22 @@ async fn check(
     tier: Option<&str>,
     own: Option<u32>,
 ) -> Verdict {
-    let descriptors = descriptors(tier);
+    decide(enforcer, domain, &descriptors(tier), own).await
+}
+
+/// One check of `descriptors` in `domain`, with the utilization its sender
+/// reports (`own`, in percent), if any.
+async fn decide(
+    enforcer: &Enforcer<MemoryStore<ManualClock>>,
+    domain: &str,
+    descriptors: &[Descriptor],
+    own: Option<u32>,
+) -> Verdict {
     enforcer
         .enforce_with_utilization(
             Check::Policy(Request {
                 domain,
-                descriptors: &descriptors,
+                descriptors,
                 hits_addend: 1,
             }),
             own.map(Utilization::from_percent),
@@ -279,14 +289,7 @@ async fn spend(enforcer: &Enforcer<MemoryStore<ManualClock>>, tier: &str) -> Ver
         entries: vec![Entry::new("priority", tier)],
         ..Descriptor::default()
     }];
-    enforcer
-        .enforce(Check::Policy(Request {
-            domain: "api",
-            descriptors: &descriptors,
-            hits_addend: 1,
-        }))
-        .await
-        .expect("a valid request")
+    decide(enforcer, "api", &descriptors, None).await
 }
 
 #[tokio::test]
@@ -355,16 +358,7 @@ rules:
             ..Descriptor::default()
         },
     ];
-    let with_user = async || {
-        enforcer
-            .enforce(Check::Policy(Request {
-                domain: "api",
-                descriptors: &descriptors,
-                hits_addend: 1,
-            }))
-            .await
-            .unwrap()
-    };
+    let with_user = async || decide(&enforcer, "api", &descriptors, None).await;
     assert!(with_user().await.allowed());
     for _ in 0..49 {
         assert!(spend(&enforcer, "low").await.allowed());

@@ -8,7 +8,7 @@ use std::task::{Context, Waker};
 
 use tollgate_core::{Limit, Store};
 
-use crate::support::{MAX_LEASE, RedisServer, eventually, gcra_of_10_000, hybrid_of};
+use crate::support::{MAX_LEASE, RedisServer, eventually, gcra_of_10_000, hybrid_of, spend_held};
 
 fn limit() -> Limit<'static> {
     gcra_of_10_000("dropped")
@@ -29,15 +29,7 @@ async fn regression_a_leasing_check_dropped_while_redis_took_its_units_lost_them
     };
     // Grow the key's lease to its cap, then spend what is held: the next
     // check asks Redis for its unit and a lease of 50.
-    let mut admitted = 0u64;
-    for _ in 0..200 {
-        assert!(hybrid.check(&[limit()]).await.unwrap().allowed());
-        admitted += 1;
-    }
-    while hybrid.held_units() > 0 {
-        assert!(hybrid.check(&[limit()]).await.unwrap().allowed());
-        admitted += 1;
-    }
+    let mut admitted = spend_held(&hybrid, limit(), 200).await;
     assert_eq!(taken().await, admitted);
 
     // Sent to a Redis that holds it (paused for writes), then dropped, as

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::task::JoinSet;
 use tollgate_core::{Limit, Store};
 
-use crate::support::{MAX_LEASE, RedisServer, gcra_of_10_000, hybrid_of};
+use crate::support::{MAX_LEASE, RedisServer, gcra_of_10_000, hybrid_of, spend_held};
 
 const KEY: &str = "contended";
 
@@ -19,17 +19,9 @@ async fn regression_concurrent_misses_of_one_key_held_many_times_the_lease_cap()
     let server = RedisServer::start();
     let hybrid = hybrid_of(&server).await;
     let max_lease = MAX_LEASE;
-    let mut admitted = 0u64;
-    // Grow the key's lease to its cap (each lease spent while live doubles
-    // the next), then spend what is held, so that the next checks all miss.
-    for _ in 0..200 {
-        assert!(hybrid.check(&[limit()]).await.unwrap().allowed());
-        admitted += 1;
-    }
-    while hybrid.held_units() > 0 {
-        assert!(hybrid.check(&[limit()]).await.unwrap().allowed());
-        admitted += 1;
-    }
+    // Grow the key's lease to its cap, then spend what is held, so that
+    // the next checks all miss.
+    let mut admitted = spend_held(&hybrid, limit(), 200).await;
     let before = hybrid.stats().inner_checks;
     for round in 0..5 {
         let mut checks = JoinSet::new();
@@ -48,10 +40,7 @@ async fn regression_concurrent_misses_of_one_key_held_many_times_the_lease_cap()
             held <= max_lease,
             "round {round}: {held} units held, over the cap of {max_lease}"
         );
-        while hybrid.held_units() > 0 {
-            assert!(hybrid.check(&[limit()]).await.unwrap().allowed());
-            admitted += 1;
-        }
+        admitted += spend_held(&hybrid, limit(), 0).await;
     }
     assert!(
         hybrid.stats().inner_checks > before + 16,

@@ -13,7 +13,7 @@ use tollgate_redis::RedisStore;
 use tollgate_store::conformance;
 use tollgate_store::{BreakerState, Fallback, FallbackConfig, Hybrid, HybridConfig};
 
-use crate::support::{RedisServer, eventually, manual_store_with};
+use crate::support::{RedisServer, eventually, manual_store_with, spend_held};
 
 const LIMIT: u64 = 1_000;
 /// 5% of the limit, the default fraction.
@@ -83,11 +83,7 @@ async fn regression_a_leasing_call_past_the_redis_timeout_lost_its_units() {
         let hybrid = instance(&server, &clock, Duration::from_secs(1)).await;
         // Grow the key's lease to its cap, then spend what is held: the
         // next check asks Redis for its unit and a lease of 50.
-        let mut admitted = 0u64;
-        while admitted < 200 || hybrid.held_units() > 0 {
-            assert!(hybrid.check(&[l]).await.unwrap().allowed());
-            admitted += 1;
-        }
+        let mut admitted = spend_held(&hybrid, l, 200).await;
         assert_eq!(taken(hybrid.inner(), l).await, admitted, "{algorithm}");
 
         // Redis holds the call past the store's timeout (paused for

@@ -178,3 +178,21 @@ pub(crate) async fn eventually<F: Future<Output = bool>>(what: &str, mut done: i
     }
     panic!("never: {what}");
 }
+
+/// Checks `limit` through `hybrid`, every check admitted, at least
+/// `at_least` times and until the instance holds nothing: after 200, the
+/// key's lease has grown to its cap (each lease spent while live doubles
+/// the next), so the next check asks Redis for its unit and a full lease.
+/// Answers the checks admitted.
+pub(crate) async fn spend_held(
+    hybrid: &Hybrid<RedisStore>,
+    limit: Limit<'_>,
+    at_least: u64,
+) -> u64 {
+    let mut admitted = 0;
+    while admitted < at_least || hybrid.held_units() > 0 {
+        assert!(hybrid.check(&[limit]).await.unwrap().allowed());
+        admitted += 1;
+    }
+    admitted
+}
