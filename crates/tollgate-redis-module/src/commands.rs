@@ -34,21 +34,22 @@ fn with_stored<T>(
     .map_err(RedisError::String)
 }
 
-/// Writes `value` with a TTL of `ttl` (whole milliseconds, rounded up, at
-/// least one: never shorter than the state matters) and replicates the write
-/// itself, with its absolute expiry, rather than the command: a replica's
-/// clock would decide the command again differently.
+/// Writes `state` with a TTL of `ttl` (whole milliseconds, rounded up, at
+/// least one: never shorter than the state matters) and notes the write in
+/// `written`, to be replicated itself, with its absolute expiry, rather than
+/// the command: a replica's clock would decide the command again
+/// differently.
 ///
 /// The bytes go into the string in place (`StringDMA`): a key this module
 /// wrote is a raw string of as many bytes, rewritten without an allocation
 /// and read without the copy Redis makes to read a shared or embedded one.
 fn write_state(
-    ctx: &Context,
     key: &RedisKeyWritable,
     name: &RedisString,
     state: State,
     ttl: Duration,
     now_ns: u64,
+    written: &mut Written<'_>,
 ) -> Result<(), RedisError> {
     let ttl_ms = ttl.as_nanos().div_ceil(1_000_000).max(1);
     let ttl_ms = u64::try_from(ttl_ms).unwrap_or(u64::MAX);
@@ -59,13 +60,107 @@ fn write_state(
     };
     key.as_string_dma()?.write(value)?;
     key.set_expire(Duration::from_millis(ttl_ms))?;
-    let mut at = itoa::Buffer::new();
-    let expire_at = at.format((now_ns / 1_000_000).saturating_add(ttl_ms));
-    ctx.replicate(
-        "SET",
-        &[name.as_slice(), value, b"PXAT", expire_at.as_bytes()][..],
+    written.add(
+        name.as_slice(),
+        value,
+        (now_ns / 1_000_000).saturating_add(ttl_ms),
     );
     Ok(())
+}
+
+/// Replicates a call's string writes: `SET key value PXAT at` for one, else
+/// one `EVAL` of those `SET`s in order, a plain command any replica applies
+/// (with or without this module). Each replicated command costs the
+/// primary a command lookup and an argument vector, about what deciding a
+/// check costs: a batch of checks pays them once.
+const SET_EACH: &[u8] =
+    b"for i, k in ipairs(KEYS) do redis.call('SET', k, ARGV[2 * i - 1], 'PXAT', ARGV[2 * i]) end";
+
+/// The string states a call wrote and has not replicated yet, in order
+/// (`SET_EACH`): names, values and expiry times end to end in one buffer.
+/// Replicated when dropped, so that a call that fails after writing still
+/// replicates what it wrote, and before any other write is replicated, so
+/// that a replica applies the writes in the order they were made.
+struct Written<'c> {
+    ctx: &'c Context,
+    bytes: Vec<u8>,
+    /// Where each write's name, value and expiry time end in `bytes`.
+    ends: Vec<[usize; 3]>,
+}
+
+impl Drop for Written<'_> {
+    fn drop(&mut self) {
+        self.replicate();
+    }
+}
+
+impl<'c> Written<'c> {
+    fn new(ctx: &'c Context) -> Self {
+        Self {
+            ctx,
+            bytes: Vec::new(),
+            ends: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, name: &[u8], value: &[u8], expire_at_ms: u64) {
+        let mut at = itoa::Buffer::new();
+        let mut ends = [0; 3];
+        for (end, part) in ends
+            .iter_mut()
+            .zip([name, value, at.format(expire_at_ms).as_bytes()])
+        {
+            self.bytes.extend_from_slice(part);
+            *end = self.bytes.len();
+        }
+        self.ends.push(ends);
+    }
+
+    /// Each write's name, value and expiry time.
+    fn each(&self) -> impl Iterator<Item = [&[u8]; 3]> {
+        let mut from = 0;
+        self.ends.iter().map(move |&[name, value, at]| {
+            let parts = [
+                &self.bytes[from..name],
+                &self.bytes[name..value],
+                &self.bytes[value..at],
+            ];
+            from = at;
+            parts
+        })
+    }
+
+    /// Replicates the writes noted so far.
+    fn replicate(&mut self) {
+        let ctx = self.ctx;
+        match self.ends.len() {
+            0 => {}
+            1 => {
+                let [name, value, at] = self.each().next().expect("one write");
+                ctx.replicate("SET", &[name, value, b"PXAT", at][..]);
+            }
+            n => {
+                let mut count = itoa::Buffer::new();
+                let mut args: Vec<&[u8]> = Vec::with_capacity(2 + 3 * n);
+                args.push(SET_EACH);
+                args.push(count.format(n).as_bytes());
+                args.extend(self.each().map(|[name, _, _]| name));
+                for [_, value, at] in self.each() {
+                    args.push(value);
+                    args.push(at);
+                }
+                ctx.replicate("EVAL", &args[..]);
+            }
+        }
+        self.bytes.clear();
+        self.ends.clear();
+    }
+
+    /// Replicates `command`, after the writes noted before it.
+    fn then(&mut self, command: &str, args: &[&[u8]]) {
+        self.replicate();
+        self.ctx.replicate(command, args);
+    }
 }
 
 /// The arguments after the key, as byte strings, on the stack: no command
@@ -109,7 +204,8 @@ fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         Ok(throttle.decide(tat, now))
     })?;
     if let Some(w) = write {
-        write_state(ctx, &key, name, State::Int(w.tat_ns), w.ttl, now)?;
+        let mut written = Written::new(ctx);
+        write_state(&key, name, State::Int(w.tat_ns), w.ttl, now, &mut written)?;
     }
     reply(answer.to_array())
 }
@@ -124,7 +220,8 @@ fn bucket(kind: Kind, ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let now_us = step.at(clock / 1000);
     let (answer, write) = with_stored(&key, |v| step.decide(v, now_us))?;
     if let Some(w) = write {
-        write_state(ctx, &key, name, w.state, w.ttl, clock)?;
+        let mut written = Written::new(ctx);
+        write_state(&key, name, w.state, w.ttl, clock, &mut written)?;
     }
     reply(answer)
 }
@@ -159,15 +256,16 @@ const CHECK_USAGE: &str =
     "ERR usage: TOLLGATE.CHECK <numkeys> <key> ... c|d|r|l <extra ttl ms> <request or lease> ...";
 
 /// A call's keys in Redis, by position, as `check` and `release` read and
-/// write them. Each write is replicated as the command that makes it, not
-/// the call: a replica deciding again on its own clock could decide
-/// otherwise.
+/// write them (those of one request at a time). Each write is replicated
+/// as the command that makes it, not the call: a replica deciding again on
+/// its own clock could decide otherwise.
 struct Keys<'c> {
     ctx: &'c Context,
     own: &'c [RedisString],
     /// Each string state as `check` read it (a window's name made), kept
     /// open to write it: one lookup per key, not two.
     opened: Vec<Option<(Option<RedisString>, RedisKeyWritable)>>,
+    written: Written<'c>,
     extra_ms: u64,
     clock_ns: u64,
 }
@@ -178,9 +276,17 @@ impl<'c> Keys<'c> {
             ctx,
             own,
             opened: Vec::new(),
+            written: Written::new(ctx),
             extra_ms: 0,
             clock_ns: clock_ns(),
         }
+    }
+
+    /// The keys of the call's next request.
+    fn request(&mut self, own: &'c [RedisString]) {
+        self.own = own;
+        self.opened.clear();
+        self.opened.resize_with(own.len(), || None);
     }
 }
 
@@ -220,8 +326,8 @@ impl Db for Keys<'_> {
         key.as_string_dma()
             .and_then(|mut dma| dma.write(value).map(drop))
             .map_err(message)?;
-        self.ctx
-            .replicate("SET", &[name.as_slice(), value, b"KEEPTTL"][..]);
+        self.written
+            .then("SET", &[name.as_slice(), value, b"KEEPTTL"][..]);
         Ok(())
     }
 }
@@ -257,8 +363,8 @@ impl Sets for Keys<'_> {
     fn remove(&mut self, k: usize, member: &[u8]) -> Result<bool, String> {
         let removed = RawKey::sorted(self.ctx, &self.own[k])?.remove(member)?;
         if removed {
-            self.ctx
-                .replicate("ZREM", &[self.own[k].as_slice(), member][..]);
+            self.written
+                .then("ZREM", &[self.own[k].as_slice(), member][..]);
         }
         Ok(removed)
     }
@@ -267,8 +373,8 @@ impl Sets for Keys<'_> {
         RawKey::sorted(self.ctx, &self.own[k])?.add(score, member)?;
         let mut digits = itoa::Buffer::new();
         let score = digits.format(score).as_bytes();
-        self.ctx
-            .replicate("ZADD", &[self.own[k].as_slice(), score, member][..]);
+        self.written
+            .then("ZADD", &[self.own[k].as_slice(), score, member][..]);
         Ok(())
     }
 
@@ -284,12 +390,12 @@ impl Sets for Keys<'_> {
                 .map_err(message)?;
         }
         if keep_ttl {
-            self.ctx
-                .replicate("SET", &[name.as_slice(), value, b"KEEPTTL"][..]);
+            self.written
+                .then("SET", &[name.as_slice(), value, b"KEEPTTL"][..]);
         } else {
             // `SET`, which the code calls, drops the TTL.
             RawKey::open(self.ctx, name).set_ttl_ms(None)?;
-            self.ctx.replicate("SET", &[name.as_slice(), value][..]);
+            self.written.then("SET", &[name.as_slice(), value][..]);
         }
         Ok(())
     }
@@ -308,8 +414,8 @@ impl Sets for Keys<'_> {
         key.set_ttl_ms(Some(ms))?;
         let mut at = itoa::Buffer::new();
         let expire_at = at.format((self.clock_ns / 1_000_000).saturating_add(ms));
-        self.ctx
-            .replicate("PEXPIREAT", &[name.as_slice(), expire_at.as_bytes()][..]);
+        self.written
+            .then("PEXPIREAT", &[name.as_slice(), expire_at.as_bytes()][..]);
         Ok(())
     }
 }
@@ -366,18 +472,20 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let clock = clock_ns();
     let mut reply = Vec::with_capacity(taken * 40 + requests.len() * 16);
     let mut from = 0;
+    // Its string writes are replicated together, once it is done.
+    let mut db = Keys {
+        extra_ms,
+        clock_ns: clock,
+        ..Keys::new(ctx, &[])
+    };
+    let mut slices: Vec<&[u8]> = Vec::new();
     for (request, n) in &requests {
         let own = &keys[from..from + n];
         from += n;
         let now_us = request.time.unwrap_or(clock / 1000);
-        let slices: Vec<&[u8]> = own.iter().map(RedisString::as_slice).collect();
-        let mut db = Keys {
-            ctx,
-            own,
-            opened: own.iter().map(|_| None).collect(),
-            extra_ms,
-            clock_ns: clock,
-        };
+        slices.clear();
+        slices.extend(own.iter().map(RedisString::as_slice));
+        db.request(own);
         let writes = check(request, &slices, now_us, commit, &mut db, &mut reply)
             .map_err(RedisError::String)?;
         for w in writes {
@@ -388,12 +496,12 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             let name = made.as_ref().unwrap_or(&own[w.at]);
             let ttl_ms = w.ttl_us.div_ceil(1000).max(1).saturating_add(extra_ms);
             write_state(
-                ctx,
                 key,
                 name,
                 w.state,
                 Duration::from_millis(ttl_ms),
                 clock,
+                &mut db.written,
             )?;
         }
     }

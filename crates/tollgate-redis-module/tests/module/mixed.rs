@@ -468,6 +468,12 @@ async fn a_replica_gets_every_write_the_module_makes() {
     }
     let lease = b"1|r-4_2".to_vec();
     call(&mut conn, None, &keys[2..4], "l", &[lease]).await;
+    // A batch whose string writes are replicated together, around a sorted
+    // set's, one key written by two of its requests: in order.
+    let [log, _, gcra] = limits(1);
+    let batch: Vec<String> = ["b1", "bl", "bl.n", "b1", "b2"].map(String::from).to_vec();
+    let blobs = [&[gcra][..], &[log], &[gcra], &[gcra]].map(|l| request(now, l, "b"));
+    call(&mut conn, None, &batch, "c", &blobs).await;
     let acked: i64 = redis::cmd("WAIT")
         .arg(1)
         .arg(5000)
@@ -477,7 +483,7 @@ async fn a_replica_gets_every_write_the_module_makes() {
     assert_eq!(acked, 1, "the replica acknowledged the writes");
     let (copy, original) = (states(&replica, ""), states(&master, ""));
     // The lease set, emptied by the release, is gone from both.
-    assert_eq!(original.len(), 4, "{original:?}");
+    assert_eq!(original.len(), 8, "{original:?}");
     for (c, o) in copy.iter().zip(&original) {
         assert_eq!((&c.0, &c.1), (&o.0, &o.1));
         // The replica's absolute expiry is the master's, give or take the
@@ -485,4 +491,7 @@ async fn a_replica_gets_every_write_the_module_makes() {
         assert!((c.2 - o.2).abs() <= 50, "expiries {c:?} against {o:?}");
     }
     assert_eq!(copy.len(), original.len());
+    // The batch's three string writes came as one command, the other
+    // calls' one at a time.
+    assert_eq!(replica.command_calls("eval"), 1);
 }
