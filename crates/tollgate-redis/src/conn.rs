@@ -93,18 +93,6 @@ impl Conn {
         }
     }
 
-    /// Runs a pipeline (on a cluster, routed by its first key: every
-    /// command of one must be on that key's slot).
-    pub(crate) async fn query_pipe<T: FromRedisValue>(
-        &self,
-        pipe: &redis::Pipeline,
-    ) -> RedisResult<T> {
-        match self {
-            Conn::Single(c) => pipe.query_async(&mut c.clone()).await,
-            Conn::Cluster(c) => pipe.query_async(&mut c.clone()).await,
-        }
-    }
-
     /// Runs a pipeline on the primary serving `slot` (on a cluster: its
     /// commands may be on any slots that primary serves), answering each
     /// command's reply as Redis gave it, a refusal of one command
