@@ -4,9 +4,9 @@
 //! envoyproxy/ratelimit's format charges each descriptor whatever the others
 //! decide, so a request of three descriptors is three checks of one limit).
 //!
-//! Both are one mechanism: the counting limits bound for one node (a check
-//! of one limit: that limit alone) go in rounds, each one pipeline to the
-//! node holding every limit's next step:
+//! Both are one mechanism: a request's counting limits (a check of one
+//! limit: that limit alone) go in rounds, each one pipeline holding every
+//! limit's next step:
 //!
 //! 1. its count: `SET key c NX PX ttl` on a sparse key's first check of a
 //!    window, which makes the count with its TTL; else `INCRBY key c`, with
@@ -17,15 +17,15 @@
 //! 3. the follow-up a few need: the TTL of a key an `INCRBY` made anew, a
 //!    denied fixed window's units given back (`DECRBY`, the TTL beside).
 //!
-//! A command the node refuses fails only its own limit. A round of one
-//! command goes as that command, which the cluster client redirects to
-//! where its key is served; in a pipeline of several, a command refused
-//! because its key is served elsewhere (`MOVED`, `ASK`: nothing was
-//! written) has its limit checked again alone. Every other limit of a
-//! request is checked alone, concurrently with the pipelines: concurrent
-//! script calls to a node share a call anyway (batch.rs).
-
-use std::sync::Arc;
+//! On a cluster, one pipeline per slot, all sent at once (the client
+//! writes those bound for one node together on its connection): the client
+//! resends a whole pipeline that a node refused a command of as served
+//! elsewhere (`MOVED`, `ASK`), which is right only when the refusal was the
+//! whole pipeline's, as it is for one slot's; with several slots, what the
+//! node did serve would be counted again. A command the node refuses fails
+//! only its own limit. Every other limit of a request is checked alone,
+//! concurrently with the pipelines: concurrent script calls to a node share
+//! a call anyway (batch.rs).
 
 use futures_util::future::{join, join_all};
 use redis::Value;
@@ -62,18 +62,13 @@ struct Counted {
     step: Option<Step>,
     /// Where its step's replies start among the round's.
     reply: usize,
-    /// `None` until decided, and for good when its node did not serve its
-    /// key (it is then checked again alone).
+    /// `None` until decided.
     answer: Option<Result<Stamped, StoreError>>,
 }
 
-/// The counting limits bound for one node.
+/// The counting limits of one pipeline a round.
 struct Group {
-    /// The node the slot map names for their keys, when grouped by the map:
-    /// a key it turns out not to serve is checked again alone. `None` on a
-    /// single server and for a limit checked alone.
-    node: Option<Arc<str>>,
-    /// The slot the rounds are routed by (any of the node's).
+    /// Their slot on a cluster (on a single server, any).
     slot: u16,
     counted: SmallVec<[Counted; 4]>,
 }
@@ -89,7 +84,6 @@ impl RedisStore {
     ) -> Result<Stamped, StoreError> {
         let now_us = self.known_now_us()?;
         let mut group = Group {
-            node: None,
             slot: prepared.slot,
             counted: smallvec![self.plan(0, limit, prepared, hit_counter, now_us)],
         };
@@ -128,21 +122,11 @@ impl RedisStore {
                 }
             };
             let p = &prepared[0];
-            let node = match &self.nodes {
-                None => None,
-                Some(nodes) => match nodes.node(p.slot) {
-                    Some(node) => Some(node),
-                    None => {
-                        alone.push(i);
-                        continue;
-                    }
-                },
-            };
             let counted = self.plan(i, limit, p, hit_counter, now_us);
-            match groups.iter_mut().find(|g| g.node == node) {
+            let cluster = self.conn.is_cluster();
+            match groups.iter_mut().find(|g| !cluster || g.slot == p.slot) {
                 Some(group) => group.counted.push(counted),
                 None => groups.push(Group {
-                    node,
                     slot: p.slot,
                     counted: smallvec![counted],
                 }),
@@ -158,27 +142,8 @@ impl RedisStore {
         for (&i, answer) in alone.iter().zip(checked) {
             answers[i] = Some(answer);
         }
-        let mut moved: SmallVec<[usize; 4]> = SmallVec::new();
         for c in groups.iter_mut().flat_map(|g| g.counted.iter_mut()) {
-            match c.answer.take() {
-                Some(answer) => answers[c.index] = Some(answer),
-                None => moved.push(c.index),
-            }
-        }
-        if !moved.is_empty() {
-            if let Some(nodes) = &self.nodes {
-                bump(&self.counters.moved);
-                nodes.refresh();
-            }
-            let again = join_all(
-                moved
-                    .iter()
-                    .map(|&i| self.check_stamped(std::slice::from_ref(&limits[i]))),
-            )
-            .await;
-            for (&i, answer) in moved.iter().zip(again) {
-                answers[i] = Some(answer);
-            }
+            answers[c.index] = c.answer.take();
         }
         answers
             .into_iter()
@@ -233,14 +198,13 @@ impl RedisStore {
                 return;
             }
             let sent = self.send(&pipe, group.slot).await;
-            let mapped = group.node.is_some();
             let mut follow_ups_failed = false;
             for c in group.counted.iter_mut() {
                 let Some(step) = c.step.take() else {
                     continue;
                 };
                 match &sent {
-                    Ok(replies) => self.advance(c, step, &replies[c.reply..], mapped),
+                    Ok(replies) => self.advance(c, step, &replies[c.reply..]),
                     Err(e) => {
                         // The count may still land, on a key made anew: the
                         // window's next check sends the TTL again.
@@ -308,16 +272,10 @@ impl RedisStore {
     }
 
     /// Sends `pipe` to the node serving `slot`, answering each command's
-    /// reply: one command goes as a command, which the cluster client
-    /// redirects where its key is served; several go as a pipeline, a
-    /// refusal of one ([`Value::ServerError`], e.g. `MOVED`) beside the
-    /// others' answers.
+    /// reply, a refusal of one ([`Value::ServerError`]) beside the others'
+    /// answers.
     async fn send(&self, pipe: &redis::Pipeline, slot: u16) -> Result<Vec<Value>, StoreError> {
-        let mut commands = pipe.cmd_iter();
-        let replies = match (commands.next(), commands.next()) {
-            (Some(command), None) => vec![self.timed(self.conn.query_at(command, slot)).await?],
-            _ => self.timed(self.conn.pipeline_at(pipe, slot)).await?,
-        };
+        let replies = self.timed(self.conn.pipeline_at(pipe, slot)).await?;
         if replies.len() != pipe.len() {
             return Err(StoreError::Backend {
                 source: format!(
@@ -333,9 +291,8 @@ impl RedisStore {
     }
 
     /// Takes `c` past the `step` whose replies start `replies`: its
-    /// decision, and the next step when it needs one. `mapped`: its node
-    /// came from the slot map, so a key served elsewhere goes again alone.
-    fn advance(&self, c: &mut Counted, step: Step, replies: &[Value], mapped: bool) {
+    /// decision, and the next step when it needs one.
+    fn advance(&self, c: &mut Counted, step: Step, replies: &[Value]) {
         if let Step::Follow { refund } = step {
             let sent = if refund > 0 { 2 } else { 1 };
             if let Some(Value::ServerError(e)) = replies[..sent]
@@ -349,10 +306,7 @@ impl RedisStore {
         }
         let count = match (step, &replies[0]) {
             (_, Value::ServerError(e)) => {
-                let e = redis::RedisError::from(e.clone());
-                if !(mapped && e.is_cluster_error()) {
-                    c.answer = Some(Err(self.refused(c, e)));
-                }
+                c.answer = Some(Err(self.refused(c, e.clone().into())));
                 return;
             }
             (Step::Make, Value::Nil) => {

@@ -1,12 +1,12 @@
 //! A request whose counting limits are each checked on its own
 //! (`check_each`) counts them as checks of each alone do: a sparse key's
-//! first check is one `SET … NX PX`, and a count another instance made is
-//! counted on.
+//! first check is one `SET … NX PX`, a count another instance made is
+//! counted on, and a key whose slot moved loses no decision.
 
 use tollgate_core::{Algorithm, Limit, Quota, Store};
 use tollgate_store::conformance;
 
-use crate::support::{RedisServer, manual_store};
+use crate::support::{RedisCluster, RedisServer, manual_store};
 
 fn counted(key: &str, algorithm: Algorithm) -> Limit<'_> {
     Limit {
@@ -96,5 +96,68 @@ async fn a_batch_counts_on_the_counts_another_instance_made() {
     // Beside the INCRBY, and again beside the DECRBY.
     assert_eq!(server.command_calls("pexpire"), 2);
     let stats = b.stats();
+    assert_eq!((stats.errors, stats.timeouts), (0, 0), "{stats:?}");
+}
+
+/// A slot moves to another node after the store and its cluster client
+/// read the slot map: the pipeline of its keys, sent to the old node with
+/// the pipeline of a neighbour's slot there, is refused before anything is
+/// written and resent where the slot is served, the neighbour's counted
+/// once, and every key admits exactly its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_slot_moved_loses_no_decision() {
+    let cluster = RedisCluster::start();
+    let clock = conformance::clock();
+    let store = manual_store(&cluster.url(), &clock).await;
+    let node_of = |key: &str| {
+        let slot = cluster.keyslot(key);
+        let node = (0..cluster.nodes.len())
+            .find(|&n| {
+                cluster
+                    .slots_of(n)
+                    .iter()
+                    .any(|&(a, b)| (a..=b).contains(&slot))
+            })
+            .expect("a node serves every slot");
+        (slot, node)
+    };
+    let (slot, from) = node_of("moving");
+    let neighbour = (0..)
+        .map(|i| format!("neighbour-{i}"))
+        .find(|k| {
+            let (s, n) = node_of(k);
+            n == from && s != slot
+        })
+        .unwrap();
+    let to = (from + 1) % cluster.nodes.len();
+    cluster.move_slot(slot, to);
+    assert_eq!(node_of("moving").1, to);
+
+    let quota = Quota::per_hour(5).unwrap();
+    let limits: Vec<Limit<'_>> = [Algorithm::HitCounter, Algorithm::FixedWindow]
+        .into_iter()
+        .flat_map(|algorithm| {
+            ["moving", neighbour.as_str()].map(|key| Limit::new(key, quota, algorithm))
+        })
+        .collect();
+    let mut admitted = vec![0; limits.len()];
+    for _ in 0..8 {
+        for (n, (allowed, _)) in admitted.iter_mut().zip(check_each(&store, &limits).await) {
+            *n += usize::from(allowed);
+        }
+    }
+    assert_eq!(admitted, [5; 4]);
+    // The hit counters keep every hit, each counted once, where the slot
+    // map says.
+    let window = tollgate_core::Clock::now(&*clock) / 3_600_000_000_000;
+    for (key, node) in [("moving", to), (neighbour.as_str(), from)] {
+        let count = format!("tollgate:hc3:{{{key}}}:{window}");
+        assert_eq!(
+            cluster.nodes[node].cli(&["GET", &count]).trim(),
+            "8",
+            "{key}"
+        );
+    }
+    let stats = store.stats();
     assert_eq!((stats.errors, stats.timeouts), (0, 0), "{stats:?}");
 }
