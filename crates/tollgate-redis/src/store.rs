@@ -697,7 +697,7 @@ impl Store for RedisStore {
     }
 
     /// Checks each limit on its own, the counting ones in one pipeline
-    /// per node (store/each.rs).
+    /// (one per slot on a cluster; store/each.rs).
     async fn check_each(&self, limits: &[Limit<'_>]) -> Vec<Result<Outcome, StoreError>> {
         let answers = self.check_each_at_once(limits).await;
         answers.into_iter().map(|a| a.map(|s| s.outcome)).collect()

@@ -17,15 +17,14 @@
 //! 3. the follow-up a few need: the TTL of a key an `INCRBY` made anew, a
 //!    denied fixed window's units given back (`DECRBY`, the TTL beside).
 //!
-//! On a cluster, one pipeline per slot, all sent at once (the client
-//! writes those bound for one node together on its connection): the client
-//! resends a whole pipeline that a node refused a command of as served
-//! elsewhere (`MOVED`, `ASK`), which is right only when the refusal was the
-//! whole pipeline's, as it is for one slot's; with several slots, what the
-//! node did serve would be counted again. A command the node refuses fails
-//! only its own limit. Every other limit of a request is checked alone,
-//! concurrently with the pipelines: concurrent script calls to a node share
-//! a call anyway (batch.rs).
+//! On a cluster, one pipeline per slot, all sent at once (on the client's
+//! one connection to each node): the client resends a whole pipeline that a
+//! node refused a command of as served elsewhere (`MOVED`, `ASK`), which is
+//! right only when the refusal was the whole pipeline's, as a `MOVED` is for
+//! one slot's; with several slots, what the node did serve would be counted
+//! again. A command the node refuses fails only its own limit. Every other
+//! limit of a request is checked alone, concurrently with the pipelines:
+//! concurrent script calls to a node share a call anyway (batch.rs).
 
 use futures_util::future::{join, join_all};
 use redis::Value;
