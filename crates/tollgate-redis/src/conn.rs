@@ -93,23 +93,12 @@ impl Conn {
         }
     }
 
-    /// Runs a pipeline (on a cluster, routed by its first key: every
-    /// command of one must be on that key's slot).
-    pub(crate) async fn query_pipe<T: FromRedisValue>(
-        &self,
-        pipe: &redis::Pipeline,
-    ) -> RedisResult<T> {
-        match self {
-            Conn::Single(c) => pipe.query_async(&mut c.clone()).await,
-            Conn::Cluster(c) => pipe.query_async(&mut c.clone()).await,
-        }
-    }
-
-    /// Runs a pipeline on the primary serving `slot` (on a cluster: its
-    /// commands may be on any slots that primary serves), answering each
+    /// Runs a pipeline on the primary serving `slot`, answering each
     /// command's reply as Redis gave it, a refusal of one command
-    /// ([`redis::Value::ServerError`], e.g. `MOVED` for a key served
-    /// elsewhere) beside the others' answers.
+    /// ([`redis::Value::ServerError`]) beside the others' answers. On a
+    /// cluster, its commands must all be on `slot`: the client sends the
+    /// whole pipeline again where a refusal (`MOVED`, `ASK`) points, which
+    /// would run again what the node did serve of other slots.
     pub(crate) async fn pipeline_at(
         &self,
         pipe: &redis::Pipeline,

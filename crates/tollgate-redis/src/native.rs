@@ -1,5 +1,6 @@
-//! Counting without a script: a fixed window or a hit counter checked alone
-//! is one pipeline of native commands, as envoyproxy/ratelimit counts.
+//! Counting without a script: a fixed window or a hit counter is checked
+//! with native commands, pipelined as envoyproxy/ratelimit counts (sent by
+//! store/each.rs, alone or beside a request's other counting limits).
 //!
 //! Each window's count is a decimal integer at `<key>:<window>`
 //! ([`window_key`]), the encoding the Lua code steps too, so a limit counted

@@ -138,11 +138,6 @@ impl NodeBatchers {
         self.map().domain(slot).cloned()
     }
 
-    /// The node serving `slot`, if the map knows the slot.
-    pub(crate) fn node(&self, slot: u16) -> Option<Arc<str>> {
-        self.map().node(slot).cloned()
-    }
-
     /// The batcher of the node serving `slot`; `None` when the map does not
     /// know the slot (the check then goes alone).
     pub(crate) fn for_slot(&self, slot: u16) -> Option<Batcher> {

@@ -18,7 +18,7 @@ use crate::code::{Code, Kind};
 use crate::conn::{Conn, ConnectError, connect};
 use crate::keys::{redis_keys, slot, window_key};
 use crate::lone::{self, Lone};
-use crate::native::{Expiring, Plan, RedisClock, Window};
+use crate::native::{Expiring, RedisClock};
 use crate::nodes::{NodeBatchers, domain_slots};
 use crate::script::{self, MAX_COUNT, MAX_MICROS, Params, decode, micros_up, parse_check};
 use crate::stats::{Counters, bump};
@@ -283,120 +283,6 @@ impl RedisStore {
 
     fn extra_ms(&self) -> u64 {
         u64::try_from(self.config.extra_ttl.as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// Sets `key`'s TTL in `pipe` unless it has one (on Redis before 7.0,
-    /// whatever it has: native counting's TTLs end at the window's end, so
-    /// setting one again moves nothing). Its answer is ignored.
-    fn expire_once(&self, pipe: &mut redis::Pipeline, key: &str, ttl_ms: u64) {
-        pipe.cmd("PEXPIRE").arg(key).arg(ttl_ms);
-        if self.pexpire_nx {
-            pipe.arg("NX");
-        }
-        pipe.ignore();
-    }
-
-    /// Adds `cost` to `window`'s count, which gets its TTL (`ttl_ms`) if it
-    /// has none: the count after it.
-    async fn count(&self, window: &Window, cost: u64, ttl_ms: u64) -> Result<i64, StoreError> {
-        let expiring = self.expiring.has(&window.key);
-        if !expiring && !self.expiring.has(&window.previous_key()) {
-            // This store did not count the key's previous window either: a
-            // sparse key, whose check is most likely its window's first
-            // anywhere. `SET … NX PX` makes the count with its TTL in one
-            // command where `INCRBY` + `PEXPIRE` take two; on a key that
-            // exists it writes nothing, and the pipeline below counts.
-            let mut set = redis::cmd("SET");
-            set.arg(&window.key)
-                .arg(cost)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms);
-            let made: redis::Value = self.timed(self.conn.query(&set)).await?;
-            if made != redis::Value::Nil {
-                self.expiring.insert(&window.key);
-                return Ok(i64::try_from(cost).unwrap_or(i64::MAX));
-            }
-        }
-        // An increment past i64::MAX (a hit counter hit over 2^11 times at
-        // the largest cost in one window) is refused by Redis: an error,
-        // never a wrapped count.
-        let mut pipe = redis::pipe();
-        pipe.cmd("INCRBY").arg(&window.key).arg(cost);
-        if !expiring {
-            self.expire_once(&mut pipe, &window.key, ttl_ms);
-        }
-        let (count,): (i64,) = match self.timed(self.conn.query_pipe(&pipe)).await {
-            Ok(answer) => answer,
-            Err(e) => {
-                // The INCRBY may still land, on a key made anew: the
-                // window's next check sends the TTL again.
-                self.expiring.forget(&window.key);
-                return Err(e);
-            }
-        };
-        self.expiring.insert(&window.key);
-        if expiring && window.created(count) {
-            // Made anew since its TTL was set: it gets its own now.
-            let mut pipe = redis::pipe();
-            self.expire_once(&mut pipe, &window.key, ttl_ms);
-            if let Err(e) = self.timed(self.conn.query_pipe::<()>(&pipe)).await {
-                // The count stands; the window's next check sends the TTL
-                // again (and were there none, the key outlives its window,
-                // which no later window reads).
-                tracing::warn!(error = %e, "setting a window's TTL failed");
-                self.expiring.forget(&window.key);
-            }
-        }
-        Ok(count)
-    }
-
-    /// A fixed window or hit counter checked alone: native commands, no
-    /// script (native.rs).
-    async fn check_native(
-        &self,
-        limit: &Limit<'_>,
-        prepared: &ScriptLimit,
-        hit_counter: bool,
-    ) -> Result<Stamped, StoreError> {
-        let now_us = self.known_now_us()?;
-        let window = Window::new(
-            &prepared.key,
-            prepared.params,
-            hit_counter,
-            now_us,
-            self.extra_ms(),
-        );
-        let answer: Option<i64> = match window.plan {
-            Plan::Read => {
-                let mut get = redis::cmd("GET");
-                get.arg(&window.key);
-                self.timed(self.conn.query(&get)).await?
-            }
-            Plan::Count { ttl_ms } => {
-                Some(self.count(&window, prepared.params.cost, ttl_ms).await?)
-            }
-        };
-        let reply = window.decide(answer);
-        let refund = window.refund(reply[2] == 1);
-        if let (Plan::Count { ttl_ms }, true) = (&window.plan, refund > 0) {
-            // The TTL again, in case the window's key expired in between:
-            // a count made anew by DECRBY must not outlive its window.
-            let mut pipe = redis::pipe();
-            pipe.cmd("DECRBY").arg(&window.key).arg(refund).ignore();
-            self.expire_once(&mut pipe, &window.key, *ttl_ms);
-            if let Err(e) = self.timed(self.conn.query_pipe::<()>(&pipe)).await {
-                // The units stay taken until the window ends: stricter,
-                // never looser, and the deny stands.
-                tracing::warn!(error = %e, "giving back a denied fixed window's units failed");
-            }
-        }
-        let (now_us, _, decisions) = parse_check(&reply, &[limit.capacity()])?;
-        bump(&self.counters.redis_checks);
-        Ok(Stamped {
-            outcome: Outcome::new(decisions.into()),
-            decided_at: Some(smallvec![now_us]),
-        })
     }
 
     /// Whether checks go to the Tollgate module's `TOLLGATE.CHECK` where it
@@ -811,7 +697,7 @@ impl Store for RedisStore {
     }
 
     /// Checks each limit on its own, the counting ones in one pipeline
-    /// per node (store/each.rs).
+    /// (one per slot on a cluster; store/each.rs).
     async fn check_each(&self, limits: &[Limit<'_>]) -> Vec<Result<Outcome, StoreError>> {
         let answers = self.check_each_at_once(limits).await;
         answers.into_iter().map(|a| a.map(|s| s.outcome)).collect()
@@ -925,8 +811,8 @@ impl LeaseStore for RedisStore {
         // limit does not.
         if let ([limit], [p]) = (limits, prepared.as_slice()) {
             match limit.algorithm {
-                Algorithm::FixedWindow => return self.check_native(limit, p, false).await,
-                Algorithm::HitCounter => return self.check_native(limit, p, true).await,
+                Algorithm::FixedWindow => return self.check_counted(limit, p, false).await,
+                Algorithm::HitCounter => return self.check_counted(limit, p, true).await,
                 _ => {}
             }
         }

@@ -300,6 +300,17 @@ impl RedisCluster {
             .collect()
     }
 
+    /// Gives `slot`, which must hold no key, to node `to`, telling every
+    /// node at once (`CLUSTER SETSLOT <slot> NODE <id>`): clients that read
+    /// the slot map before find it moved.
+    pub fn move_slot(&self, slot: u16, to: usize) {
+        let id = self.nodes[to].cli(&["CLUSTER", "MYID"]).trim().to_owned();
+        for node in self.nodes.iter().rev() {
+            let answer = node.cli(&["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &id]);
+            assert_eq!(answer.trim(), "OK", "{answer}");
+        }
+    }
+
     /// The slot of a key (`CLUSTER KEYSLOT`, asked of a running node).
     pub fn keyslot(&self, key: &str) -> u16 {
         let asker = self

@@ -228,14 +228,7 @@ async fn a_batch_that_finds_its_slot_moved_loses_no_decision() {
     assert_eq!(neighbours.len(), 6);
     // The empty slot moves to another node; every node is told at once.
     let to = (from + 1) % cluster.nodes.len();
-    let id = cluster.nodes[to]
-        .cli(&["CLUSTER", "MYID"])
-        .trim()
-        .to_owned();
-    for node in cluster.nodes.iter().rev() {
-        let answer = node.cli(&["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &id]);
-        assert_eq!(answer.trim(), "OK", "{answer}");
-    }
+    cluster.move_slot(slot, to);
     assert_eq!(node_of("moving").1, to);
 
     let quota = Quota::per_hour(5).unwrap();

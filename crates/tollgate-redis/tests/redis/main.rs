@@ -5,6 +5,7 @@
 mod cancelled_leases;
 mod cells;
 mod cluster;
+mod counting;
 mod crashed_leases;
 mod each;
 mod faults;
