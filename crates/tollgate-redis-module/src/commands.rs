@@ -4,10 +4,11 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis_module::key::RedisKeyWritable;
-use redis_module::{Context, KeyType, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{Context, KeyType, RedisError, RedisResult, RedisString, RedisValue, raw};
 
 use crate::bucket::{Kind, parse};
 use crate::raw_key::RawKey;
+use crate::replicated::Written;
 use crate::request::{Db, Decide, Request, check, refund};
 use crate::sets::{Sets, Visit, release};
 use crate::step::{State, Stepped, decimal};
@@ -68,101 +69,6 @@ fn write_state(
     Ok(())
 }
 
-/// Replicates a call's string writes: `SET key value PXAT at` for one, else
-/// one `EVAL` of those `SET`s in order, a plain command any replica applies
-/// (with or without this module). Each replicated command costs the
-/// primary a command lookup and an argument vector, about what deciding a
-/// check costs: a batch of checks pays them once.
-const SET_EACH: &[u8] =
-    b"for i, k in ipairs(KEYS) do redis.call('SET', k, ARGV[2 * i - 1], 'PXAT', ARGV[2 * i]) end";
-
-/// The string states a call wrote and has not replicated yet, in order
-/// (`SET_EACH`): names, values and expiry times end to end in one buffer.
-/// Replicated when dropped, so that a call that fails after writing still
-/// replicates what it wrote, and before any other write is replicated, so
-/// that a replica applies the writes in the order they were made.
-struct Written<'c> {
-    ctx: &'c Context,
-    bytes: Vec<u8>,
-    /// Where each write's name, value and expiry time end in `bytes`.
-    ends: Vec<[usize; 3]>,
-}
-
-impl Drop for Written<'_> {
-    fn drop(&mut self) {
-        self.replicate();
-    }
-}
-
-impl<'c> Written<'c> {
-    fn new(ctx: &'c Context) -> Self {
-        Self {
-            ctx,
-            bytes: Vec::new(),
-            ends: Vec::new(),
-        }
-    }
-
-    fn add(&mut self, name: &[u8], value: &[u8], expire_at_ms: u64) {
-        let mut at = itoa::Buffer::new();
-        let mut ends = [0; 3];
-        for (end, part) in ends
-            .iter_mut()
-            .zip([name, value, at.format(expire_at_ms).as_bytes()])
-        {
-            self.bytes.extend_from_slice(part);
-            *end = self.bytes.len();
-        }
-        self.ends.push(ends);
-    }
-
-    /// Each write's name, value and expiry time.
-    fn each(&self) -> impl Iterator<Item = [&[u8]; 3]> {
-        let mut from = 0;
-        self.ends.iter().map(move |&[name, value, at]| {
-            let parts = [
-                &self.bytes[from..name],
-                &self.bytes[name..value],
-                &self.bytes[value..at],
-            ];
-            from = at;
-            parts
-        })
-    }
-
-    /// Replicates the writes noted so far.
-    fn replicate(&mut self) {
-        let ctx = self.ctx;
-        match self.ends.len() {
-            0 => {}
-            1 => {
-                let [name, value, at] = self.each().next().expect("one write");
-                ctx.replicate("SET", &[name, value, b"PXAT", at][..]);
-            }
-            n => {
-                let mut count = itoa::Buffer::new();
-                let mut args: Vec<&[u8]> = Vec::with_capacity(2 + 3 * n);
-                args.push(SET_EACH);
-                args.push(count.format(n).as_bytes());
-                args.extend(self.each().map(|[name, _, _]| name));
-                for [_, value, at] in self.each() {
-                    args.push(value);
-                    args.push(at);
-                }
-                ctx.replicate("EVAL", &args[..]);
-            }
-        }
-        self.bytes.clear();
-        self.ends.clear();
-    }
-
-    /// Replicates `command`, after the writes noted before it.
-    fn then(&mut self, command: &str, args: &[&[u8]]) {
-        self.replicate();
-        self.ctx.replicate(command, args);
-    }
-}
-
 /// The arguments after the key, as byte strings, on the stack: no command
 /// takes more than `N`, and more are a usage error.
 fn arg_slices<const N: usize>(args: &[RedisString]) -> Option<([&[u8]; N], usize)> {
@@ -177,10 +83,14 @@ fn arg_slices<const N: usize>(args: &[RedisString]) -> Option<([&[u8]; N], usize
     Some((out, rest.len()))
 }
 
-fn reply(answer: [i64; 5]) -> RedisResult {
-    Ok(RedisValue::Array(
-        answer.into_iter().map(RedisValue::Integer).collect(),
-    ))
+/// Replies the five integers of a bucket's answer, written straight to the
+/// reply (`RedisValue::Array` would allocate a vector for them).
+fn reply(ctx: &Context, answer: [i64; 5]) -> RedisResult {
+    raw::reply_with_array(ctx.get_raw(), 5);
+    for n in answer {
+        raw::reply_with_long_long(ctx.get_raw(), n);
+    }
+    Ok(RedisValue::NoReply)
 }
 
 fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
@@ -207,7 +117,7 @@ fn cl_throttle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let mut written = Written::new(ctx);
         write_state(&key, name, State::Int(w.tat_ns), w.ttl, now, &mut written)?;
     }
-    reply(answer.to_array())
+    reply(ctx, answer.to_array())
 }
 
 fn bucket(kind: Kind, ctx: &Context, args: Vec<RedisString>) -> RedisResult {
@@ -223,7 +133,7 @@ fn bucket(kind: Kind, ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         let mut written = Written::new(ctx);
         write_state(&key, name, w.state, w.ttl, clock, &mut written)?;
     }
-    reply(answer)
+    reply(ctx, answer)
 }
 
 fn tollgate_gcra(ctx: &Context, args: Vec<RedisString>) -> RedisResult {

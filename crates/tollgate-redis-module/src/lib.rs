@@ -29,6 +29,8 @@ mod cell;
 mod mem;
 #[cfg(not(test))]
 mod raw_key;
+#[cfg(not(test))]
+mod replicated;
 mod request;
 mod sets;
 mod step;
