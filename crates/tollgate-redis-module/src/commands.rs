@@ -61,11 +61,7 @@ fn write_state(
     };
     key.as_string_dma()?.write(value)?;
     key.set_expire(Duration::from_millis(ttl_ms))?;
-    written.add(
-        name.as_slice(),
-        value,
-        (now_ns / 1_000_000).saturating_add(ttl_ms),
-    );
+    written.add(name, value, (now_ns / 1_000_000).saturating_add(ttl_ms));
     Ok(())
 }
 

@@ -9,28 +9,39 @@
 
 use std::ffi::c_char;
 
-use redis_module::{Context, raw};
+use redis_module::{Context, RedisString, raw};
 use smallvec::SmallVec;
 
 /// Replicates a call's string writes: `SET key value PXAT at` for one, else
 /// one `EVAL` of those `SET`s in order, a plain command any replica applies
 /// (with or without this module). Each replicated command costs the
 /// primary a command lookup and an argument vector, about what deciding a
-/// check costs: a batch of checks pays them once.
-const SET_EACH: &[u8] =
-    b"for i, k in ipairs(KEYS) do redis.call('SET', k, ARGV[2 * i - 1], 'PXAT', ARGV[2 * i]) end";
+/// check costs: a batch of checks pays them once. Its keys are the keys
+/// written, its one argument each write's value and expiry time (ms, in
+/// decimal), each after its length in a byte: one string made for the
+/// batch, not two a write.
+const SET_EACH: &str = "local s, p = ARGV[1], 1
+local function take()
+  local n = string.byte(s, p)
+  p = p + 1 + n
+  return string.sub(s, p - n, p - 1)
+end
+for _, k in ipairs(KEYS) do
+  local v = take()
+  redis.call('SET', k, v, 'PXAT', take())
+end";
 
 /// The string states a call wrote and has not replicated yet, in order
-/// (`SET_EACH`): names, values and expiry times end to end in one buffer.
-/// Replicated when dropped, so that a call that fails after writing still
-/// replicates what it wrote, and before any other write is replicated, so
-/// that a replica applies the writes in the order they were made.
+/// (`SET_EACH`). Replicated when dropped, so that a call that fails after
+/// writing still replicates what it wrote, and before any other write is
+/// replicated, so that a replica applies the writes in the order they
+/// were made.
 pub(crate) struct Written<'c> {
     ctx: &'c Context,
-    /// Room for a lone check's write without an allocation.
-    bytes: SmallVec<[u8; 128]>,
-    /// Where each write's name, value and expiry time end in `bytes`.
-    ends: SmallVec<[[usize; 3]; 2]>,
+    /// The keys written (the caller's strings, held, not copied).
+    names: SmallVec<[RedisString; 2]>,
+    /// Each write's value and expiry time, each after its length.
+    values: SmallVec<[u8; 64]>,
 }
 
 impl Drop for Written<'_> {
@@ -43,62 +54,47 @@ impl<'c> Written<'c> {
     pub(crate) fn new(ctx: &'c Context) -> Self {
         Self {
             ctx,
-            bytes: SmallVec::new(),
-            ends: SmallVec::new(),
+            names: SmallVec::new(),
+            values: SmallVec::new(),
         }
     }
 
-    pub(crate) fn add(&mut self, name: &[u8], value: &[u8], expire_at_ms: u64) {
+    /// Notes that `name` now holds `value` (at most 255 bytes), to expire
+    /// at `expire_at_ms`.
+    pub(crate) fn add(&mut self, name: &RedisString, value: &[u8], expire_at_ms: u64) {
         let mut at = itoa::Buffer::new();
-        let mut ends = [0; 3];
-        for (end, part) in ends
-            .iter_mut()
-            .zip([name, value, at.format(expire_at_ms).as_bytes()])
-        {
-            self.bytes.extend_from_slice(part);
-            *end = self.bytes.len();
+        for part in [value, at.format(expire_at_ms).as_bytes()] {
+            self.values
+                .push(u8::try_from(part.len()).expect("a state of at most 255 bytes"));
+            self.values.extend_from_slice(part);
         }
-        self.ends.push(ends);
-    }
-
-    /// Each write's name, value and expiry time.
-    fn each(&self) -> impl Iterator<Item = [&[u8]; 3]> {
-        let mut from = 0;
-        self.ends.iter().map(move |&[name, value, at]| {
-            let parts = [
-                &self.bytes[from..name],
-                &self.bytes[name..value],
-                &self.bytes[value..at],
-            ];
-            from = at;
-            parts
-        })
+        self.names.push(name.safe_clone(self.ctx));
     }
 
     /// Replicates the writes noted so far.
     pub(crate) fn replicate(&mut self) {
         let ctx = self.ctx;
-        match self.ends.len() {
-            0 => {}
-            1 => {
-                let [name, value, at] = self.each().next().expect("one write");
-                set(ctx, name, value, at);
+        match &self.names[..] {
+            [] => {}
+            [name] => {
+                let values = &self.values[..];
+                let (value, rest) = values[1..].split_at(usize::from(values[0]));
+                set(ctx, name.as_slice(), value, &rest[1..]);
             }
-            n => {
-                let mut count = itoa::Buffer::new();
-                let mut args: Vec<&[u8]> = Vec::with_capacity(2 + 3 * n);
-                args.push(SET_EACH);
-                args.push(count.format(n).as_bytes());
-                args.extend(self.each().map(|[name, _, _]| name));
-                for [_, value, at] in self.each() {
-                    args.push(value);
-                    args.push(at);
-                }
+            names => {
+                let script = ctx.create_string(SET_EACH);
+                let count = ctx.create_string(names.len().to_string());
+                let values = RedisString::create_from_slice(ctx.get_raw(), &self.values);
+                let mut args: SmallVec<[&RedisString; 16]> = SmallVec::new();
+                args.push(&script);
+                args.push(&count);
+                args.extend(names.iter());
+                args.push(&values);
                 ctx.replicate("EVAL", &args[..]);
             }
         }
-        self.bytes.clear();
-        self.ends.clear();
+        self.names.clear();
+        self.values.clear();
     }
 
     /// Replicates `command`, after the writes noted before it.
