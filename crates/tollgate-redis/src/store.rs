@@ -438,10 +438,9 @@ impl RedisStore {
                     .map(|&i| prepared[i].aux.as_str()),
             );
         }
-        // The module takes checks, dry runs and refunds of every algorithm;
-        // what writes hybrid leases' records (`h`, a refund with a grant)
-        // still calls the code.
-        let native = self.module && grant.is_none();
+        // The module takes every op of the code, hybrid leases' records
+        // (`h`, a refund with a grant) too.
+        let native = self.module;
         if let Some(call) = self.lone_call(native, op, now_us, members, prepared) {
             let slot = prepared[members[0]].slot;
             let answer = self.timed(self.conn.query_at(&call, slot)).await?;
