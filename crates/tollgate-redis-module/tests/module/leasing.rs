@@ -237,6 +237,12 @@ async fn fleet(url: &str, node: &RedisServer, tag: &str) {
             }
             let a = states(&[node], &prefixes[0]).await;
             hashes += a.iter().filter(|k| k.0.starts_with("hash")).count();
+            // Before: the code set a record's TTL before writing it, so the
+            // hash its first record made had none, and lived forever.
+            assert!(
+                a.iter().all(|k| k.2 >= 0),
+                "{algorithm:?}: step {i}: a key without a TTL: {a:?}"
+            );
             for (p, what) in [(1, "alternating"), (2, "the module alone")] {
                 let x = states(&[node], &prefixes[p]).await;
                 assert_same_keys(&x, &a, 100, &format!("{algorithm:?}: step {i}: {what}"));
@@ -492,6 +498,26 @@ const WORKLOAD: [Op; 19] = [
 
 type Instance = Hybrid<RedisStore>;
 
+async fn instance(url: &str, clock: &Arc<ManualClock>, module: bool) -> Instance {
+    let config = HybridConfig {
+        lease_ttl: LEASE_TTL,
+        ..HybridConfig::default()
+    };
+    let redis = store(url, clock, module).await;
+    Hybrid::with_clock(redis, config, Arc::clone(clock) as _)
+}
+
+/// 1,000 per 30 days: nothing refills, and no window ends, in a test.
+fn limit(key: &str, algorithm: Algorithm) -> Limit<'_> {
+    Limit {
+        key,
+        quota: Quota::new(LIMIT, Duration::from_secs(30 * 86_400)).unwrap(),
+        algorithm,
+        cost: 1,
+        failure: FailurePolicy::Local,
+    }
+}
+
 /// Hybrid instances on one server or cluster.
 struct Side {
     url: String,
@@ -501,22 +527,11 @@ struct Side {
 
 impl Side {
     async fn apply(&mut self, op: Op, algorithm: Algorithm, clock: &Arc<ManualClock>) -> u64 {
-        let key = |key: &'static str| Limit {
-            key,
-            quota: Quota::new(LIMIT, Duration::from_secs(30 * 86_400)).unwrap(),
-            algorithm,
-            cost: 1,
-            failure: FailurePolicy::Local,
-        };
+        let key = |key: &'static str| limit(key, algorithm);
         let get = |i: usize| self.instances[i].as_ref().expect("started");
         match op {
             Op::Start(i) => {
-                let config = HybridConfig {
-                    lease_ttl: LEASE_TTL,
-                    ..HybridConfig::default()
-                };
-                let redis = store(&self.url, clock, self.module).await;
-                self.instances[i] = Some(Hybrid::with_clock(redis, config, Arc::clone(clock) as _));
+                self.instances[i] = Some(instance(&self.url, clock, self.module).await);
                 0
             }
             Op::Admit(i, k, n) => {
@@ -633,4 +648,65 @@ async fn hybrid_instances_on_a_cluster_decide_through_the_module_with_no_fcall()
     let code_nodes: Vec<&RedisServer> = code.nodes.iter().collect();
     let native_nodes: Vec<&RedisServer> = native.nodes.iter().collect();
     lockstep(&code.url(), &code_nodes, &native.url(), &native_nodes).await;
+}
+
+/// tests/redis/slow_leases.rs's record sums through the module: leases of
+/// one key taken by concurrent checks each add to the record, so that
+/// after a crash they all come back.
+#[tokio::test]
+async fn leases_taken_by_concurrent_checks_through_the_module_all_come_back_after_a_crash() {
+    let server = server();
+    for algorithm in LEASED {
+        let clock = conformance::clock();
+        let key = format!("concurrent-{algorithm}");
+        let crashed = Arc::new(instance(&server.url(), &clock, true).await);
+        // Spent down to nothing held, so that concurrent misses each lease.
+        let mut admitted = 0u64;
+        while admitted < 5 || crashed.held_units() > 0 {
+            assert!(
+                crashed
+                    .check(&[limit(&key, algorithm)])
+                    .await
+                    .unwrap()
+                    .allowed()
+            );
+            admitted += 1;
+        }
+        let checks: Vec<_> = (0..16)
+            .map(|_| {
+                let (store, key) = (Arc::clone(&crashed), key.clone());
+                tokio::spawn(async move {
+                    store
+                        .check(&[limit(&key, algorithm)])
+                        .await
+                        .unwrap()
+                        .allowed()
+                })
+            })
+            .collect();
+        for check in checks {
+            assert!(check.await.unwrap());
+            admitted += 1;
+        }
+        assert!(
+            crashed.stats().inner_checks > 2,
+            "{algorithm}: several leasing calls"
+        );
+        assert!(crashed.held_units() > 0, "{algorithm}");
+        drop(crashed);
+        clock.advance(Duration::from_secs(121));
+        let other = instance(&server.url(), &clock, true).await;
+        let mut rest = 0;
+        while other
+            .check(&[limit(&key, algorithm)])
+            .await
+            .unwrap()
+            .allowed()
+        {
+            rest += 1;
+            assert!(rest <= LIMIT, "more admitted than the limit");
+        }
+        assert_eq!(admitted + rest, LIMIT, "{algorithm}");
+    }
+    assert_eq!(server.command_calls("fcall"), 0, "the code was called");
 }
