@@ -149,7 +149,6 @@ fn keep(limit: &Limit) -> u64 {
 /// (the records' ttl and the limit), the record lasts that long from `now`
 /// and its hash at least that long past it; without, its deadline stays.
 /// Answers whether the record lived.
-#[allow(clippy::too_many_arguments)]
 fn change<D: Records>(
     db: &mut D,
     rkey: usize,
