@@ -7,9 +7,10 @@ use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, KeyType, RedisError, RedisResult, RedisString, RedisValue, raw};
 
 use crate::bucket::{Kind, parse};
+use crate::leases::{Fields, Leases, Records, check_leasing, refund_leased};
 use crate::raw_key::RawKey;
 use crate::replicated::Written;
-use crate::request::{Db, Decide, Request, check, refund};
+use crate::request::{Db, Decide, Request, Write, check, refund};
 use crate::sets::{Sets, Visit, release};
 use crate::step::{State, Stepped, decimal};
 
@@ -158,8 +159,7 @@ fn key_name<'a>(
     made.insert(RedisString::create_from_slice(ctx.get_raw(), name))
 }
 
-const CHECK_USAGE: &str =
-    "ERR usage: TOLLGATE.CHECK <numkeys> <key> ... c|d|r|l <extra ttl ms> <request or lease> ...";
+const CHECK_USAGE: &str = "ERR usage: TOLLGATE.CHECK <numkeys> <key> ... c|d|h|r|l <extra ttl ms> <request or lease> ... [<leases>]";
 
 /// A call's keys in Redis, by position, as `check` and `release` read and
 /// write them (those of one request at a time). Each write is replicated
@@ -177,13 +177,13 @@ struct Keys<'c> {
 }
 
 impl<'c> Keys<'c> {
-    fn new(ctx: &'c Context, own: &'c [RedisString]) -> Self {
+    fn new(ctx: &'c Context, own: &'c [RedisString], extra_ms: u64) -> Self {
         Self {
             ctx,
             own,
-            opened: Vec::new(),
+            opened: own.iter().map(|_| None).collect(),
             written: Written::new(ctx),
-            extra_ms: 0,
+            extra_ms,
             clock_ns: clock_ns(),
         }
     }
@@ -326,11 +326,65 @@ impl Sets for Keys<'_> {
     }
 }
 
+/// A hash of records at `name`, opened to read and write: WRONGTYPE when it
+/// holds anything else.
+fn hash(ctx: &Context, name: &RedisString) -> Result<RedisKeyWritable, String> {
+    let key = ctx.open_key_writable(name);
+    match key.key_type() {
+        KeyType::Empty | KeyType::Hash => Ok(key),
+        _ => Err(RedisError::WrongType.to_string()),
+    }
+}
+
+/// A holder's id: its decimal digits (`Leases` made them).
+fn field(holder: &[u8]) -> Result<&str, String> {
+    std::str::from_utf8(holder).map_err(|_| "ERR a holder is not decimal digits".to_owned())
+}
+
+impl Records for Keys<'_> {
+    fn record(&mut self, r: usize, holder: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        let key = hash(self.ctx, &self.own[r])?;
+        if key.is_empty() {
+            return Ok(None);
+        }
+        let value = key.hash_get(field(holder)?).map_err(message)?;
+        Ok(value.map(|v| v.as_slice().to_vec()))
+    }
+
+    fn records(&mut self, r: usize) -> Result<Fields, String> {
+        hash(self.ctx, &self.own[r])?;
+        RawKey::open(self.ctx, &self.own[r]).fields()
+    }
+
+    fn set_record(&mut self, r: usize, holder: &[u8], value: &[u8]) -> Result<(), String> {
+        let name = &self.own[r];
+        let key = hash(self.ctx, name)?;
+        // The binding reads the count of fields written as a status: not
+        // an error, whatever it says (the key was checked a hash above).
+        let _ = key.hash_set(
+            field(holder)?,
+            RedisString::create_from_slice(self.ctx.get_raw(), value),
+        );
+        self.written
+            .then("HSET", &[name.as_slice(), holder, value][..]);
+        Ok(())
+    }
+
+    fn drop_record(&mut self, r: usize, holder: &[u8]) -> Result<(), String> {
+        let name = &self.own[r];
+        let key = hash(self.ctx, name)?;
+        let _ = key.hash_del(field(holder)?);
+        self.written.then("HDEL", &[name.as_slice(), holder][..]);
+        Ok(())
+    }
+}
+
 /// `TOLLGATE.CHECK`: the store's Lua code's entry point (`run`), natively:
 /// the same keys, the same arguments, the same reply, for the ops `c`
-/// (check), `d` (dry run), `r` (refund, without hybrid leases' records) and
-/// `l` (release leases). Every request is decoded before any is checked, so
-/// a bad one fails the call with nothing written.
+/// (check), `d` (dry run), `h` (a check leasing units to a hybrid holder),
+/// `r` (refund, with or without hybrid leases' records) and `l` (release
+/// leases). Every request is decoded before any is checked, so a bad one
+/// fails the call with nothing written.
 fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let usage = || RedisError::Str(CHECK_USAGE);
     let numkeys = args
@@ -349,19 +403,20 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let [op, extra, blobs @ ..] = &args[2 + numkeys..] else {
         return Err(usage());
     };
+    let extra_ms = decimal(extra.as_slice()).ok_or_else(usage)?;
     let commit = match op.as_slice() {
         b"c" => true,
         b"d" => false,
+        b"h" => return leasing(ctx, keys, blobs, extra_ms),
         b"l" => return release_leases(ctx, keys, blobs),
-        b"r" => return refund_check(ctx, keys, blobs),
+        b"r" => return refund_check(ctx, keys, blobs, extra_ms),
         other => {
             return Err(RedisError::String(format!(
-                "ERR TOLLGATE.CHECK takes the ops c (check), d (dry run), r (refund) and l (release), got {}",
+                "ERR TOLLGATE.CHECK takes the ops c (check), d (dry run), h (hybrid leasing), r (refund) and l (release), got {}",
                 other.escape_ascii()
             )));
         }
     };
-    let extra_ms = decimal(extra.as_slice()).ok_or_else(usage)?;
     let mut requests = Vec::with_capacity(blobs.len());
     let mut taken = 0;
     for blob in blobs {
@@ -370,19 +425,14 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         taken += n;
         requests.push((request, n));
     }
-    if taken != numkeys {
-        return Err(RedisError::String(format!(
-            "ERR the requests take {taken} keys, got {numkeys}"
-        )));
-    }
+    takes(taken, numkeys)?;
     let clock = clock_ns();
     let mut reply = Vec::with_capacity(taken * 40 + requests.len() * 16);
     let mut from = 0;
     // Its string writes are replicated together, once it is done.
     let mut db = Keys {
-        extra_ms,
         clock_ns: clock,
-        ..Keys::new(ctx, &[])
+        ..Keys::new(ctx, &[], extra_ms)
     };
     let mut slices: Vec<&[u8]> = Vec::new();
     for (request, n) in &requests {
@@ -394,39 +444,107 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         db.request(own);
         let writes = check(request, &slices, now_us, commit, &mut db, &mut reply)
             .map_err(RedisError::String)?;
-        for w in writes {
-            // A write is for the key its limit read (`check`'s `Write`).
-            let (made, key) = db.opened[w.at]
-                .as_ref()
-                .ok_or(RedisError::Str("ERR a write for a key not read"))?;
-            let name = made.as_ref().unwrap_or(&own[w.at]);
-            let ttl_ms = w.ttl_us.div_ceil(1000).max(1).saturating_add(extra_ms);
-            write_state(
-                key,
-                name,
-                w.state,
-                Duration::from_millis(ttl_ms),
-                clock,
-                &mut db.written,
-            )?;
-        }
+        write_all(&mut db, writes)?;
     }
     Ok(RedisValue::StringBuffer(reply))
 }
 
-/// Op `r`: gives back what a committed check of one request took, as the
-/// code's op `r` without hybrid leases' records (those still call the
-/// code). Answers the request's time in an array, as the code does.
-fn refund_check(ctx: &Context, keys: &[RedisString], blobs: &[RedisString]) -> RedisResult {
-    let [blob] = blobs else {
+/// Whether the requests (and records) take the call's keys.
+fn takes(taken: usize, numkeys: usize) -> Result<(), RedisError> {
+    if taken == numkeys {
+        Ok(())
+    } else {
+        Err(RedisError::String(format!(
+            "ERR the requests take {taken} keys, got {numkeys}"
+        )))
+    }
+}
+
+/// Writes the string states a check staged, each to the key its limit read
+/// (`check`'s `Write`).
+fn write_all(db: &mut Keys<'_>, writes: Vec<Write>) -> Result<(), RedisError> {
+    for w in writes {
+        let (made, key) = db.opened[w.at]
+            .as_ref()
+            .ok_or(RedisError::Str("ERR a write for a key not read"))?;
+        let name = made.as_ref().unwrap_or(&db.own[w.at]);
+        let ttl_ms = w.ttl_us.div_ceil(1000).max(1).saturating_add(db.extra_ms);
+        write_state(
+            key,
+            name,
+            w.state,
+            Duration::from_millis(ttl_ms),
+            db.clock_ns,
+            &mut db.written,
+        )?;
+    }
+    Ok(())
+}
+
+/// A request and its leases (`<request> <leases>`), and the call's keys
+/// checked against them: the request's, then its records'.
+fn leased<'a>(
+    keys: &[RedisString],
+    blobs: &'a [RedisString],
+) -> Result<(Request<'a>, Leases), RedisError> {
+    let [blob, leases] = blobs else {
         return Err(RedisError::Str(
-            "ERR TOLLGATE.CHECK refunds one request, without hybrid leases' records",
+            "ERR TOLLGATE.CHECK h takes one request and its leases",
         ));
     };
     let request = Request::parse(blob.as_slice()).map_err(RedisError::String)?;
+    let leases = Leases::parse(&request, leases.as_slice()).map_err(RedisError::String)?;
+    let n = request.keys().map_err(RedisError::String)?;
+    takes(n + leases.keys(), keys.len())?;
+    Ok((request, leases))
+}
+
+/// Op `h`: checks one request for a hybrid holder leasing part of its
+/// limits' costs, and changes the holder's records, as the code's op `h`.
+fn leasing(
+    ctx: &Context,
+    keys: &[RedisString],
+    blobs: &[RedisString],
+    extra_ms: u64,
+) -> RedisResult {
+    let (request, leases) = leased(keys, blobs)?;
+    let mut db = Keys::new(ctx, keys, extra_ms);
+    let now_us = request.time.unwrap_or(db.clock_ns / 1000);
     let slices: Vec<&[u8]> = keys.iter().map(RedisString::as_slice).collect();
-    let mut db = Keys::new(ctx, keys);
-    let at = refund(&request, &slices, &mut db).map_err(RedisError::String)?;
+    let mut reply = Vec::with_capacity(16 + 40 * request.len());
+    let writes = check_leasing(&request, &slices, &leases, now_us, &mut db, &mut reply)
+        .map_err(RedisError::String)?;
+    write_all(&mut db, writes)?;
+    Ok(RedisValue::StringBuffer(reply))
+}
+
+/// Op `r`: gives back what a committed check of one request took, as the
+/// code's op `r`; with a leases argument, through the holder's records.
+/// Answers the request's time in an array, as the code does.
+fn refund_check(
+    ctx: &Context,
+    keys: &[RedisString],
+    blobs: &[RedisString],
+    extra_ms: u64,
+) -> RedisResult {
+    let slices: Vec<&[u8]> = keys.iter().map(RedisString::as_slice).collect();
+    let mut db = Keys::new(ctx, keys, extra_ms);
+    let at = match blobs {
+        [blob] => {
+            let request = Request::parse(blob.as_slice()).map_err(RedisError::String)?;
+            refund(&request, &slices, &mut db, &|_| true)
+        }
+        [_, _] => {
+            let (request, leases) = leased(keys, blobs)?;
+            refund_leased(&request, &slices, &leases, &mut db)
+        }
+        _ => {
+            return Err(RedisError::Str(
+                "ERR TOLLGATE.CHECK r takes one request, and its leases when it has any",
+            ));
+        }
+    }
+    .map_err(RedisError::String)?;
     Ok(RedisValue::Array(vec![RedisValue::Integer(
         i64::try_from(at).unwrap_or(i64::MAX),
     )]))
@@ -444,7 +562,7 @@ fn release_leases(ctx: &Context, keys: &[RedisString], members: &[RedisString]) 
             keys.len()
         )));
     }
-    let mut db = Keys::new(ctx, keys);
+    let mut db = Keys::new(ctx, keys, 0);
     let members: Vec<&[u8]> = members.iter().map(RedisString::as_slice).collect();
     release(&mut db, &members).map_err(RedisError::String)?;
     Ok(RedisValue::Array(Vec::new()))

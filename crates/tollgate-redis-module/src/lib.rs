@@ -11,7 +11,8 @@
 //!   keeps, so that instances using the code and the module agree on a key;
 //! - `TOLLGATE.CHECK`, the Lua code's entry point natively: the same keys,
 //!   arguments and reply, for every algorithm (the sliding log's and
-//!   concurrency's sorted sets too), and the code's lease release.
+//!   concurrency's sorted sets too), the code's lease release, and hybrid
+//!   instances' leasing checks and give backs on their lease records.
 //!
 //! Error messages are ASCII, arguments in them escaped (`\xc3\xa9`): the
 //! binding sends an error's characters as single bytes, which mangles any
@@ -25,6 +26,7 @@
 
 mod bucket;
 mod cell;
+mod leases;
 #[cfg(test)]
 mod mem;
 #[cfg(not(test))]

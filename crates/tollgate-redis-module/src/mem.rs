@@ -1,8 +1,10 @@
-//! A database in memory for the unit tests: string states and sorted sets
-//! with their TTLs, as Redis keeps them, through [`Db`].
+//! A database in memory for the unit tests: string states, sorted sets and
+//! hashes with their TTLs, as Redis keeps them, through [`Db`] and
+//! [`Records`].
 
 use std::collections::HashMap;
 
+use crate::leases::{Fields, Records};
 use crate::request::{Db, Decide, value};
 use crate::sets::{Sets, Visit};
 use crate::step::Stepped;
@@ -14,6 +16,7 @@ pub(crate) struct Mem {
     pub(crate) strings: HashMap<Vec<u8>, Vec<u8>>,
     /// Members ordered by score, then bytes, as Redis orders them.
     pub(crate) sets: HashMap<Vec<u8>, Vec<(u64, Vec<u8>)>>,
+    pub(crate) hashes: HashMap<Vec<u8>, HashMap<Vec<u8>, Vec<u8>>>,
     /// TTLs in ms.
     pub(crate) ttls: HashMap<Vec<u8>, u64>,
 }
@@ -129,6 +132,41 @@ impl Sets for Mem {
         let ttl = self.ttls.entry(name).or_insert(0);
         if !at_least || *ttl < ms {
             *ttl = ms;
+        }
+        Ok(())
+    }
+}
+
+impl Records for Mem {
+    fn record(&mut self, r: usize, holder: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        Ok(self
+            .hashes
+            .get(&self.keys[r])
+            .and_then(|h| h.get(holder).cloned()))
+    }
+
+    fn records(&mut self, r: usize) -> Result<Fields, String> {
+        Ok(self.hashes.get(&self.keys[r]).map_or(Vec::new(), |h| {
+            h.iter().map(|(f, v)| (f.clone(), v.clone())).collect()
+        }))
+    }
+
+    fn set_record(&mut self, r: usize, holder: &[u8], value: &[u8]) -> Result<(), String> {
+        self.hashes
+            .entry(self.keys[r].clone())
+            .or_default()
+            .insert(holder.to_vec(), value.to_vec());
+        Ok(())
+    }
+
+    fn drop_record(&mut self, r: usize, holder: &[u8]) -> Result<(), String> {
+        let name = self.keys[r].clone();
+        if let Some(hash) = self.hashes.get_mut(&name) {
+            hash.remove(holder);
+            if hash.is_empty() {
+                self.hashes.remove(&name);
+                self.ttls.remove(&name);
+            }
         }
         Ok(())
     }

@@ -1,15 +1,16 @@
 //! A key through the module API's raw bindings, for what the binding has
-//! no safe API for: a sorted set's reads by score, adds and removals, and
-//! reading or removing a key's TTL.
+//! no safe API for: a sorted set's reads by score, adds and removals, a
+//! hash's fields, and reading or removing a key's TTL.
 
-// The binding has no safe API for sorted sets; each call below is the
-// module API's, on a key opened here and closed on drop.
+// The binding has no safe API for sorted sets or a hash's scan; each call
+// below is the module API's, on a key opened here and closed on drop.
 #![allow(unsafe_code)]
 
-use std::os::raw::c_int;
+use std::os::raw::{c_int, c_void};
 
 use redis_module::{Context, RedisError, RedisString, raw};
 
+use crate::leases::Fields;
 use crate::sets::Visit;
 
 /// A key opened to read and write.
@@ -196,6 +197,26 @@ impl RawKey {
         }
     }
 
+    /// Every field of a hash and its value (`HGETALL`), in the order a scan
+    /// meets them; none when there is no key. The key is a hash or empty.
+    pub(crate) fn fields(&self) -> Result<Fields, String> {
+        let mut out: Fields = Vec::new();
+        if self.is_empty() {
+            return Ok(out);
+        }
+        // SAFETY: the key is open and a hash; `collect` gets `out` back as
+        // its private data and copies each field and value while the scan
+        // holds them; the cursor is destroyed after the scan.
+        unsafe {
+            let cursor = raw::RedisModule_ScanCursorCreate.expect("Redis 7")();
+            let scan = raw::RedisModule_ScanKey.expect("Redis 7");
+            let data: *mut Fields = &mut out;
+            while scan(self.key, cursor, Some(collect), data.cast::<c_void>()) != 0 {}
+            raw::RedisModule_ScanCursorDestroy.expect("Redis 7")(cursor);
+        }
+        Ok(out)
+    }
+
     /// Its TTL in ms; `None` without one.
     pub(crate) fn ttl_ms(&self) -> Option<i64> {
         // SAFETY: the key is open.
@@ -212,6 +233,36 @@ impl RawKey {
             raw::Status::Ok => Ok(()),
             raw::Status::Err => Err("ERR could not set a TTL".to_owned()),
         }
+    }
+}
+
+/// A string the module API hands out, copied.
+///
+/// # Safety
+/// `s` is a valid module string.
+unsafe fn bytes(s: *mut raw::RedisModuleString) -> Vec<u8> {
+    let mut len = 0;
+    // SAFETY: `s` is valid (the caller's promise); the pointer and length
+    // the API answers describe its bytes.
+    unsafe {
+        let ptr = raw::RedisModule_StringPtrLen.expect("Redis 7")(s, &mut len);
+        std::slice::from_raw_parts(ptr.cast::<u8>(), len).to_vec()
+    }
+}
+
+/// `ScanKey`'s callback: pushes the field and its value onto the vector
+/// `data` points to.
+unsafe extern "C" fn collect(
+    _key: *mut raw::RedisModuleKey,
+    field: *mut raw::RedisModuleString,
+    value: *mut raw::RedisModuleString,
+    data: *mut c_void,
+) {
+    // SAFETY: `data` is the vector `fields` passed, alive for the scan; the
+    // field and value are valid during the callback.
+    unsafe {
+        let out = &mut *data.cast::<Fields>();
+        out.push((bytes(field), bytes(value)));
     }
 }
 

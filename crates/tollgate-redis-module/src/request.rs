@@ -19,7 +19,7 @@ use crate::step::{END_US, HIT_COUNTER, Limit, State, Stepped};
 const HEAD: usize = 16;
 const LIMIT: usize = 56;
 /// The largest count the code takes (2^52 + 1 for a clamped cost).
-const MAX_COUNT: u64 = (1 << 52) + 1;
+pub(crate) const MAX_COUNT: u64 = (1 << 52) + 1;
 
 /// A decoded request.
 #[derive(Debug, Clone, Copy)]
@@ -30,12 +30,12 @@ pub(crate) struct Request<'a> {
     blob: &'a [u8],
 }
 
-fn double(b: &[u8]) -> f64 {
+pub(crate) fn double(b: &[u8]) -> f64 {
     f64::from_le_bytes(b.try_into().expect("8 bytes"))
 }
 
 /// A whole number in `0..=max` the code sends as a double.
-fn number(b: &[u8], what: &str, max: u64) -> Result<u64, String> {
+pub(crate) fn number(b: &[u8], what: &str, max: u64) -> Result<u64, String> {
     let d = double(b);
     // In range, `d as u64` is exact for a whole `d` only (every bound is at
     // most 2^53): cheaper than `fract`, a call into libm on x86-64.
@@ -238,19 +238,26 @@ pub(crate) fn check<K: AsRef<[u8]>, D: Db>(
     Ok(staged)
 }
 
+/// The time of the check a refund gives back for: the request's own.
+pub(crate) fn refund_time(request: &Request<'_>) -> Result<u64, String> {
+    request
+        .time
+        .ok_or_else(|| "ERR a refund takes the time of the check it refunds".to_owned())
+}
+
 /// Gives back what a committed check of `request` took, at its time, on
-/// `keys` (the code's op `r` without hybrid leases' records): each limit's
-/// cost, to a string state that still lives, or off a sliding log's entry
-/// at that time, or a concurrency limit's lease. TTLs are kept. Answers the
-/// request's time.
+/// `keys` (the code's op `r`): each limit's cost, to a string state that
+/// still lives, or off a sliding log's entry at that time, or a concurrency
+/// limit's lease; only for the limits `given` names (a hybrid lease's
+/// record already credited makes its limit's units back). TTLs are kept.
+/// Answers the request's time.
 pub(crate) fn refund<K: AsRef<[u8]>, D: Db>(
     request: &Request<'_>,
     keys: &[K],
     db: &mut D,
+    given: &dyn Fn(usize) -> bool,
 ) -> Result<u64, String> {
-    let at = request
-        .time
-        .ok_or_else(|| "ERR a refund takes the time of the check it refunds".to_owned())?;
+    let at = refund_time(request)?;
     request.takes(keys.len())?;
     let mut k = 0;
     for i in 0..request.len() {
@@ -258,16 +265,13 @@ pub(crate) fn refund<K: AsRef<[u8]>, D: Db>(
         let key = keys[k].as_ref();
         if limit.in_string() {
             k += 1;
-            let mut name = key.to_vec();
-            if limit.windowed() {
-                name.push(b':');
-                name.extend_from_slice(itoa::Buffer::new().format(limit.window(at)).as_bytes());
+            if given(i) {
+                give(db, &limit, key, limit.cost, at)?;
             }
-            if let Some(stored) = db.get(&name)? {
-                let state = limit.give(&stored, limit.cost, at)?;
-                let mut digits = itoa::Buffer::new();
-                db.put(&name, value(&state, &mut digits))?;
-            }
+            continue;
+        }
+        if !given(i) {
+            k += 2;
             continue;
         }
         let mut member = Vec::new();
@@ -280,6 +284,29 @@ pub(crate) fn refund<K: AsRef<[u8]>, D: Db>(
         k += 2;
     }
     Ok(at)
+}
+
+/// Gives `cost` units back to the string state of `limit` at `key`, as
+/// taken by a check at `at_us` (the code's `give`): a window's count only in
+/// the window of `at_us`, and only a state that still lives.
+pub(crate) fn give<D: Db>(
+    db: &mut D,
+    limit: &Limit,
+    key: &[u8],
+    cost: u64,
+    at_us: u64,
+) -> Result<(), String> {
+    let mut name = key.to_vec();
+    if limit.windowed() {
+        name.push(b':');
+        name.extend_from_slice(itoa::Buffer::new().format(limit.window(at_us)).as_bytes());
+    }
+    if let Some(stored) = db.get(&name)? {
+        let state = limit.give(&stored, cost, at_us)?;
+        let mut digits = itoa::Buffer::new();
+        db.put(&name, value(&state, &mut digits))?;
+    }
+    Ok(())
 }
 
 /// Steps a limit kept in one string (its key at `k`), staging what it
@@ -551,7 +578,10 @@ mod tests {
             let r = run(&mut db, &taken, keys, true);
             assert_eq!(r[2], 1, "{alg}: admitted");
             let request = Request::parse(&taken).unwrap();
-            assert_eq!(refund(&request, keys, db.with_keys(keys)), Ok(7_100_000));
+            assert_eq!(
+                refund(&request, keys, db.with_keys(keys), &|_| true),
+                Ok(7_100_000)
+            );
             // Three units back: a check of three fits again, and nothing
             // more than the first check's one unit is held.
             let again = run(&mut db, &at(7_100_000.0, 3), keys, false);
@@ -561,7 +591,13 @@ mod tests {
         }
         let mut db = Mem::default();
         let log = blob(-1.0, &[[u64::from(SLIDING_LOG), 1, 1, 1, 1, 1, 0]]);
-        let e = refund(&Request::parse(&log).unwrap(), &["l", "l.n"], &mut db).unwrap_err();
+        let e = refund(
+            &Request::parse(&log).unwrap(),
+            &["l", "l.n"],
+            &mut db,
+            &|_| true,
+        )
+        .unwrap_err();
         assert!(e.contains("the time of the check"), "{e}");
     }
 }

@@ -324,10 +324,9 @@ impl RedisStore {
                     .map(|&i| prepared[i].aux.as_str()),
             );
         }
-        // The module takes checks, dry runs and refunds of every algorithm;
-        // what writes hybrid leases' records (`h`, a refund with a grant)
-        // still calls the code.
-        let native = self.module && grant.is_none();
+        // The module takes every op of the code, hybrid leases' records
+        // (`h`, a refund with a grant) too.
+        let native = self.module;
         if let Some(call) = self.lone_call(native, op, now_us, members, prepared) {
             let slot = prepared[members[0]].slot;
             let answer = self.timed(self.conn.query_at(&call, slot)).await?;
@@ -883,14 +882,18 @@ impl LeaseStore for RedisStore {
     }
 }
 
-/// Whether the server has the Tollgate module's `TOLLGATE.CHECK` (an older
-/// module, without it, is not used); on a cluster, the node asked: load the
-/// module on every node.
+/// Whether the server has the Tollgate module's `TOLLGATE.CHECK` with every
+/// op the store sends it, hybrid leasing's `h` included (an older module,
+/// without it, is not used: the code takes every call); on a cluster, the
+/// node asked: load the module on every node.
 async fn has_module(conn: &Conn) -> bool {
-    let mut info = redis::cmd("COMMAND");
-    info.arg("INFO").arg("TOLLGATE.CHECK");
-    matches!(
-        conn.query::<Vec<redis::Value>>(&info).await.as_deref(),
-        Ok([command]) if *command != redis::Value::Nil
-    )
+    // A leasing call without its request: refused, for that, by a module
+    // that takes the op; an older one refuses the op, a server without
+    // the module the command.
+    let mut probe = redis::cmd("TOLLGATE.CHECK");
+    probe.arg(0).arg("h").arg(0);
+    match conn.query::<redis::Value>(&probe).await {
+        Err(e) => e.to_string().contains("h takes one request"),
+        Ok(_) => false,
+    }
 }

@@ -831,9 +831,12 @@ local function change(rkey, holder, released, leased, now, ttl, keep)
       if leased > 0 then
         at = now
       end
-      expire_at_least(rkey, ttl + keep)
     end
     redis.call('HSET', rkey, holder, struct_pack('<ddd', units, deadline, at))
+    if ttl then
+      -- After the write: a record's hash made by it gets its TTL too.
+      expire_at_least(rkey, ttl + keep)
+    end
   end
   return cur ~= false
 end

@@ -63,11 +63,11 @@ async fn refuses_bad_calls_and_writes_nothing() {
         (&[b"x", b"a", b"c", b"0"], "usage"),
         (
             &[b"1", b"a", b"x", b"0", &good],
-            "takes the ops c (check), d (dry run), r (refund) and l (release)",
+            "takes the ops c (check), d (dry run), h (hybrid leasing), r (refund) and l (release)",
         ),
         (
-            &[b"2", b"a", b"b", b"r", b"0", &good, &good],
-            "refunds one request",
+            &[b"2", b"a", b"b", b"r", b"0", &good, &good, &good],
+            "r takes one request, and its leases",
         ),
         (&[b"2", b"a", b"b", b"c", b"0", &good], "take 1 keys, got 2"),
         (&[b"1", b"a", b"c", b"0", &log], "take 2 keys, got 1"),

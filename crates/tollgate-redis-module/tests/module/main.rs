@@ -3,6 +3,7 @@
 //! Lua code on one key, and the store using the module when it is loaded.
 
 mod check;
+mod leasing;
 mod lone;
 mod mixed;
 mod store;

@@ -161,7 +161,7 @@ async fn leaky_bucket_alternating_with_the_code_answers_as_the_code_alone() {
 
 /// The store's code's function name on `node` (a store on `url` loads
 /// it).
-async fn function(url: &str, node: &RedisServer, clock: &Arc<ManualClock>) -> String {
+pub(crate) async fn function(url: &str, node: &RedisServer, clock: &Arc<ManualClock>) -> String {
     let config = RedisConfig {
         time: TimeSource::Clock(Arc::clone(clock) as _),
         module: false,
@@ -179,7 +179,7 @@ async fn function(url: &str, node: &RedisServer, clock: &Arc<ManualClock>) -> St
 /// A request as the store packs it (`script::request`): its time (µs) and
 /// number of limits, then seven numbers per limit, little-endian doubles,
 /// then the base of its lease ids.
-fn request(now_us: u64, limits: &[[u64; 7]], lease: &str) -> Vec<u8> {
+pub(crate) fn request(now_us: u64, limits: &[[u64; 7]], lease: &str) -> Vec<u8> {
     let mut out = Vec::new();
     for v in [now_us as f64, limits.len() as f64] {
         out.extend_from_slice(&v.to_le_bytes());
@@ -193,7 +193,7 @@ fn request(now_us: u64, limits: &[[u64; 7]], lease: &str) -> Vec<u8> {
 
 /// One call, through the code (`FCALL`) or the module (`TOLLGATE.CHECK`):
 /// its reply.
-async fn call(
+pub(crate) async fn call(
     conn: &mut redis::aio::MultiplexedConnection,
     code: Option<&str>,
     keys: &[String],

@@ -70,7 +70,7 @@ async fn conformance_single_redis_with_the_module() {
     )
     .await;
     // Every algorithm, the concurrency limiter's releases too: nothing left
-    // to the code (leasing checks are Hybrid's).
+    // to the code (hybrid leasing: tests/module/leasing.rs).
     assert_eq!(fcalls, 0, "the code was called");
 }
 

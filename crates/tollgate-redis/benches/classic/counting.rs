@@ -39,6 +39,9 @@ pub(crate) const MODULE_SIDES: [Side; 3] = [Side::Cell, Side::Module, Side::Toll
 /// The sliding log's sides, the code first: the store with the module
 /// loaded (`TOLLGATE.CHECK`) against the same store calling the code.
 pub(crate) const LOG_SIDES: [Side; 2] = [Side::LogCode, Side::LogModule];
+/// Hybrid leasing's sides, the code first: a leasing check (op `h`)
+/// through the module against the same through the code.
+pub(crate) const LEASE_SIDES: [Side; 2] = [Side::LeaseCode, Side::LeaseModule];
 /// Keys of each cell: sparse, then busy.
 const KEY_COUNTS: [u64; 2] = [100_000, 1_000];
 const DECISIONS: u64 = 32_000;

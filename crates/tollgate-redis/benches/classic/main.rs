@@ -53,7 +53,9 @@
 //! With Tollgate's module named, the same cells compare the store's sliding
 //! log through the module (`TOLLGATE.CHECK`) and through the code (a store
 //! with `module: false`, `FCALL`) on one server: `TOLLGATE_BENCH_PART=log`
-//! runs only those.
+//! runs only those; and a hybrid instance's leasing check of a GCRA limit
+//! (`LeaseStore::check_leasing`, op `h`) through each:
+//! `TOLLGATE_BENCH_PART=lease` runs only those.
 
 mod counting;
 mod measure;
@@ -514,18 +516,20 @@ fn main() {
         .map(|v| v.parse().expect("TOLLGATE_BENCH_KEYS: a number of keys"));
     let topology = std::env::var("TOLLGATE_BENCH_TOPOLOGY").ok();
     let part = std::env::var("TOLLGATE_BENCH_PART").ok();
-    let (classic, counting, module, log) = match part.as_deref() {
-        None => (true, true, true, true),
-        Some("classic") => (true, false, true, false),
-        Some("counting") => (false, true, false, false),
-        Some("module") => (false, false, true, false),
-        Some("log") => (false, false, false, true),
+    let (classic, counting, module, log, lease) = match part.as_deref() {
+        None => (true, true, true, true, true),
+        Some("classic") => (true, false, true, false, false),
+        Some("counting") => (false, true, false, false, false),
+        Some("module") => (false, false, true, false, false),
+        Some("log") => (false, false, false, true, false),
+        Some("lease") => (false, false, false, false, true),
         Some("peer") => return runtime.block_on(peer()),
-        Some(other) => {
-            panic!("TOLLGATE_BENCH_PART: classic, counting, module, log or peer, not {other:?}")
-        }
+        Some(other) => panic!(
+            "TOLLGATE_BENCH_PART: classic, counting, module, log, lease or peer, not {other:?}"
+        ),
     };
     let log = log && modules.tollgate.is_some();
+    let lease = lease && modules.tollgate.is_some();
     let module = module && modules.cell.is_some() && modules.tollgate.is_some();
     let sides: Vec<Side> = [
         Side::Classic,
@@ -634,8 +638,14 @@ fn main() {
             let rows = counting::cells(&checker, &counting::MODULE_SIDES, &mut admin).await;
             counting::print(&rows, "GCRA with the modules");
         }
-        if log {
-            eprintln!("== starting Redis (single, sliding log with the module)");
+        for (run, sides, what) in [
+            (log, &counting::LOG_SIDES, "Sliding log, the module against the code"),
+            (lease, &counting::LEASE_SIDES, "Hybrid leasing, the module against the code"),
+        ] {
+            if !run {
+                continue;
+            }
+            eprintln!("== starting Redis (single, {what})");
             let deployment = Deployment::single(&modules);
             let url = deployment.store_url();
             let store = tollgate(&url).await;
@@ -646,8 +656,8 @@ fn main() {
             let conn = client.get_multiplexed_async_connection().await.unwrap();
             let checker = Arc::new(Checker::new(conn, store).with_code_store(code));
             let mut admin = deployment.admin().await;
-            let rows = counting::cells(&checker, &counting::LOG_SIDES, &mut admin).await;
-            counting::print(&rows, "Sliding log, the module against the code");
+            let rows = counting::cells(&checker, sides, &mut admin).await;
+            counting::print(&rows, what);
         }
     });
 }

@@ -43,7 +43,7 @@
 //! decisions up to clock reads and float drift.
 
 use redis::aio::ConnectionLike;
-use tollgate_core::{Algorithm, FailurePolicy, Limit, Quota, Store};
+use tollgate_core::{Algorithm, FailurePolicy, Holder, LeaseStore, Leased, Limit, Quota, Store};
 use tollgate_redis::RedisStore;
 use tollgate_store::DenyCache;
 
@@ -105,6 +105,11 @@ pub(crate) enum Side {
     LogModule,
     /// The store's sliding log, through the code (`FCALL`).
     LogCode,
+    /// A hybrid instance's leasing check of a GCRA limit (op `h`), through
+    /// the module's `TOLLGATE.CHECK`.
+    LeaseModule,
+    /// The same through the code (`FCALL`).
+    LeaseCode,
 }
 
 impl Side {
@@ -122,6 +127,8 @@ impl Side {
             Side::Limitador => "limitador scripts",
             Side::LogModule => "tollgate sliding log, module",
             Side::LogCode => "tollgate sliding log, code",
+            Side::LeaseModule => "tollgate hybrid leasing, module",
+            Side::LeaseCode => "tollgate hybrid leasing, code",
         }
     }
 
@@ -142,7 +149,9 @@ impl Side {
             | Side::HitCounter
             | Side::FixedWindow
             | Side::LogModule
-            | Side::LogCode => subject.to_owned(),
+            | Side::LogCode
+            | Side::LeaseModule
+            | Side::LeaseCode => subject.to_owned(),
         }
     }
 }
@@ -156,7 +165,8 @@ pub(crate) struct Checker<C> {
     limitador: Option<redis::Script>,
     pub(crate) conn: C,
     pub(crate) store: DenyCache<RedisStore>,
-    /// A store that never uses the module, for [`Side::LogCode`].
+    /// A store that never uses the module, for [`Side::LogCode`] and
+    /// [`Side::LeaseCode`].
     code_store: Option<DenyCache<RedisStore>>,
 }
 
@@ -289,12 +299,14 @@ impl<C: ConnectionLike + Clone + Send + Sync> Checker<C> {
             | Side::HitCounter
             | Side::FixedWindow
             | Side::LogModule
-            | Side::LogCode => {
+            | Side::LogCode
+            | Side::LeaseModule
+            | Side::LeaseCode => {
                 let quota = Quota::new(RATE, std::time::Duration::from_secs(period_s)).unwrap();
                 let algorithm = match side {
                     Side::HitCounter => Algorithm::HitCounter,
                     Side::FixedWindow => Algorithm::FixedWindow,
-                    Side::TollgateGcra => Algorithm::Gcra,
+                    Side::TollgateGcra | Side::LeaseModule | Side::LeaseCode => Algorithm::Gcra,
                     Side::LogModule | Side::LogCode => Algorithm::SlidingLog,
                     _ => Algorithm::TokenBucket,
                 };
@@ -306,12 +318,27 @@ impl<C: ConnectionLike + Clone + Send + Sync> Checker<C> {
                     failure: FailurePolicy::Local,
                 };
                 let store = match side {
-                    Side::LogCode => self
+                    Side::LogCode | Side::LeaseCode => self
                         .code_store
                         .as_ref()
                         .expect("a store without the module"),
                     _ => &self.store,
                 };
+                if matches!(side, Side::LeaseModule | Side::LeaseCode) {
+                    // As a hybrid instance's miss sends it: the unit it
+                    // needs plus one leased, the one it held spent.
+                    let holder = Holder {
+                        id: 1,
+                        ttl: std::time::Duration::from_secs(1),
+                    };
+                    let leased = [Some(Leased {
+                        released: 1,
+                        leased: 1,
+                    })];
+                    let limits = [Limit { cost: 2, ..limit }];
+                    let stamped = store.inner().check_leasing(&limits, holder, &leased);
+                    return stamped.await.unwrap().outcome.allowed();
+                }
                 store.check(&[limit]).await.unwrap().allowed()
             }
         }
