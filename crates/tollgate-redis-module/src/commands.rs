@@ -421,7 +421,7 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let mut taken = 0;
     for blob in blobs {
         let request = Request::parse(blob.as_slice()).map_err(RedisError::String)?;
-        let n = request.keys().map_err(RedisError::String)?;
+        let n = request.keys();
         taken += n;
         requests.push((request, n));
     }
@@ -494,7 +494,7 @@ fn leased<'a>(
     };
     let request = Request::parse(blob.as_slice()).map_err(RedisError::String)?;
     let leases = Leases::parse(&request, leases.as_slice()).map_err(RedisError::String)?;
-    let n = request.keys().map_err(RedisError::String)?;
+    let n = request.keys();
     takes(n + leases.keys(), keys.len())?;
     Ok((request, leases))
 }

@@ -73,9 +73,9 @@ impl Leases {
         let ttl_us = number(&blob[8..16], "records' ttl", END_US)? as f64;
         let mut records = Vec::new();
         let mut k = 0;
-        let keys = request.keys()?;
+        let keys = request.keys();
         for i in 0..request.len() {
-            let limit = request.limit(i)?;
+            let limit = request.limit(i);
             let at = 16 + 16 * i;
             let leased = double(&blob[at + 8..at + 16]);
             if leased >= 0.0 {

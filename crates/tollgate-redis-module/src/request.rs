@@ -12,6 +12,8 @@
 //! five per limit (allowed, remaining, reset after, retry after or -1,
 //! delay), little-endian doubles.
 
+use smallvec::SmallVec;
+
 use crate::sets::{SetState, Sets};
 use crate::step::{END_US, HIT_COUNTER, Limit, State, Stepped};
 
@@ -22,11 +24,14 @@ const LIMIT: usize = 56;
 pub(crate) const MAX_COUNT: u64 = (1 << 52) + 1;
 
 /// A decoded request.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Request<'a> {
     /// Its time in µs; `None`: the server's.
     pub(crate) time: Option<u64>,
-    count: usize,
+    /// Its limits, decoded once.
+    limits: SmallVec<[Limit; 2]>,
+    /// Its number of keys.
+    keys: usize,
     blob: &'a [u8],
 }
 
@@ -72,55 +77,46 @@ impl<'a> Request<'a> {
                 blob.len()
             ));
         }
-        let request = Self { time, count, blob };
-        for i in 0..count {
-            let l = request.limit(i)?;
-            if l.alg > HIT_COUNTER {
-                return Err(format!("ERR unknown algorithm {}", l.alg));
-            }
-        }
-        Ok(request)
+        let limits = (0..count)
+            .map(|i| decode(&blob[HEAD + LIMIT * i..HEAD + LIMIT * (i + 1)]))
+            .collect::<Result<SmallVec<[Limit; 2]>, _>>()?;
+        let keys = limits
+            .iter()
+            .map(|l| 1 + usize::from(!l.in_string()))
+            .sum();
+        Ok(Self {
+            time,
+            limits,
+            keys,
+            blob,
+        })
     }
 
     /// Its number of limits.
     pub(crate) fn len(&self) -> usize {
-        self.count
+        self.limits.len()
     }
 
     /// Its `i`th limit.
-    pub(crate) fn limit(&self, i: usize) -> Result<Limit, String> {
-        let at = HEAD + LIMIT * i;
-        let n = |j: usize, what: &str, max: u64| {
-            number(&self.blob[at + 8 * j..at + 8 * j + 8], what, max)
-        };
-        Ok(Limit {
-            alg: n(0, "algorithm", 255)? as u8,
-            limit: n(1, "limit", MAX_COUNT)?,
-            period: n(2, "period", END_US)?.max(1),
-            burst: n(3, "burst", MAX_COUNT)?,
-            emission: n(4, "emission interval", END_US)?.max(1),
-            cost: n(5, "cost", MAX_COUNT)?,
-            delay_after: n(6, "delay_after", MAX_COUNT)?,
-        })
+    pub(crate) fn limit(&self, i: usize) -> Limit {
+        self.limits[i]
     }
 
     /// Its number of keys: one per limit, two for a limit kept in a sorted
     /// set (the set and its count).
-    pub(crate) fn keys(&self) -> Result<usize, String> {
-        (0..self.count).try_fold(0, |n, i| {
-            Ok(n + 1 + usize::from(!self.limit(i)?.in_string()))
-        })
+    pub(crate) fn keys(&self) -> usize {
+        self.keys
     }
 
     /// Whether `got` keys are the keys the request takes ([`Request::keys`]).
     fn takes(&self, got: usize) -> Result<(), String> {
-        let wanted = self.keys()?;
-        if got == wanted {
+        if got == self.keys {
             Ok(())
         } else {
             Err(format!(
-                "ERR a request of {} limits takes {wanted} keys, got {got}",
-                self.len()
+                "ERR a request of {} limits takes {} keys, got {got}",
+                self.len(),
+                self.keys
             ))
         }
     }
@@ -128,8 +124,27 @@ impl<'a> Request<'a> {
     /// The base of the lease ids its concurrency limits add: the text after
     /// its limits.
     fn lease(&self) -> &'a [u8] {
-        &self.blob[HEAD + LIMIT * self.count..]
+        &self.blob[HEAD + LIMIT * self.len()..]
     }
+}
+
+/// A limit's seven numbers, each whole and in the code's range, its
+/// algorithm known.
+fn decode(b: &[u8]) -> Result<Limit, String> {
+    let n = |j: usize, what: &str, max: u64| number(&b[8 * j..8 * j + 8], what, max);
+    let alg = n(0, "algorithm", 255)? as u8;
+    if alg > HIT_COUNTER {
+        return Err(format!("ERR unknown algorithm {alg}"));
+    }
+    Ok(Limit {
+        alg,
+        limit: n(1, "limit", MAX_COUNT)?,
+        period: n(2, "period", END_US)?.max(1),
+        burst: n(3, "burst", MAX_COUNT)?,
+        emission: n(4, "emission interval", END_US)?.max(1),
+        cost: n(5, "cost", MAX_COUNT)?,
+        delay_after: n(6, "delay_after", MAX_COUNT)?,
+    })
 }
 
 /// A step on a stored value (`None`: no key).
@@ -189,7 +204,7 @@ pub(crate) fn check<K: AsRef<[u8]>, D: Db>(
     let mut name = Vec::new();
     let mut k = 0;
     for i in 0..request.len() {
-        let limit = request.limit(i)?;
+        let limit = request.limit(i);
         let key = keys[k].as_ref();
         let write = all && commit;
         let v = if limit.in_string() {
@@ -261,7 +276,7 @@ pub(crate) fn refund<K: AsRef<[u8]>, D: Db>(
     request.takes(keys.len())?;
     let mut k = 0;
     for i in 0..request.len() {
-        let limit = request.limit(i)?;
+        let limit = request.limit(i);
         let key = keys[k].as_ref();
         if limit.in_string() {
             k += 1;
@@ -449,7 +464,7 @@ mod tests {
             ],
         );
         let log = Request::parse(&log).unwrap();
-        assert_eq!(log.keys(), Ok(3), "a sorted set and its count, a string");
+        assert_eq!(log.keys(), 3, "a sorted set and its count, a string");
         let mut reply = Vec::new();
         let mut db = Mem::default();
         let e = check(&log, &["a"], 1, true, db.with_keys(&["a"]), &mut reply).unwrap_err();
