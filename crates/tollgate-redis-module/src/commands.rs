@@ -10,7 +10,7 @@ use crate::bucket::{Kind, parse};
 use crate::leases::{Fields, Leases, Records, check_leasing, refund_leased};
 use crate::raw_key::RawKey;
 use crate::replicated::Written;
-use crate::request::{Db, Decide, Request, Write, check, refund};
+use crate::request::{Db, Decide, Request, Writes, check, refund};
 use crate::sets::{Sets, Visit, release};
 use crate::step::{State, Stepped, decimal};
 
@@ -462,7 +462,7 @@ fn takes(taken: usize, numkeys: usize) -> Result<(), RedisError> {
 
 /// Writes the string states a check staged, each to the key its limit read
 /// (`check`'s `Write`).
-fn write_all(db: &mut Keys<'_>, writes: Vec<Write>) -> Result<(), RedisError> {
+fn write_all(db: &mut Keys<'_>, writes: Writes) -> Result<(), RedisError> {
     for w in writes {
         let (made, key) = db.opened[w.at]
             .as_ref()

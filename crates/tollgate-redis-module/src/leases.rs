@@ -223,7 +223,7 @@ pub(crate) fn check_leasing<K: AsRef<[u8]>, D: Records>(
     now_us: u64,
     db: &mut D,
     reply: &mut Vec<u8>,
-) -> Result<Vec<crate::request::Write>, String> {
+) -> Result<crate::request::Writes, String> {
     let now = now_us as f64;
     for r in &leases.records {
         credit_expired(db, keys, r, now)?;

@@ -29,12 +29,13 @@ impl Mem {
     }
 
     /// Writes what `check` returned for the strings.
-    pub(crate) fn apply(&mut self, writes: Vec<crate::request::Write>) {
+    pub(crate) fn apply(&mut self, writes: crate::request::Writes) {
         for w in writes {
             let mut digits = itoa::Buffer::new();
             self.strings
-                .insert(w.key.clone(), value(&w.state, &mut digits).to_vec());
-            self.ttls.insert(w.key, w.ttl_us.div_ceil(1000).max(1));
+                .insert(w.key.to_vec(), value(&w.state, &mut digits).to_vec());
+            self.ttls
+                .insert(w.key.to_vec(), w.ttl_us.div_ceil(1000).max(1));
         }
     }
 

@@ -80,10 +80,7 @@ impl<'a> Request<'a> {
         let limits = (0..count)
             .map(|i| decode(&blob[HEAD + LIMIT * i..HEAD + LIMIT * (i + 1)]))
             .collect::<Result<SmallVec<[Limit; 2]>, _>>()?;
-        let keys = limits
-            .iter()
-            .map(|l| 1 + usize::from(!l.in_string()))
-            .sum();
+        let keys = limits.iter().map(|l| 1 + usize::from(!l.in_string())).sum();
         Ok(Self {
             time,
             limits,
@@ -166,11 +163,17 @@ pub(crate) trait Db: Sets {
     fn put(&mut self, name: &[u8], value: &[u8]) -> Result<(), String>;
 }
 
+/// A key's name, made without an allocation when short, as keys are.
+pub(crate) type Name = SmallVec<[u8; 96]>;
+
+/// The string states a request's check writes.
+pub(crate) type Writes = SmallVec<[Write; 2]>;
+
 /// A new value to write: the key's name, the position of the key it is (or
 /// whose window's it is), the state and its TTL (µs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Write {
-    pub(crate) key: Vec<u8>,
+    pub(crate) key: Name,
     pub(crate) at: usize,
     pub(crate) state: State,
     pub(crate) ttl_us: u64,
@@ -190,18 +193,18 @@ pub(crate) fn check<K: AsRef<[u8]>, D: Db>(
     commit: bool,
     db: &mut D,
     reply: &mut Vec<u8>,
-) -> Result<Vec<Write>, String> {
+) -> Result<Writes, String> {
     request.takes(keys.len())?;
     let start = reply.len();
     for v in [now_us as f64, 1.0] {
         reply.extend_from_slice(&v.to_le_bytes());
     }
-    let mut staged: Vec<Write> = Vec::new();
+    let mut staged = Writes::new();
     // Each sorted set's state, by the position of its key's first use, and
     // the TTL (µs) it is to be written with.
     let mut sets: Vec<(usize, SetState, Option<u64>)> = Vec::new();
     let mut all = true;
-    let mut name = Vec::new();
+    let mut name = Name::new();
     let mut k = 0;
     for i in 0..request.len() {
         let limit = request.limit(i);
@@ -334,8 +337,8 @@ fn step_string<D: Db>(
     now_us: u64,
     write: bool,
     db: &mut D,
-    staged: &mut Vec<Write>,
-    name: &mut Vec<u8>,
+    staged: &mut Writes,
+    name: &mut Name,
 ) -> Result<crate::step::Verdict, String> {
     name.clear();
     name.extend_from_slice(key);
