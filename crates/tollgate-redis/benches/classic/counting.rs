@@ -16,9 +16,10 @@
 //! medians of the runs.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
+use tokio::time::MissedTickBehavior;
 
 use crate::measure::{CommandStats, median, redis_cpu, redis_reads};
 use crate::sides::{Checker, Side};
@@ -60,12 +61,13 @@ pub(crate) struct Row {
 }
 
 /// `decisions` checks by `callers` tasks, each on one of `keys` keys drawn
-/// at random: (decisions/s, Redis CPU s per decision, reads per decision).
+/// at random, as fast as they answer or, with a [`Pace`], at its rate:
+/// (decisions/s, Redis CPU s per decision, reads per decision).
 pub(crate) async fn run<C>(
     checker: &Arc<Checker<C>>,
     side: Side,
     (keys, callers): (u64, usize),
-    decisions: u64,
+    (decisions, pace): (u64, Option<Pace>),
     seed: u64,
     admin: &mut [MultiplexedConnection],
 ) -> (f64, f64, f64)
@@ -73,6 +75,20 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let per_caller = decisions / callers as u64;
+    // Each caller a check every `callers / rate` s, the callers' turns
+    // (`burst` callers each) spread evenly over that period. A caller held
+    // up skips the turns it missed: catching up, or counting the period
+    // from its late check, would line every caller's turn up after a stall.
+    let pace = pace.map(|Pace { rate, burst }| {
+        let period = callers as f64 / rate;
+        let burst = burst.clamp(1, callers);
+        let turns = callers.div_ceil(burst);
+        (
+            Duration::from_secs_f64(period),
+            Duration::from_secs_f64(period / turns as f64),
+            burst as u64,
+        )
+    });
     let keys_before = key_count(admin).await;
     let cpu_before = redis_cpu(admin).await;
     let reads_before = redis_reads(admin).await;
@@ -82,7 +98,16 @@ where
             let checker = Arc::clone(checker);
             let mut state = seed.wrapping_mul(1_000_003).wrapping_add(c);
             tokio::spawn(async move {
+                let mut ticks = pace.map(|(period, stagger, burst)| {
+                    let first = tokio::time::Instant::now() + stagger * (c / burst) as u32;
+                    let mut ticks = tokio::time::interval_at(first, period);
+                    ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
+                    ticks
+                });
                 for _ in 0..per_caller {
+                    if let Some(ticks) = ticks.as_mut() {
+                        ticks.tick().await;
+                    }
                     let key = side.key(&format!("user:{}", crate::next(&mut state) % keys));
                     checker.check(side, &key, 1).await;
                 }
@@ -100,6 +125,17 @@ where
     let reads = (redis_reads(admin).await - reads_before).saturating_sub(1 + polls);
     let n = (per_caller * callers as u64) as f64;
     (n / elapsed, cpu / n, reads as f64 / n)
+}
+
+/// How paced callers check.
+#[derive(Clone, Copy)]
+pub(crate) struct Pace {
+    /// Decisions a second over all callers.
+    pub(crate) rate: f64,
+    /// Callers whose checks go at once: Redis reads the commands that
+    /// arrive together in one read, which costs it less a decision than a
+    /// read each (a service behind Envoy gets its calls in such bursts).
+    pub(crate) burst: usize,
 }
 
 /// The keys of every master (`DBSIZE`).
@@ -152,7 +188,7 @@ where
             let cell = (keys, callers);
             for &side in sides {
                 seed += 1;
-                run(checker, side, cell, WARMUP, seed, admin).await;
+                run(checker, side, cell, (WARMUP, None), seed, admin).await;
             }
             let mut runs: Vec<Vec<(f64, f64, f64)>> = sides.iter().map(|_| Vec::new()).collect();
             let mut stats: Vec<CommandStats> =
@@ -161,7 +197,7 @@ where
                 for (s, &side) in sides.iter().enumerate() {
                     seed += 1;
                     CommandStats::reset(admin).await;
-                    runs[s].push(run(checker, side, cell, DECISIONS, seed, admin).await);
+                    runs[s].push(run(checker, side, cell, (DECISIONS, None), seed, admin).await);
                     stats[s].add(admin).await;
                 }
             }

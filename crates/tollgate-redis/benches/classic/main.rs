@@ -475,7 +475,11 @@ fn print_tables(rows: &[Row]) {
 /// (`scripts/bench-envoy-redis`, whose Tollgate serves Envoy on the same
 /// server): `TOLLGATE_BENCH_DECISIONS` checks (default 100,000) by
 /// `TOLLGATE_BENCH_CALLERS` callers (default 50) on 100,000 keys, against
-/// `TOLLGATE_BENCH_REDIS`; prints its Redis CPU and reads per decision.
+/// `TOLLGATE_BENCH_REDIS`, at `TOLLGATE_BENCH_RATE` decisions/s when set,
+/// `TOLLGATE_BENCH_BURST` callers at once (default 1): the rate Envoy's
+/// side served, in bursts of the size its reads per decision show, so that
+/// both sides' commands arrive alike (Redis pays for a read, whatever it
+/// holds); prints its Redis CPU and reads per decision.
 async fn peer() {
     let var = |name: &str, default: u64| {
         std::env::var(name).map_or(default, |v| {
@@ -487,14 +491,31 @@ async fn peer() {
         var("TOLLGATE_BENCH_DECISIONS", 100_000),
         var("TOLLGATE_BENCH_CALLERS", 50),
     );
+    let burst = var("TOLLGATE_BENCH_BURST", 1) as usize;
+    let pace = std::env::var("TOLLGATE_BENCH_RATE").ok().map(|v| {
+        let rate = v
+            .parse::<f64>()
+            .ok()
+            .filter(|r| r.is_finite() && *r > 0.0)
+            .unwrap_or_else(|| panic!("TOLLGATE_BENCH_RATE: decisions a second, not {v:?}"));
+        counting::Pace { rate, burst }
+    });
     let client = redis::Client::open(url.as_str()).unwrap();
     let conn = client.get_multiplexed_async_connection().await.unwrap();
     let mut admin = vec![client.get_multiplexed_async_connection().await.unwrap()];
     let checker = Arc::new(Checker::new(conn, tollgate(&url).await));
     let cell = (100_000, callers as usize);
-    counting::run(&checker, Side::Envoy, cell, decisions / 10, 1, &mut admin).await;
-    let (rate, cpu, reads) =
-        counting::run(&checker, Side::Envoy, cell, decisions, 2, &mut admin).await;
+    let warmup = (decisions / 10, pace);
+    counting::run(&checker, Side::Envoy, cell, warmup, 1, &mut admin).await;
+    let (rate, cpu, reads) = counting::run(
+        &checker,
+        Side::Envoy,
+        cell,
+        (decisions, pace),
+        2,
+        &mut admin,
+    )
+    .await;
     println!(
         "envoyproxy pipeline, {callers} callers, {decisions} decisions: {rate:.0} decisions/s, Redis CPU {:.2} µs/decision, {reads:.3} reads/decision",
         cpu * 1e6
