@@ -1,14 +1,15 @@
 //! gRPC: Envoy's `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`,
 //! with the protos of the `envoy-types` crate. The request is decoded by
 //! prost and read straight into the enforcer's [`Request`]; the answer is
-//! encoded from [`Answer`], the model `POST /json` encodes too,
-//! straight into tonic's frame buffer by a codec of this one method
-//! ([`super::encode`]).
+//! encoded from [`Answer`], the model `POST /json` encodes too, straight
+//! into the answer's frame by [`super::encode`].
 //!
-//! The listener's service ([`GrpcService`]) hands `ShouldRateLimit` to tonic's
-//! unary machinery directly; every other path (the health service, unknown
-//! methods) goes through tonic's router, which would otherwise add its route
-//! lookup and two boxed bodies to every check.
+//! The listener's service ([`GrpcService`]) reads and answers a
+//! `ShouldRateLimit` message as Envoy sends it itself (`unary_call`), and
+//! hands any other to tonic's unary machinery with a codec of this one
+//! method; every other path (the health service, unknown methods) goes
+//! through tonic's router, which would otherwise add its route lookup and
+//! two boxed bodies to every check.
 
 use std::convert::Infallible;
 use std::future::{Future, poll_fn};
