@@ -386,22 +386,32 @@ impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for Streams
 pin_project_lite::pin_project! {
     /// An HTTP/2 connection with its streams: each poll polls the
     /// connection, then the streams it began ([`Streams`]) and those woken
-    /// since. Streams left when the connection ends are dropped with it, as
+    /// since, and again while either woke the other meanwhile ([`Rewake`]).
+    /// Streams left when the connection ends are dropped with it, as
     /// hyper's own tasks find their connection gone.
     struct OnTask<C> {
         #[pin]
         connection: C,
         streams: Streams,
         running: FuturesUnordered<StreamFuture>,
+        rewake: Arc<Rewake>,
+        waker: Waker,
     }
 }
 
+/// The most rounds of one [`OnTask`] poll: a connection that keeps waking
+/// itself (its share of tokio's budget spent) then yields to the runtime.
+const ROUNDS: usize = 4;
+
 impl<C> OnTask<C> {
     fn new(connection: C, streams: Streams) -> Self {
+        let rewake = Arc::new(Rewake::default());
         Self {
             connection,
             streams,
             running: FuturesUnordered::new(),
+            waker: Waker::from(Arc::clone(&rewake)),
+            rewake,
         }
     }
 
@@ -414,33 +424,83 @@ impl<C: Future> Future for OnTask<C> {
     type Output = C::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<C::Output> {
-        let this = self.project();
-        let ended = this.connection.poll(cx);
-        loop {
-            let begun = this.streams.take();
-            let none_begun = begun.is_empty();
-            this.running.extend(begun);
-            // Polls the woken streams until none is ready (it yields, and
-            // wakes this task, after a few dozen).
-            while let Poll::Ready(Some(())) = this.running.poll_next_unpin(cx) {}
-            // A stream polled may have begun another (an upgrade's).
-            if none_begun {
+        let mut this = self.project();
+        let rewake = &**this.rewake;
+        rewake.task.register(cx.waker());
+        rewake.polling.store(true, Ordering::SeqCst);
+        let mut inner = Context::from_waker(this.waker);
+        let mut ended = Poll::Pending;
+        for _ in 0..ROUNDS {
+            rewake.woken.store(false, Ordering::SeqCst);
+            ended = this.connection.as_mut().poll(&mut inner);
+            loop {
+                let begun = this.streams.take();
+                let none_begun = begun.is_empty();
+                this.running.extend(begun);
+                // Polls the woken streams until none is ready (it yields, and
+                // wakes this task, after a few dozen).
+                while let Poll::Ready(Some(())) = this.running.poll_next_unpin(&mut inner) {}
+                // A stream polled may have begun another (an upgrade's).
+                if none_begun {
+                    break;
+                }
+            }
+            if ended.is_ready() || !rewake.woken.load(Ordering::SeqCst) {
                 break;
             }
+        }
+        rewake.polling.store(false, Ordering::SeqCst);
+        // A wake taken up by no round: the task runs again.
+        if ended.is_pending() && rewake.woken.load(Ordering::SeqCst) {
+            cx.waker().wake_by_ref();
         }
         ended
     }
 }
 
-/// An HTTP/2 connection's socket, whose every write waits for one turn of
-/// the runtime first, so that answers finished meanwhile leave with it.
+/// The waker an [`OnTask`] polls its connection and streams with. A wake
+/// while it polls them (a stream's answer queued for the connection to
+/// write, a write waiting its [`Coalesced`] turn) is taken up by polling
+/// again before the poll returns; any other wakes the task.
 ///
-/// Each stream's answer is its own task; one finished wakes the
-/// connection's task, which wrote that answer alone: a `writev` (and on
-/// loopback, the peer's wake-up) per answer. Waiting one turn (the
-/// connection's task wakes itself, and tokio runs it after the tasks
-/// already queued, the other streams' answers among them) lets h2 write
-/// every answer ready by then in one go (docs/benchmarks.md, "HTTP and gRPC
+/// Woken through the task's own waker, the task was queued again as a
+/// yield: tokio then wakes a parked worker to run it (a futex wake and a
+/// context switch on another core, which mostly finds nothing to do), two
+/// or three times for each batch of calls Envoy sends
+/// (`scripts/bench-rls-cpu`).
+#[derive(Default)]
+struct Rewake {
+    /// The [`OnTask`] is polling.
+    polling: AtomicBool,
+    /// Woken since the round began.
+    woken: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl Wake for Rewake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Sequentially consistent with the poll's own stores and loads, so
+        // that a wake racing its end is seen by one of the two.
+        self.woken.store(true, Ordering::SeqCst);
+        if !self.polling.load(Ordering::SeqCst) {
+            self.task.wake();
+        }
+    }
+}
+
+/// An HTTP/2 connection's socket, whose every write waits for one more
+/// round of its [`OnTask`] first, so that answers finished meanwhile leave
+/// with it.
+///
+/// The connection is polled before its streams: written at once, the
+/// answers already queued left alone, and those the streams then finished
+/// in a `writev` of their own (and on loopback, the peer's wake-up). Asked
+/// again after the streams ([`Rewake`] takes up the wake), h2 writes every
+/// answer ready by then in one go (docs/benchmarks.md, "HTTP and gRPC
 /// checks vs throttlecrab-server").
 struct Coalesced<I> {
     io: I,
@@ -1153,6 +1213,75 @@ mod tests {
         let activity = Arc::new(Activity::new());
         Sniffed::new((), &activity, false).look(b"PRI * HTTP/2.0");
         assert!(!activity.speaks_http2());
+    }
+
+    /// A connection for [`OnTask`] that wakes itself on its first
+    /// `self_wakes` polls, and keeps its last waker.
+    fn waking_connection(
+        self_wakes: usize,
+        polls: &Arc<AtomicUsize>,
+        kept: &Arc<std::sync::Mutex<Option<Waker>>>,
+    ) -> impl Future<Output = ()> + use<> {
+        let (polls, kept) = (Arc::clone(polls), Arc::clone(kept));
+        std::future::poll_fn(move |cx| {
+            if polls.fetch_add(1, Ordering::SeqCst) < self_wakes {
+                cx.waker().wake_by_ref();
+            }
+            *kept.lock().expect("waker") = Some(cx.waker().clone());
+            Poll::Pending
+        })
+    }
+
+    #[test]
+    fn a_connection_woken_while_polled_is_polled_again_not_requeued() {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let kept = Arc::new(std::sync::Mutex::new(None));
+        let mut on_task = pin!(OnTask::new(
+            waking_connection(1, &polls, &kept),
+            Streams::default()
+        ));
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&wakes));
+        assert!(
+            on_task
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+        assert_eq!(
+            polls.load(Ordering::SeqCst),
+            2,
+            "polled again in the same poll"
+        );
+        assert_eq!(
+            wakes.0.load(Ordering::SeqCst),
+            0,
+            "the task is not queued again"
+        );
+
+        // Woken once the poll is over (its socket readable): the task runs.
+        kept.lock().expect("waker").take().expect("kept").wake();
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_connection_that_keeps_waking_itself_yields_to_the_runtime() {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let kept = Arc::new(std::sync::Mutex::new(None));
+        let mut on_task = pin!(OnTask::new(
+            waking_connection(usize::MAX, &polls, &kept),
+            Streams::default()
+        ));
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&wakes));
+        assert!(
+            on_task
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+        assert_eq!(polls.load(Ordering::SeqCst), ROUNDS);
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "queued again, once");
     }
 
     #[test]

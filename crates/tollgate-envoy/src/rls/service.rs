@@ -1,14 +1,15 @@
 //! gRPC: Envoy's `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`,
 //! with the protos of the `envoy-types` crate. The request is decoded by
 //! prost and read straight into the enforcer's [`Request`]; the answer is
-//! encoded from [`Answer`], the model `POST /json` encodes too,
-//! straight into tonic's frame buffer by a codec of this one method
-//! ([`super::encode`]).
+//! encoded from [`Answer`], the model `POST /json` encodes too, straight
+//! into the answer's frame by [`super::encode`].
 //!
-//! The listener's service ([`GrpcService`]) hands `ShouldRateLimit` to tonic's
-//! unary machinery directly; every other path (the health service, unknown
-//! methods) goes through tonic's router, which would otherwise add its route
-//! lookup and two boxed bodies to every check.
+//! The listener's service ([`GrpcService`]) reads and answers a
+//! `ShouldRateLimit` message as Envoy sends it itself (`unary_call`), and
+//! hands any other to tonic's unary machinery with a codec of this one
+//! method; every other path (the health service, unknown methods) goes
+//! through tonic's router, which would otherwise add its route lookup and
+//! two boxed bodies to every check.
 
 use std::convert::Infallible;
 use std::future::{Future, poll_fn};
@@ -17,10 +18,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::{BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use futures_util::FutureExt;
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::HeaderValue;
+use prost::Message;
 use tollgate_core::Store;
 use tollgate_policy::{Check, Descriptor, Enforcer, Entry, Request, Verdict};
 use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
@@ -100,10 +105,9 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
                     place,
                     answer_by,
                 };
-                let mut grpc = Grpc::new(AnswerCodec::new())
-                    .max_decoding_message_size(bodies.max_bytes() as usize);
-                match tokio::time::timeout_at(deadline, grpc.unary(unary, request)).await {
-                    Ok(response) => Ok(too_large_is_exhausted(response)),
+                let call = unary_call(unary, request, bodies.max_bytes());
+                match tokio::time::timeout_at(deadline, call).await {
+                    Ok(response) => Ok(response),
                     Err(_) => Ok(too_late()),
                 }
             })
@@ -115,6 +119,167 @@ impl<S: Store + 'static> hyper::service::Service<hyper::Request<Incoming>> for G
                 routes.call(request).await
             })
         }
+    }
+}
+
+/// The length of a gRPC message's prefix: its compressed flag and length.
+const PREFIX: usize = 5;
+
+/// One `ShouldRateLimit` call. Its message, as Envoy sends it (one DATA
+/// frame, uncompressed, no trailers), is decoded and answered here; any
+/// other (split, compressed, too large, malformed, with trailers) goes to
+/// tonic's unary machinery as it came, which answers it as it answers every
+/// call.
+///
+/// tonic's machinery costs a 2,152-byte future (past the 1,032 bytes
+/// glibc serves from its per-thread cache, so malloc's slow path on every
+/// call), about ten more allocations and its body's layers
+/// (`scripts/bench-rls-cpu`).
+async fn unary_call<S: Store + 'static>(
+    mut unary: Unary<S>,
+    request: hyper::Request<Incoming>,
+    max_bytes: u32,
+) -> hyper::Response<tonic::body::Body> {
+    let (parts, body) = request.into_parts();
+    let read = read_body(body, max_bytes).await;
+    if let Read::One(data) = &read
+        && !parts.headers.contains_key("grpc-encoding")
+        && let Some(message) = message(data, max_bytes)
+    {
+        let request = tonic::Request::from_http(hyper::Request::from_parts(parts, message));
+        return match unary.call(request).await {
+            Ok(response) => answer_response(response.into_inner()),
+            Err(status) => status.into_http(),
+        };
+    }
+    let frames = match read {
+        Read::One(data) => vec![Ok(Frame::data(data))],
+        Read::Frames(frames) => frames,
+    };
+    let request =
+        hyper::Request::from_parts(parts, StreamBody::new(futures_util::stream::iter(frames)));
+    let mut grpc = Grpc::new(AnswerCodec::new()).max_decoding_message_size(max_bytes as usize);
+    too_large_is_exhausted(Box::pin(grpc.unary(unary, request)).await)
+}
+
+/// A call's body, read whole.
+enum Read {
+    /// One DATA frame, as Envoy sends a message.
+    One(Bytes),
+    /// Every frame (or error) as it came.
+    Frames(Vec<Result<Frame<Bytes>, hyper::Error>>),
+}
+
+/// Reads `body` to its end; or only until its prefix declares more than
+/// `max_bytes`, which tonic then refuses at once from the prefix alone; or
+/// until more than a message of `max_bytes` came.
+async fn read_body(mut body: Incoming, max_bytes: u32) -> Read {
+    let cap = (max_bytes as usize).saturating_add(PREFIX);
+    let mut one: Option<Bytes> = None;
+    let mut frames = Vec::new();
+    let mut prefix = [0u8; PREFIX];
+    let mut read = 0usize;
+    while read <= cap {
+        let Some(frame) = body.frame().await else {
+            break;
+        };
+        let frame = match frame.map(Frame::into_data) {
+            // An empty DATA frame (a lone END_STREAM) carries nothing.
+            Ok(Ok(data)) if data.is_empty() => continue,
+            Ok(Ok(data)) => {
+                if let Some(rest) = prefix.get_mut(read..) {
+                    let n = rest.len().min(data.len());
+                    rest[..n].copy_from_slice(&data[..n]);
+                }
+                read = read.saturating_add(data.len());
+                if one.is_none() && frames.is_empty() {
+                    one = Some(data);
+                    None
+                } else {
+                    Some(Ok(Frame::data(data)))
+                }
+            }
+            Ok(Err(trailers)) => Some(Ok(trailers)),
+            Err(error) => Some(Err(error)),
+        };
+        let failed = matches!(frame, Some(Err(_)));
+        if let Some(frame) = frame {
+            frames.extend(one.take().map(|data| Ok(Frame::data(data))));
+            frames.push(frame);
+        }
+        let [_, length @ ..] = prefix;
+        if failed || (read >= PREFIX && u32::from_be_bytes(length) > max_bytes) {
+            break;
+        }
+    }
+    match one {
+        Some(data) => Read::One(data),
+        None => Read::Frames(frames),
+    }
+}
+
+/// The request `data` holds as one whole uncompressed message of at most
+/// `max_bytes`; `None` for anything else.
+fn message(data: &Bytes, max_bytes: u32) -> Option<RateLimitRequest> {
+    let (&[compressed, length @ ..], rest) = data.split_first_chunk::<PREFIX>()?;
+    let length = u32::from_be_bytes(length);
+    if compressed != 0 || length > max_bytes || length as usize != rest.len() {
+        return None;
+    }
+    RateLimitRequest::decode(data.slice(PREFIX..)).ok()
+}
+
+/// The HTTP response of an answered call: as tonic's, the message in one
+/// DATA frame, `grpc-status: 0` in the trailers.
+fn answer_response<S: Store + 'static>(
+    checked: Option<Checked<S>>,
+) -> hyper::Response<tonic::body::Body> {
+    let mut message = BytesMut::with_capacity(256);
+    message.put_bytes(0, PREFIX);
+    write_answer(checked, &mut message);
+    let length = u32::try_from(message.len() - PREFIX).unwrap_or(u32::MAX);
+    message[1..PREFIX].copy_from_slice(&length.to_be_bytes());
+    let body = OneMessage::Message(message.freeze());
+    let mut response = hyper::Response::new(tonic::body::Body::new(body));
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    response
+}
+
+/// A response body of one message, then `grpc-status: 0`.
+enum OneMessage {
+    Message(Bytes),
+    Trailers,
+    Ended,
+}
+
+impl hyper::body::Body for OneMessage {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let frame = match std::mem::replace(&mut *self, OneMessage::Ended) {
+            OneMessage::Message(message) => {
+                *self = OneMessage::Trailers;
+                Frame::data(message)
+            }
+            OneMessage::Trailers => {
+                let mut trailers = hyper::HeaderMap::with_capacity(1);
+                trailers.insert("grpc-status", HeaderValue::from_static("0"));
+                Frame::trailers(trailers)
+            }
+            OneMessage::Ended => return std::task::Poll::Ready(None),
+        };
+        std::task::Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, OneMessage::Ended)
     }
 }
 
@@ -403,24 +568,29 @@ impl<S: Store + 'static> Encoder for AnswerEncoder<S> {
     type Error = Status;
 
     fn encode(&mut self, checked: Self::Item, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        match checked {
-            Some(checked) => encode::response(&checked.answer(), buf),
-            // Not checked: over the limit, with no descriptor statuses.
-            None => encode::response(
-                &Answer {
-                    ok: false,
-                    statuses: Vec::new(),
-                    headers: Vec::new(),
-                    dynamic_metadata: None,
-                },
-                buf,
-            ),
-        }
+        write_answer(checked, buf);
         Ok(())
     }
 
     fn buffer_settings(&self) -> BufferSettings {
         buffer()
+    }
+}
+
+/// Writes the answer to a call, checked or not (then over the limit, with
+/// no descriptor statuses).
+fn write_answer<S>(checked: Option<Checked<S>>, buf: &mut impl BufMut) {
+    match checked {
+        Some(checked) => encode::response(&checked.answer(), buf),
+        None => encode::response(
+            &Answer {
+                ok: false,
+                statuses: Vec::new(),
+                headers: Vec::new(),
+                dynamic_metadata: None,
+            },
+            buf,
+        ),
     }
 }
 

@@ -15,6 +15,7 @@ mod file_limit;
 mod flood;
 mod gateway;
 mod grpc;
+mod grpc_frames;
 mod http;
 mod in_process;
 mod live_page;
