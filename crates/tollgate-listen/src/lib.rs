@@ -1215,31 +1215,29 @@ mod tests {
         assert!(!activity.speaks_http2());
     }
 
-    /// A connection for [`OnTask`] that wakes itself on its first
-    /// `self_wakes` polls, and keeps its last waker.
-    fn waking_connection(
-        self_wakes: usize,
-        polls: &Arc<AtomicUsize>,
-        kept: &Arc<std::sync::Mutex<Option<Waker>>>,
-    ) -> impl Future<Output = ()> + use<> {
-        let (polls, kept) = (Arc::clone(polls), Arc::clone(kept));
-        std::future::poll_fn(move |cx| {
-            if polls.fetch_add(1, Ordering::SeqCst) < self_wakes {
-                cx.waker().wake_by_ref();
-            }
-            *kept.lock().expect("waker") = Some(cx.waker().clone());
-            Poll::Pending
-        })
+    /// What one poll of [`OnTask`] over a connection that wakes itself on
+    /// its first `self_wakes` polls came to: the connection's polls, the
+    /// times the task was queued again, and the connection's last waker.
+    struct Polled {
+        polls: usize,
+        wakes: Arc<Wakes>,
+        kept: Option<Waker>,
     }
 
-    #[test]
-    fn a_connection_woken_while_polled_is_polled_again_not_requeued() {
+    fn poll_waking(self_wakes: usize) -> Polled {
         let polls = Arc::new(AtomicUsize::new(0));
         let kept = Arc::new(std::sync::Mutex::new(None));
-        let mut on_task = pin!(OnTask::new(
-            waking_connection(1, &polls, &kept),
-            Streams::default()
-        ));
+        let connection = {
+            let (polls, kept) = (Arc::clone(&polls), Arc::clone(&kept));
+            std::future::poll_fn(move |cx| {
+                if polls.fetch_add(1, Ordering::SeqCst) < self_wakes {
+                    cx.waker().wake_by_ref();
+                }
+                *kept.lock().expect("waker") = Some(cx.waker().clone());
+                Poll::<()>::Pending
+            })
+        };
+        let mut on_task = pin!(OnTask::new(connection, Streams::default()));
         let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
         let waker = Waker::from(Arc::clone(&wakes));
         assert!(
@@ -1248,40 +1246,38 @@ mod tests {
                 .poll(&mut Context::from_waker(&waker))
                 .is_pending()
         );
+        let kept = kept.lock().expect("waker").take();
+        Polled {
+            polls: polls.load(Ordering::SeqCst),
+            wakes,
+            kept,
+        }
+    }
+
+    #[test]
+    fn a_connection_woken_while_polled_is_polled_again_not_requeued() {
+        let polled = poll_waking(1);
+        assert_eq!(polled.polls, 2, "polled again in the same poll");
         assert_eq!(
-            polls.load(Ordering::SeqCst),
-            2,
-            "polled again in the same poll"
-        );
-        assert_eq!(
-            wakes.0.load(Ordering::SeqCst),
+            polled.wakes.0.load(Ordering::SeqCst),
             0,
             "the task is not queued again"
         );
 
         // Woken once the poll is over (its socket readable): the task runs.
-        kept.lock().expect("waker").take().expect("kept").wake();
-        assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+        polled.kept.expect("kept").wake();
+        assert_eq!(polled.wakes.0.load(Ordering::SeqCst), 1);
     }
 
     #[test]
     fn a_connection_that_keeps_waking_itself_yields_to_the_runtime() {
-        let polls = Arc::new(AtomicUsize::new(0));
-        let kept = Arc::new(std::sync::Mutex::new(None));
-        let mut on_task = pin!(OnTask::new(
-            waking_connection(usize::MAX, &polls, &kept),
-            Streams::default()
-        ));
-        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
-        let waker = Waker::from(Arc::clone(&wakes));
-        assert!(
-            on_task
-                .as_mut()
-                .poll(&mut Context::from_waker(&waker))
-                .is_pending()
+        let polled = poll_waking(usize::MAX);
+        assert_eq!(polled.polls, ROUNDS);
+        assert_eq!(
+            polled.wakes.0.load(Ordering::SeqCst),
+            1,
+            "queued again, once"
         );
-        assert_eq!(polls.load(Ordering::SeqCst), ROUNDS);
-        assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "queued again, once");
     }
 
     #[test]

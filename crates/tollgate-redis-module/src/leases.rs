@@ -281,16 +281,18 @@ mod tests {
         hash.get(holder.as_bytes()).map(|v| unpack(v).unwrap())
     }
 
-    /// Leases on one GCRA key (10 per second, burst 10: 100,000 µs a unit).
-    fn lease(db: &mut Mem, now: u64, holder: u64, released: u64, leased: u64) -> Vec<f64> {
-        let blob = request(
-            now,
-            [u64::from(GCRA), 10, 1_000_000, 10, 100_000, leased, 0],
-        );
+    /// A leasing check of `limit` on `keys` at `now` for `grant` (holder,
+    /// records' TTL, released, leased), its writes applied: its reply.
+    fn leasing(
+        db: &mut Mem,
+        keys: [&str; 2],
+        limit: [u64; 7],
+        now: u64,
+        grant: [f64; 4],
+    ) -> Vec<f64> {
+        let blob = request(now, limit);
         let request = Request::parse(&blob).unwrap();
-        let grant = doubles(&[holder as f64, 500_000.0, released as f64, leased as f64]);
-        let leases = Leases::parse(&request, &grant).unwrap();
-        let keys = ["k", "k.r"];
+        let leases = Leases::parse(&request, &doubles(&grant)).unwrap();
         let mut reply = Vec::new();
         let writes = check_leasing(
             &request,
@@ -303,6 +305,13 @@ mod tests {
         .unwrap();
         db.apply(writes);
         reply.chunks_exact(8).map(double).collect()
+    }
+
+    /// Leases on one GCRA key (10 per second, burst 10: 100,000 µs a unit).
+    fn lease(db: &mut Mem, now: u64, holder: u64, released: u64, leased: u64) -> Vec<f64> {
+        let gcra = [u64::from(GCRA), 10, 1_000_000, 10, 100_000, leased, 0];
+        let grant = [holder as f64, 500_000.0, released as f64, leased as f64];
+        leasing(db, ["k", "k.r"], gcra, now, grant)
     }
 
     #[test]
@@ -351,22 +360,9 @@ mod tests {
     fn a_window_credits_the_window_its_units_were_leased_in() {
         let mut db = Mem::default();
         let window = |cost| [u64::from(FIXED_WINDOW), 10, 1_000_000, 10, 100_000, cost, 0];
-        let keys = ["w", "k.r"];
         let run = |db: &mut Mem, now: u64, holder: f64, cost| {
-            let blob = request(now, window(cost));
-            let request = Request::parse(&blob).unwrap();
-            let grant = doubles(&[holder, 100_000.0, 0.0, cost as f64]);
-            let leases = Leases::parse(&request, &grant).unwrap();
-            let mut reply = Vec::new();
-            let w = check_leasing(
-                &request,
-                &keys,
-                &leases,
-                now,
-                db.with_keys(&keys),
-                &mut reply,
-            );
-            db.apply(w.unwrap());
+            let grant = [holder, 100_000.0, 0.0, cost as f64];
+            leasing(db, ["w", "k.r"], window(cost), now, grant);
         };
         run(&mut db, 1_950_000, 1.0, 5);
         run(&mut db, 2_100_000, 2.0, 2);

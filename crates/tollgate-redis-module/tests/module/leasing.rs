@@ -278,16 +278,7 @@ async fn hybrid_leasing_through_the_module_answers_and_writes_as_the_code() {
 
 #[tokio::test]
 async fn hybrid_leasing_through_the_module_answers_and_writes_as_the_code_on_a_cluster() {
-    let module = module();
-    let cluster = RedisCluster::start_with(&["--loadmodule", module.to_str().unwrap()]);
-    let served = cluster.slots_of(0);
-    let tag = (0..1000)
-        .map(|n| format!("{{t{n}}}"))
-        .find(|t| {
-            let slot = cluster.keyslot(t);
-            served.iter().any(|&(a, b)| (a..=b).contains(&slot))
-        })
-        .expect("a tag on node 0");
+    let (cluster, tag) = crate::cluster_and_tag();
     fleet(&cluster.url(), &cluster.nodes[0], &tag).await;
 }
 
@@ -295,16 +286,7 @@ async fn hybrid_leasing_through_the_module_answers_and_writes_as_the_code_on_a_c
 /// changes and removes, with its expiry, and the states they credit.
 #[tokio::test]
 async fn a_replica_gets_every_record_the_module_writes() {
-    let master = server();
-    let port = master.port.to_string();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    tollgate_testkit::wait_until("the replica to sync", Duration::from_secs(10), || {
-        replica
-            .cli(&["INFO", "replication"])
-            .contains("master_link_status:up")
-    });
-    let client = redis::Client::open(master.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (master, replica, mut conn) = crate::with_replica().await;
     let mut now = 1_800_000_000_000_000;
     for algorithm in LEASED {
         let code = u64::from(algorithm.index());

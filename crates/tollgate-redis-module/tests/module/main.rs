@@ -10,8 +10,10 @@ mod store;
 mod throttle;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use tollgate_testkit::RedisServer;
+use redis::aio::MultiplexedConnection;
+use tollgate_testkit::{RedisCluster, RedisServer};
 
 /// The module this test was built with: cargo builds the package's library
 /// (the `.so`) before its tests, into the directory beside the test binary.
@@ -38,6 +40,38 @@ fn server() -> RedisServer {
         "the module did not load"
     );
     server
+}
+
+/// A cluster with the module loaded, and a hash tag of a slot its node 0
+/// serves: every key of a test that starts with it is on that node.
+fn cluster_and_tag() -> (RedisCluster, String) {
+    let module = module();
+    let cluster = RedisCluster::start_with(&["--loadmodule", module.to_str().unwrap()]);
+    let served = cluster.slots_of(0);
+    let tag = (0..1000)
+        .map(|n| format!("{{t{n}}}"))
+        .find(|t| {
+            let slot = cluster.keyslot(t);
+            served.iter().any(|&(a, b)| (a..=b).contains(&slot))
+        })
+        .expect("a tag on node 0");
+    (cluster, tag)
+}
+
+/// A server with the module, a replica of it without, in sync, and a
+/// connection to the server.
+async fn with_replica() -> (RedisServer, RedisServer, MultiplexedConnection) {
+    let master = server();
+    let port = master.port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    tollgate_testkit::wait_until("the replica to sync", Duration::from_secs(10), || {
+        replica
+            .cli(&["INFO", "replication"])
+            .contains("master_link_status:up")
+    });
+    let client = redis::Client::open(master.url()).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    (master, replica, conn)
 }
 
 /// The integers of a reply as redis-cli prints them, one a line.

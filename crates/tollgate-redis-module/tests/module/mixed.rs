@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tollgate_core::{Algorithm, Clock, Decision, FailurePolicy, Limit, ManualClock, Quota, Store};
 use tollgate_redis::{RedisConfig, RedisStore, TimeSource};
-use tollgate_testkit::{RedisCluster, RedisServer};
+use tollgate_testkit::RedisServer;
 
 use crate::{ints, server};
 
@@ -392,17 +392,7 @@ async fn every_algorithm_through_the_module_answers_and_writes_as_the_code() {
 
 #[tokio::test]
 async fn every_algorithm_through_the_module_answers_and_writes_as_the_code_on_a_cluster() {
-    let module = crate::module();
-    let cluster = RedisCluster::start_with(&["--loadmodule", module.to_str().unwrap()]);
-    // A tag of a slot node 0 serves: every key of the test on that node.
-    let served = cluster.slots_of(0);
-    let tag = (0..1000)
-        .map(|n| format!("{{t{n}}}"))
-        .find(|t| {
-            let slot = cluster.keyslot(t);
-            served.iter().any(|&(a, b)| (a..=b).contains(&slot))
-        })
-        .expect("a tag on node 0");
+    let (cluster, tag) = crate::cluster_and_tag();
     fleet(&cluster.url(), &cluster.nodes[0], &tag).await;
 }
 
@@ -412,16 +402,7 @@ async fn every_algorithm_through_the_module_answers_and_writes_as_the_code_on_a_
 /// them, which any replica applies.
 #[tokio::test]
 async fn a_replica_gets_every_write_the_module_makes() {
-    let master = server();
-    let port = master.port.to_string();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    tollgate_testkit::wait_until("the replica to sync", Duration::from_secs(10), || {
-        replica
-            .cli(&["INFO", "replication"])
-            .contains("master_link_status:up")
-    });
-    let client = redis::Client::open(master.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (master, replica, mut conn) = crate::with_replica().await;
     let limits = |cost| {
         [
             [
