@@ -11,7 +11,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use prost::Message;
-use tokio::net::TcpStream;
 
 use crate::common::rls_request;
 use crate::reliability::start;
@@ -59,14 +58,7 @@ async fn call(
 #[tokio::test]
 async fn a_message_is_answered_alike_in_one_frame_or_many() {
     let (running, _dir) = start(&[]).await;
-    let stream = TcpStream::connect(running.grpc_addr()).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .expect("an HTTP/2 connection");
-    let connection = tokio::spawn(conn);
+    let (mut sender, connection) = crate::common::h2_connection(running.grpc_addr()).await;
 
     let whole = |framed: Bytes| vec![Frame::data(framed)];
     let split = |framed: Bytes| {

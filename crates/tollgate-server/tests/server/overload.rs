@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use tokio::net::TcpStream;
 use tonic::Code as Status;
 
 use crate::common::rls_request;
@@ -29,14 +28,7 @@ async fn call(addr: std::net::SocketAddr) -> Result<RateLimitResponse, tonic::St
 /// then calls again.
 async fn past_the_bound(flags: &[&str]) -> Result<RateLimitResponse, tonic::Status> {
     let (running, _dir) = start(flags).await;
-    let stream = TcpStream::connect(running.grpc_addr()).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .expect("an HTTP/2 connection");
-    let connection = tokio::spawn(conn);
+    let (mut sender, connection) = crate::common::h2_connection(running.grpc_addr()).await;
     let (hold, held) = held_call(&mut sender, 100, 50, Some("10S")).await;
     // The held call is in flight once the server has read its head, which
     // the client does not see: until then, a call is checked.

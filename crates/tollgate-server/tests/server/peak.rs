@@ -16,7 +16,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use prost::Message;
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -168,14 +167,7 @@ async fn call_in_two_parts(
         .send(Ok(Frame::data(Bytes::from(framed))))
         .await
         .unwrap();
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .expect("an HTTP/2 connection");
-    tokio::spawn(conn);
+    let (mut sender, _driver) = crate::common::h2_connection(addr).await;
     let call = hyper::Request::post(
         "http://localhost/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
     )

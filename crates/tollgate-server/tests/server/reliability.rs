@@ -177,14 +177,8 @@ async fn ten_connections_holding_messages_hold_at_most_the_budget() {
     let mut answers = futures_util::stream::FuturesUnordered::new();
     let mut connections = Vec::new();
     for connection in 0..10 {
-        let stream = TcpStream::connect(server.grpc).await.unwrap();
-        let (mut sender, conn) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            hyper_util::rt::TokioIo::new(stream),
-        )
-        .await
-        .expect("an HTTP/2 connection");
-        connections.push(tokio::spawn(conn));
+        let (mut sender, driver) = crate::common::h2_connection(server.grpc).await;
+        connections.push(driver);
         for _ in 0..100 {
             // Half the connections past the cap, as in the issue; half just
             // under it, sent but for their last byte.
@@ -379,14 +373,7 @@ async fn a_message_past_the_cap_is_resource_exhausted_and_a_body_413() {
 #[tokio::test(start_paused = true)]
 async fn a_call_is_answered_by_the_callers_deadline() {
     let (running, _dir) = start(&[]).await;
-    let stream = TcpStream::connect(running.grpc_addr()).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .expect("an HTTP/2 connection");
-    let connection = tokio::spawn(conn);
+    let (mut sender, connection) = crate::common::h2_connection(running.grpc_addr()).await;
     let started = Instant::now();
     let (hold, status) = held_call(&mut sender, 100, 50, Some("20m")).await;
     assert_eq!(

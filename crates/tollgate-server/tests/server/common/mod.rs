@@ -430,3 +430,27 @@ impl std::io::Write for LogWriter {
         Ok(())
     }
 }
+
+/// A raw HTTP/2 connection to `addr` (a gRPC port), driven on its own task:
+/// for calls whose frames a test sends itself (split, held, cut short),
+/// which a gRPC client does not.
+pub(crate) async fn h2_connection<B>(
+    addr: SocketAddr,
+) -> (
+    hyper::client::conn::http2::SendRequest<B>,
+    tokio::task::JoinHandle<Result<(), hyper::Error>>,
+)
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("an HTTP/2 connection");
+    (sender, tokio::spawn(conn))
+}
