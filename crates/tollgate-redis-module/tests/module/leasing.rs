@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::{Algorithm, FailurePolicy, Limit, ManualClock, Quota, Store};
-use tollgate_redis::{RedisConfig, RedisStore, TimeSource};
+use tollgate_redis::RedisStore;
 use tollgate_store::conformance;
 use tollgate_store::{Hybrid, HybridConfig};
 use tollgate_testkit::{RedisCluster, RedisServer};
@@ -418,16 +418,9 @@ async fn bad_leasing_calls_are_refused_with_nothing_written() {
 }
 
 /// A store as hybrid instances use it, on the test's clock; with the
-/// module when `module` and the server has it.
+/// module when `module` (the server has it).
 async fn store(url: &str, clock: &Arc<ManualClock>, module: bool) -> RedisStore {
-    let config = RedisConfig {
-        time: TimeSource::Clock(Arc::clone(clock) as _),
-        timeout: Duration::from_secs(5),
-        extra_ttl: Duration::from_secs(600),
-        module,
-        ..RedisConfig::default()
-    };
-    let store = RedisStore::connect(url, config).await.unwrap();
+    let store = crate::store::store(url, clock, module).await;
     assert_eq!(store.uses_module(), module);
     store
 }

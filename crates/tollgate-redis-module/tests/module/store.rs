@@ -14,7 +14,9 @@ use tollgate_testkit::{RedisCluster, RedisServer};
 
 use crate::{module, server};
 
-async fn store(url: &str, clock: &Arc<ManualClock>, module: bool) -> RedisStore {
+/// A store on the test's clock; with the module when `module` and the
+/// server has it.
+pub(crate) async fn store(url: &str, clock: &Arc<ManualClock>, module: bool) -> RedisStore {
     let config = RedisConfig {
         time: TimeSource::Clock(Arc::clone(clock) as _),
         timeout: Duration::from_secs(5),
