@@ -313,16 +313,7 @@ async fn a_replica_gets_every_record_the_module_writes() {
         ];
         call(&mut conn, None, &keys, "h", &args).await;
     }
-    // Caught up once the replica has applied the master's whole stream.
-    let offset = |node: &RedisServer, field: &str| -> Option<u64> {
-        let info = node.cli(&["INFO", "replication"]);
-        info.lines()
-            .find_map(|l| l.trim().strip_prefix(field)?.parse().ok())
-    };
-    let written = offset(&master, "master_repl_offset:").expect("the master's offset");
-    tollgate_testkit::wait_until("the replica to catch up", Duration::from_secs(10), || {
-        offset(&replica, "slave_repl_offset:") >= Some(written)
-    });
+    crate::caught_up(&master, &replica);
     let (copy, original) = (states(&[&replica], "").await, states(&[&master], "").await);
     assert_eq!(
         original.iter().filter(|k| k.0.starts_with("hash")).count(),

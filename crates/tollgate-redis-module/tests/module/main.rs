@@ -62,6 +62,8 @@ fn cluster_and_tag() -> (RedisCluster, String) {
 /// connection to the server.
 async fn with_replica() -> (RedisServer, RedisServer, MultiplexedConnection) {
     let master = server();
+    // Diskless sync waits 5 s by default for more replicas to share it.
+    master.cli(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
     let port = master.port.to_string();
     let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
     tollgate_testkit::wait_until("the replica to sync", Duration::from_secs(10), || {
@@ -72,6 +74,21 @@ async fn with_replica() -> (RedisServer, RedisServer, MultiplexedConnection) {
     let client = redis::Client::open(master.url()).unwrap();
     let conn = client.get_multiplexed_async_connection().await.unwrap();
     (master, replica, conn)
+}
+
+/// Waits until `replica` has applied everything `master` has written so far
+/// (its replication offset): no ack to wait for, which a loaded machine can
+/// hold back past `WAIT`'s timeout.
+fn caught_up(master: &RedisServer, replica: &RedisServer) {
+    let offset = |node: &RedisServer, field: &str| -> Option<u64> {
+        let info = node.cli(&["INFO", "replication"]);
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(field)?.parse().ok())
+    };
+    let written = offset(master, "master_repl_offset:").expect("the master's offset");
+    tollgate_testkit::wait_until("the replica to catch up", Duration::from_secs(10), || {
+        offset(replica, "slave_repl_offset:") >= Some(written)
+    });
 }
 
 /// The integers of a reply as redis-cli prints them, one a line.
