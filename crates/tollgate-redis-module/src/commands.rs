@@ -426,14 +426,11 @@ fn tollgate_check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         requests.push((request, n));
     }
     takes(taken, numkeys)?;
-    let clock = clock_ns();
     let mut reply = Vec::with_capacity(taken * 40 + requests.len() * 16);
     let mut from = 0;
     // Its string writes are replicated together, once it is done.
-    let mut db = Keys {
-        clock_ns: clock,
-        ..Keys::new(ctx, &[], extra_ms)
-    };
+    let mut db = Keys::new(ctx, &[], extra_ms);
+    let clock = db.clock_ns;
     let mut slices: Vec<&[u8]> = Vec::new();
     for (request, n) in &requests {
         let own = &keys[from..from + n];
