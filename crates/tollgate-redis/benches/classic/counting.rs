@@ -34,9 +34,10 @@ pub(crate) const SIDES: [Side; 4] = [
     Side::Tollgate,
 ];
 /// GCRA's sides with the modules loaded, the peer first: redis-cell's
-/// `CL.THROTTLE`, the module's `TOLLGATE.GCRA` and the store's GCRA
-/// (batches to `TOLLGATE.CHECK`).
-pub(crate) const MODULE_SIDES: [Side; 3] = [Side::Cell, Side::Module, Side::TollgateGcra];
+/// `CL.THROTTLE`, the module's `TOLLGATE.GCRA`, the store's GCRA
+/// (batches to `TOLLGATE.CHECK`), and the floor (a bare `SET … PX`).
+pub(crate) const MODULE_SIDES: [Side; 4] =
+    [Side::Cell, Side::Module, Side::TollgateGcra, Side::Floor];
 /// The sliding log's sides, the code first: the store with the module
 /// loaded (`TOLLGATE.CHECK`) against the same store calling the code.
 pub(crate) const LOG_SIDES: [Side; 2] = [Side::LogCode, Side::LogModule];

@@ -110,6 +110,10 @@ pub(crate) enum Side {
     LeaseModule,
     /// The same through the code (`FCALL`).
     LeaseCode,
+    /// Not a limiter: `SET key 1 PX <period>` from a bare client, the write
+    /// every GCRA decision makes and nothing else. What Redis spends on it
+    /// is the least any one-key decision can cost it in that cell.
+    Floor,
 }
 
 impl Side {
@@ -129,6 +133,7 @@ impl Side {
             Side::LogCode => "tollgate sliding log, code",
             Side::LeaseModule => "tollgate hybrid leasing, module",
             Side::LeaseCode => "tollgate hybrid leasing, code",
+            Side::Floor => "floor: SET … PX",
         }
     }
 
@@ -140,6 +145,7 @@ impl Side {
             Side::Gcra => format!("g:{subject}"),
             Side::Cell => format!("cl:{subject}"),
             Side::Module => format!("m:{subject}"),
+            Side::Floor => format!("f:{subject}"),
             Side::Envoy => format!("ratelimit_bench_user_{subject}"),
             Side::Limitador => format!(
                 r#"namespace:{{bench}},counter:{{"limit":{LIMITADOR_LIMIT},"set_variables":{{"user":"{subject}"}}}}"#
@@ -251,6 +257,17 @@ impl<C: ConnectionLike + Clone + Send + Sync> Checker<C> {
                     .await
                     .unwrap();
                 reply[0] == 1
+            }
+            Side::Floor => {
+                let () = redis::cmd("SET")
+                    .arg(key)
+                    .arg(1)
+                    .arg("PX")
+                    .arg(period_s * 1000)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                true
             }
             Side::Envoy => {
                 let now = std::time::SystemTime::now()
