@@ -48,8 +48,8 @@
 //! runs only those, `classic` all but those. With both modules named, the
 //! same cells compare GCRA: `CL.THROTTLE`, the module's `TOLLGATE.GCRA` and
 //! the store's GCRA (batches to `TOLLGATE.CHECK`, a lone check to
-//! `TOLLGATE.GCRA`);
-//! `TOLLGATE_BENCH_PART=module` runs only those (also run with `classic`).
+//! `TOLLGATE.GCRA`), beside the floor of one command a decision (a bare
+//! `SET … PX`); `TOLLGATE_BENCH_PART=module` runs only those (also run with `classic`).
 //! With Tollgate's module named, the same cells compare the store's sliding
 //! log through the module (`TOLLGATE.CHECK`) and through the code (a store
 //! with `module: false`, `FCALL`) on one server: `TOLLGATE_BENCH_PART=log`
