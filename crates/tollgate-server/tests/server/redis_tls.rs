@@ -84,9 +84,9 @@ fn ratelimit_on(redis: &TlsRedis, tls: &[(&str, &PathBuf)]) -> Command {
     let mut command = ratelimit(redis.dir.path());
     command.envs([
         ("HOST", "127.0.0.1"),
-        ("PORT", &free_port().to_string()),
+        ("PORT", "0"),
         ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", &free_port().to_string()),
+        ("GRPC_PORT", "0"),
         ("DEBUG_PORT", "0"),
         (
             "RUNTIME_ROOT",

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::pki::{Ca, Issued, Role};
-use common::{Redis, Server, free_port, ratelimit, rls_request, tollgate};
+use common::{Redis, Server, ratelimit, rls_request, tollgate};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -35,9 +35,9 @@ fn start(redis: &Redis, dir: &Path, more: &[(&str, &Path)], flags: &[&str]) -> S
     let mut command = ratelimit(dir);
     command.envs([
         ("HOST", "127.0.0.1"),
-        ("PORT", &free_port().to_string()),
+        ("PORT", "0"),
         ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", &free_port().to_string()),
+        ("GRPC_PORT", "0"),
         ("DEBUG_PORT", "0"),
         ("RUNTIME_ROOT", dir.join("runtime").to_str().expect("UTF-8")),
         ("RUNTIME_SUBDIRECTORY", ""),

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::pki::{Ca, Issued, Role};
-use common::{Redis, Server, free_port, ratelimit, rls_request};
+use common::{Redis, Server, ratelimit, rls_request};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -292,14 +292,13 @@ fn with_reload() -> Vec<RateLimitConfig> {
 /// `ratelimit` with `CONFIG_TYPE=GRPC_XDS_SOTW` against `xds`, on `redis`,
 /// with the variables `more`.
 fn start(redis: &Redis, xds: SocketAddr, bin: &std::path::Path, more: &[(&str, &str)]) -> Server {
-    let (http, grpc) = (free_port(), free_port());
     let redis_url = redis.url();
     let mut command = ratelimit(bin);
     command.envs([
         ("HOST", "127.0.0.1"),
-        ("PORT", &http.to_string()),
+        ("PORT", "0"),
         ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", &grpc.to_string()),
+        ("GRPC_PORT", "0"),
         ("DEBUG_PORT", "0"),
         ("REDIS_SOCKET_TYPE", "tcp"),
         (
