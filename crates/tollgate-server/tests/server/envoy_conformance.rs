@@ -33,7 +33,7 @@ use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{Redis, Server, free_port, ratelimit};
+use common::{Redis, Server, ratelimit};
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -112,14 +112,13 @@ impl Deployment {
     async fn start(redis: Redis, root: tempfile::TempDir, env: &[(&str, &str)]) -> Deployment {
         let bin = tempfile::tempdir().expect("a temp dir");
         let mut command = ratelimit(bin.path());
-        let ports = [free_port(), free_port(), free_port()].map(|p| p.to_string());
         command.envs([
             ("HOST", "127.0.0.1"),
-            ("PORT", &ports[0]),
+            ("PORT", "0"),
             ("GRPC_HOST", "127.0.0.1"),
-            ("GRPC_PORT", &ports[1]),
+            ("GRPC_PORT", "0"),
             ("DEBUG_HOST", "127.0.0.1"),
-            ("DEBUG_PORT", &ports[2]),
+            ("DEBUG_PORT", "0"),
             ("RUNTIME_ROOT", root.path().to_str().expect("UTF-8")),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
             ("RUNTIME_APPDIRECTORY", "config"),
